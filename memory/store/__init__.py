@@ -1,1 +1,54 @@
-"""store package."""
+"""The one module that touches SQLite: the dual-track store and its indexes."""
+
+from __future__ import annotations
+
+from memory.config import StoreConfig
+from memory.store.channels import ChannelRepo
+from memory.store.database import Database, StoreBusy, StoreError
+from memory.store.driver import DriverUnavailable, pick_driver, stdlib_can_load_extensions
+from memory.store.messages import ChangeStatus, IngestOutcome, IngestStatus, MessageRepo
+from memory.store.records import ChainConflict, RecordRepo, WriterRunLog
+from memory.store.segments import SegmentRepo
+
+__all__ = [
+    "ChainConflict",
+    "ChangeStatus",
+    "DriverUnavailable",
+    "IngestOutcome",
+    "IngestStatus",
+    "Store",
+    "StoreBusy",
+    "StoreError",
+    "WriterRunLog",
+    "pick_driver",
+    "stdlib_can_load_extensions",
+]
+
+
+class Store:
+    """The SQLite file and its repositories: channels/rosters, messages, records, segments."""
+
+    def __init__(self, config: StoreConfig, *, gap_seconds: float, window: int) -> None:
+        self.db = Database(config)
+        self.channels = ChannelRepo(self.db)
+        self.messages = MessageRepo(self.db, self.channels, gap_seconds=gap_seconds, window=window)
+        self.records = RecordRepo(self.db, self.channels)
+        self.segments = SegmentRepo(self.db)
+
+    @property
+    def driver_name(self) -> str:
+        return self.db.driver.name
+
+    async def open(self) -> None:
+        await self.db.open()
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def db_size_bytes(self) -> int:
+        size = 0
+        for suffix in ("", "-wal"):
+            path = self.db.path.with_name(self.db.path.name + suffix)
+            if path.exists():
+                size += path.stat().st_size
+        return size

@@ -1,0 +1,256 @@
+"""MemoryEngine: the one entry point adapters, the CLI and the bot use.
+
+It owns the store and the embedder port and exposes ingestion (messages, edits,
+deletes, roster changes), embedding, and System 1 search. The Writer and the
+/recall pipeline build on it (memory.writer, memory.query).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from memory.config import MemoryConfig
+from memory.models import (
+    DeleteEvent,
+    EditEvent,
+    MessageEvent,
+    RosterEvent,
+    RosterMember,
+    Scope,
+    SearchHit,
+)
+from memory.ports import Embedder
+from memory.search.fts_query import build_match
+from memory.search.fusion import rrf
+from memory.store import ChangeStatus, IngestOutcome, Store
+
+log = logging.getLogger(__name__)
+
+SearchMode = Literal["hybrid", "lexical", "dense"]
+Progress = Callable[[int], None]
+
+
+class UnknownChannel(LookupError):
+    """A channel the store has never seen."""
+
+
+@dataclass(frozen=True)
+class RankedLists:
+    """The two raw rankings behind a hybrid search, kept for --explain and evaluation."""
+
+    lexical: list[tuple[int, float]]
+    dense: list[tuple[int, float]]
+
+
+class MemoryEngine:
+    def __init__(self, config: MemoryConfig, store: Store, embedder: Embedder | None) -> None:
+        self.config = config
+        self.store = store
+        self.embedder = embedder
+        self._embed_wakeup = asyncio.Event()
+        self._embed_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, config: MemoryConfig, embedder: Embedder | None = None) -> MemoryEngine:
+        store = Store(
+            config.store,
+            gap_seconds=config.ingest.session_gap_minutes * 60.0,
+            window=config.ingest.segment_window,
+        )
+        await store.open()
+        return cls(config, store, embedder)
+
+    async def close(self) -> None:
+        await self.stop_background_embedding()
+        await self.store.close()
+
+    # ---- ingestion ----------------------------------------------------------------------
+
+    async def ingest(self, event: MessageEvent) -> IngestOutcome:
+        (outcome,) = await self.store.messages.ingest([event])
+        self._embed_wakeup.set()
+        return outcome
+
+    async def ingest_many(
+        self,
+        events: Iterable[MessageEvent],
+        *,
+        batch_size: int = 2_000,
+        on_progress: Progress | None = None,
+    ) -> list[IngestOutcome]:
+        """Ingest in batches of one transaction each (imports, backfills)."""
+        outcomes: list[IngestOutcome] = []
+        batch: list[MessageEvent] = []
+        for event in events:
+            batch.append(event)
+            if len(batch) >= batch_size:
+                outcomes.extend(await self.store.messages.ingest(batch))
+                if on_progress:
+                    on_progress(len(batch))
+                batch = []
+        if batch:
+            outcomes.extend(await self.store.messages.ingest(batch))
+            if on_progress:
+                on_progress(len(batch))
+        self._embed_wakeup.set()
+        return outcomes
+
+    async def edit(self, event: EditEvent) -> ChangeStatus:
+        status = await self.store.messages.edit(event)
+        if status is ChangeStatus.APPLIED:
+            self._embed_wakeup.set()
+        return status
+
+    async def delete(self, event: DeleteEvent) -> ChangeStatus:
+        return await self.store.messages.delete(event)
+
+    async def roster(self, event: RosterEvent) -> None:
+        await self.store.channels.apply(event)
+
+    async def members(self, scope: Scope, *, include_left: bool = False) -> list[RosterMember]:
+        return await self.store.channels.members(scope, include_left=include_left)
+
+    # ---- embeddings ---------------------------------------------------------------------
+
+    async def embed_pending(
+        self, *, batch_size: int = 256, on_progress: Progress | None = None
+    ) -> int:
+        """Embed every message that has no vector yet; returns how many were stored."""
+        if self.embedder is None:
+            return 0
+        done = 0
+        while True:
+            items = await self.store.messages.pending_embeddings(batch_size)
+            if not items:
+                return done
+            vectors = await self.embedder.embed([text for _, _, text in items])
+            stored = await self.store.messages.store_vectors(items, vectors)
+            done += stored
+            if on_progress:
+                on_progress(len(items))
+            if stored == 0 and len(items) < batch_size:
+                return done
+
+    def start_background_embedding(self, *, batch_size: int = 64) -> None:
+        """Embed new messages shortly after they arrive, without blocking ingestion."""
+        if self.embedder is None or self._embed_task is not None:
+            return
+
+        async def worker() -> None:
+            while True:
+                await self._embed_wakeup.wait()
+                self._embed_wakeup.clear()
+                try:
+                    await self.embed_pending(batch_size=batch_size)
+                except Exception:  # keep the worker alive; the rows stay pending
+                    log.exception("background embedding failed; will retry on next message")
+                    await asyncio.sleep(1.0)
+
+        self._embed_wakeup.set()
+        self._embed_task = asyncio.create_task(worker(), name="speakermem-embedder")
+
+    async def stop_background_embedding(self) -> None:
+        task, self._embed_task = self._embed_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    # ---- search -------------------------------------------------------------------------
+
+    async def channel_pks(self, scopes: Sequence[Scope]) -> list[int]:
+        pks = []
+        for scope in scopes:
+            pk = await self.store.channels.lookup(scope)
+            if pk is not None:
+                pks.append(pk)
+        return pks
+
+    async def embed_query(self, text: str) -> np.ndarray | None:
+        if self.embedder is None:
+            return None
+        return (await self.embedder.embed([text]))[0]
+
+    async def ranked(
+        self,
+        query: str,
+        channel_pks: Sequence[int],
+        *,
+        pool: int,
+        mode: SearchMode = "hybrid",
+        query_vector: np.ndarray | None = None,
+        extra_terms: list[str] | None = None,
+    ) -> RankedLists:
+        lexical: list[tuple[int, float]] = []
+        dense: list[tuple[int, float]] = []
+        if mode in ("hybrid", "lexical"):
+            match = build_match(query, extra=extra_terms)
+            lexical = await self.store.messages.lexical(match, channel_pks, pool)
+        if mode in ("hybrid", "dense"):
+            vec = query_vector if query_vector is not None else await self.embed_query(query)
+            if vec is not None:
+                dense = await self.store.messages.dense(
+                    vec, channel_pks, pool, self.config.store.dense_oversample
+                )
+        return RankedLists(lexical, dense)
+
+    async def search(
+        self,
+        query: str,
+        scopes: Sequence[Scope],
+        *,
+        limit: int = 10,
+        mode: SearchMode = "hybrid",
+    ) -> list[SearchHit]:
+        """Hybrid System 1 search restricted to `scopes` (the channels the asker may read)."""
+        pks = await self.channel_pks(scopes)
+        if not pks:
+            return []
+        cfg = self.config.search
+        lists = await self.ranked(query, pks, pool=max(cfg.pool, limit), mode=mode)
+        lex_ids = [pk for pk, _ in lists.lexical]
+        dense_ids = [pk for pk, _ in lists.dense]
+        fused = rrf(
+            [lex_ids, dense_ids], k0=cfg.rrf_k0, weights=[cfg.lexical_weight, cfg.dense_weight]
+        )[:limit]
+        messages = await self.store.messages.get_many([pk for pk, _ in fused])
+        lex_rank = {pk: i + 1 for i, pk in enumerate(lex_ids)}
+        dense_rank = {pk: i + 1 for i, pk in enumerate(dense_ids)}
+        return [
+            SearchHit(
+                message=messages[pk],
+                score=score,
+                lexical_rank=lex_rank.get(pk),
+                dense_rank=dense_rank.get(pk),
+            )
+            for pk, score in fused
+            if pk in messages
+        ]
+
+    # ---- introspection ------------------------------------------------------------------
+
+    async def stats(self) -> dict[str, object]:
+        started = time.perf_counter()
+        out: dict[str, object] = {
+            "db_path": str(self.store.db.path),
+            "driver": self.store.driver_name,
+            "schema_version": await self.store.db.schema_version(),
+            "embedder": getattr(self.embedder, "name", None),
+        }
+        out.update(await self.store.messages.counts())
+        out.update(await self.store.records.counts())
+        out.update(await self.store.segments.counts())
+        out["channels"] = len(await self.store.channels.all())
+        out["writer"] = await self.store.records.writer_stats()
+        out["db_bytes"] = await self.store.db_size_bytes()
+        out["stats_ms"] = round((time.perf_counter() - started) * 1000, 1)
+        return out

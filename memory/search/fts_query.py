@@ -1,0 +1,45 @@
+"""Build a safe FTS5 MATCH expression from any user text.
+
+Every token is double-quoted, so FTS5 operators (`NEAR(`, `*`, `^`, `AND`, column
+filters, unbalanced quotes) in user text are matched as plain words and can never
+raise a syntax error. Stop-words are dropped because an OR of very common words
+scans most of the index (about 400 ms at 300k messages, measured).
+"""
+
+from __future__ import annotations
+
+import re
+
+from memory.search.stopwords import STOPWORDS
+
+_TOKEN = re.compile(r"\w+", re.UNICODE)
+MAX_TERMS = 32
+
+
+def query_terms(text: str, *, max_terms: int = MAX_TERMS) -> list[str]:
+    """Distinct lowercase content words of `text`, in order, stop-words removed."""
+    seen: dict[str, None] = {}
+    for raw in _TOKEN.findall(text.casefold()):
+        token = raw.strip("_")
+        if not token or token in STOPWORDS or token in seen:
+            continue
+        if len(token) == 1 and not token.isdigit():
+            continue
+        seen[token] = None
+        if len(seen) >= max_terms:
+            break
+    return list(seen)
+
+
+def quote(term: str) -> str:
+    return '"' + term.replace('"', '""') + '"'
+
+
+def build_match(text: str, *, max_terms: int = MAX_TERMS, extra: list[str] | None = None) -> str:
+    """An OR-query of the quoted content words of `text` (plus `extra` terms); '' if none."""
+    terms = query_terms(text, max_terms=max_terms)
+    for term in extra or []:
+        for t in query_terms(term):
+            if t not in terms:
+                terms.append(t)
+    return " OR ".join(quote(t) for t in terms)

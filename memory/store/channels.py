@@ -1,0 +1,219 @@
+"""Channels, users, aliases and per-channel rosters."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from memory.models import RosterAction, RosterEvent, RosterMember, Scope
+from memory.store.database import Database, Transaction
+from memory.store.rows import from_ts, to_ts
+
+
+def normalise_alias(alias: str) -> str:
+    return " ".join(alias.casefold().split())
+
+
+class ChannelRepo:
+    """Channel rows (with their session cursor) and who is in each channel."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._pk_cache: dict[tuple[str, str, str], int] = {}
+
+    async def ensure(self, tx: Transaction, scope: Scope) -> int:
+        key = scope.key()
+        pk = self._pk_cache.get(key)
+        if pk is not None:
+            return pk
+        await tx.execute(
+            "INSERT INTO channels (platform, workspace, channel, created_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (platform, workspace, channel) DO NOTHING",
+            (*key, time.time()),
+        )
+        row = await tx.fetchone(
+            "SELECT id FROM channels WHERE platform = ? AND workspace = ? AND channel = ?", key
+        )
+        pk = int(row[0])
+        self._pk_cache[key] = pk
+        return pk
+
+    def forget_cache(self) -> None:
+        """Drop cached ids (after a rolled-back transaction that may have created channels)."""
+        self._pk_cache.clear()
+
+    async def lookup(self, scope: Scope) -> int | None:
+        key = scope.key()
+        if key in self._pk_cache:
+            return self._pk_cache[key]
+        rows = await self.db.read(
+            "SELECT id FROM channels WHERE platform = ? AND workspace = ? AND channel = ?", key
+        )
+        if not rows:
+            return None
+        self._pk_cache[key] = int(rows[0][0])
+        return int(rows[0][0])
+
+    async def all(self) -> list[dict[str, Any]]:
+        rows = await self.db.read(
+            "SELECT c.id, c.platform, c.workspace, c.channel, c.name, c.is_private, c.enabled,"
+            " (SELECT count(*) FROM messages m WHERE m.channel_pk = c.id AND m.deleted_at IS NULL),"
+            " (SELECT count(*) FROM roster r WHERE r.channel_pk = c.id AND r.left_at IS NULL),"
+            " c.session_id"
+            " FROM channels c ORDER BY c.platform, c.workspace, c.channel"
+        )
+        return [
+            {
+                "pk": r[0],
+                "scope": Scope(platform=r[1], workspace=r[2], channel=r[3]),
+                "name": r[4],
+                "is_private": bool(r[5]),
+                "enabled": bool(r[6]),
+                "messages": r[7],
+                "members": r[8],
+                "sessions": r[9],
+            }
+            for r in rows
+        ]
+
+    async def find(self, channel: str, platform: str | None = None) -> list[Scope]:
+        """Channels whose id or name is `channel` (CLI convenience)."""
+        rows = await self.db.read(
+            "SELECT platform, workspace, channel FROM channels"
+            " WHERE (channel = ? OR name = ?) AND (? IS NULL OR platform = ?)"
+            " ORDER BY platform, workspace",
+            (channel, channel, platform, platform),
+        )
+        return [Scope(platform=r[0], workspace=r[1], channel=r[2]) for r in rows]
+
+    async def set_meta(self, scope: Scope, *, name: str | None, is_private: bool | None) -> None:
+        async with self.db.transaction() as tx:
+            pk = await self.ensure(tx, scope)
+            await tx.execute(
+                "UPDATE channels SET name = coalesce(?, name),"
+                " is_private = coalesce(?, is_private) WHERE id = ?",
+                (name, None if is_private is None else int(is_private), pk),
+            )
+
+    async def is_private(self, scope: Scope) -> bool:
+        rows = await self.db.read(
+            "SELECT is_private FROM channels WHERE platform = ? AND workspace = ? AND channel = ?",
+            scope.key(),
+        )
+        return bool(rows and rows[0][0])
+
+    # ---- roster -------------------------------------------------------------------------
+
+    async def upsert_users(
+        self, tx: Transaction, scope: Scope, users: list[tuple[str, str, bool]]
+    ) -> None:
+        """Record (user_id, display name, is_bot) as seen now; a changed name is a rename."""
+        now = time.time()
+        await tx.executemany(
+            "INSERT INTO users (platform, workspace, user_id, display_name, is_bot, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (platform, workspace, user_id) DO UPDATE SET"
+            " display_name = excluded.display_name, is_bot = excluded.is_bot,"
+            " updated_at = excluded.updated_at"
+            " WHERE users.display_name != excluded.display_name OR users.is_bot != excluded.is_bot",
+            [(scope.platform, scope.workspace, uid, name, int(bot), now) for uid, name, bot in users],
+        )
+
+    async def add_members(
+        self, tx: Transaction, scope: Scope, pk: int, members: list[tuple[str, float]]
+    ) -> None:
+        """Ensure (user_id, first seen) are members; a returning member is re-joined."""
+        await tx.executemany(
+            "INSERT INTO roster (channel_pk, platform, workspace, channel, user_id, joined_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (channel_pk, user_id) DO UPDATE SET left_at = NULL"
+            " WHERE roster.left_at IS NOT NULL AND roster.left_at < excluded.joined_at",
+            [(pk, *scope.key(), uid, ts) for uid, ts in members],
+        )
+
+    async def apply(self, event: RosterEvent) -> None:
+        scope = event.scope
+        at = to_ts(event.at)
+        async with self.db.transaction() as tx:
+            pk = await self.ensure(tx, scope)
+            if event.action is RosterAction.JOIN:
+                if event.name:
+                    await self.upsert_users(tx, scope, [(event.user_id, event.name, event.is_bot)])
+                else:
+                    await tx.execute(
+                        "INSERT INTO users (platform, workspace, user_id, display_name, is_bot,"
+                        " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                        (scope.platform, scope.workspace, event.user_id, event.user_id,
+                         int(event.is_bot), at),
+                    )
+                await tx.execute(
+                    "INSERT INTO roster (channel_pk, platform, workspace, channel, user_id,"
+                    " joined_at) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (channel_pk, user_id) DO UPDATE SET left_at = NULL,"
+                    " joined_at = coalesce(roster.joined_at, excluded.joined_at)",
+                    (pk, *scope.key(), event.user_id, at),
+                )
+            elif event.action is RosterAction.LEAVE:
+                await tx.execute(
+                    "UPDATE roster SET left_at = ? WHERE channel_pk = ? AND user_id = ?",
+                    (at, pk, event.user_id),
+                )
+            elif event.action is RosterAction.RENAME:
+                if not event.name:
+                    raise ValueError("a rename needs the new display name")
+                await self.upsert_users(tx, scope, [(event.user_id, event.name, event.is_bot)])
+            elif event.action is RosterAction.ALIAS:
+                if not event.name:
+                    raise ValueError("an alias event needs the alias")
+                await tx.execute(
+                    "INSERT INTO user_aliases (platform, workspace, user_id, alias, alias_norm)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (scope.platform, scope.workspace, event.user_id, event.name.strip(),
+                     normalise_alias(event.name)),
+                )
+
+    async def members(self, scope: Scope, *, include_left: bool = False) -> list[RosterMember]:
+        rows = await self.db.read(
+            "SELECT r.user_id, coalesce(u.display_name, r.user_id), coalesce(u.is_bot, 0),"
+            " r.joined_at, r.left_at,"
+            " (SELECT json_group_array(a.alias) FROM user_aliases a WHERE a.platform = r.platform"
+            "  AND a.workspace = r.workspace AND a.user_id = r.user_id)"
+            " FROM roster r LEFT JOIN users u ON u.platform = r.platform"
+            " AND u.workspace = r.workspace AND u.user_id = r.user_id"
+            " WHERE r.platform = ? AND r.workspace = ? AND r.channel = ?"
+            " AND (? OR r.left_at IS NULL) ORDER BY r.joined_at, r.user_id",
+            (*scope.key(), int(include_left)),
+        )
+        return [
+            RosterMember(
+                user_id=r[0],
+                display_name=r[1],
+                is_bot=bool(r[2]),
+                joined_at=from_ts(r[3]),
+                left_at=from_ts(r[4]),
+                aliases=tuple(json.loads(r[5] or "[]")),
+            )
+            for r in rows
+        ]
+
+    async def readable_channels(self, platform: str, workspace: str, user_id: str) -> list[Scope]:
+        """Channels whose current roster holds the user (the default read permission)."""
+        rows = await self.db.read(
+            "SELECT channel FROM roster WHERE platform = ? AND workspace = ? AND user_id = ?"
+            " AND left_at IS NULL",
+            (platform, workspace, user_id),
+        )
+        return [Scope(platform=platform, workspace=workspace, channel=r[0]) for r in rows]
+
+    async def find_user(self, platform: str, workspace: str, name_or_id: str) -> list[str]:
+        """User ids whose id, display name or alias equals `name_or_id` (case-insensitive)."""
+        norm = normalise_alias(name_or_id)
+        rows = await self.db.read(
+            "SELECT user_id FROM users WHERE platform = ? AND workspace = ?"
+            " AND (user_id = ? OR lower(display_name) = ?)"
+            " UNION SELECT user_id FROM user_aliases WHERE platform = ? AND workspace = ?"
+            " AND alias_norm = ?",
+            (platform, workspace, name_or_id, norm, platform, workspace, norm),
+        )
+        return sorted({r[0] for r in rows})

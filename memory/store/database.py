@@ -1,0 +1,210 @@
+"""Connections, transactions and migrations for the one SQLite file.
+
+One writer connection serialises every write behind an asyncio lock and opens
+each transaction with BEGIN IMMEDIATE (so a second process waits on the busy
+timeout instead of failing mid-transaction); a small pool of reader connections
+serves searches concurrently under WAL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from memory.config import StoreConfig
+from memory.store.driver import Driver, open_async, pick_driver
+from memory.store.schema import migrations
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    """A storage failure with a message a user can act on."""
+
+
+class StoreBusy(StoreError):
+    """Another process held the write lock for longer than we were willing to wait."""
+
+
+class Database:
+    """The SQLite file: one writer, N readers, recorded migrations."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.path = Path(config.db_path)
+        self.driver: Driver = pick_driver(config.sqlite_driver)
+        self._writer: aiosqlite.Connection | None = None
+        self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
+        self._all_readers: list[aiosqlite.Connection] = []
+        self._write_lock = asyncio.Lock()
+
+    async def open(self) -> None:
+        if self.path.parent and not self.path.parent.exists():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._writer = await open_async(
+                self.path, self.driver, busy_timeout_ms=self.config.busy_timeout_ms
+            )
+        except self.driver.error as exc:
+            raise StoreError(f"cannot open database {self.path}: {exc}") from exc
+        await self._migrate()
+        for _ in range(self.config.readers):
+            conn = await open_async(
+                self.path, self.driver, busy_timeout_ms=self.config.busy_timeout_ms
+            )
+            await conn.execute("PRAGMA query_only = ON")
+            self._all_readers.append(conn)
+            self._readers.put_nowait(conn)
+        log.info("store open: %s (driver=%s)", self.path, self.driver.name)
+
+    async def close(self) -> None:
+        for conn in self._all_readers:
+            await conn.close()
+        self._all_readers.clear()
+        if self._writer is not None:
+            with contextlib.suppress(self.driver.error):
+                await self._writer.execute("PRAGMA optimize")
+            await self._writer.close()
+            self._writer = None
+
+    @property
+    def writer(self) -> aiosqlite.Connection:
+        if self._writer is None:
+            raise StoreError("database is not open")
+        return self._writer
+
+    async def _migrate(self) -> None:
+        conn = self.writer
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+        )
+        async with conn.execute("SELECT version FROM schema_migrations") as cur:
+            done = {row[0] for row in await cur.fetchall()}
+        for migration in migrations(self.config.vec_chunk_size):
+            if migration.version in done:
+                continue
+            async with self.transaction() as tx:
+                await tx.executescript_in_tx(migration.sql)
+                await tx.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                    (migration.version, migration.name, time.time()),
+                )
+            log.info("applied migration %d: %s", migration.version, migration.name)
+
+    async def schema_version(self) -> int:
+        rows = await self.read("SELECT max(version) FROM schema_migrations")
+        return int(rows[0][0] or 0)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on any error."""
+        async with self._write_lock:
+            conn = self.writer
+            await self._begin(conn)
+            tx = Transaction(conn)
+            try:
+                yield tx
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
+                raise
+            try:
+                await conn.execute("COMMIT")
+            except self.driver.error as exc:
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
+                raise StoreError(f"commit failed: {exc}") from exc
+
+    async def _begin(self, conn: aiosqlite.Connection) -> None:
+        delay = 0.05
+        for attempt in range(6):
+            try:
+                await conn.execute("BEGIN IMMEDIATE")
+                return
+            except self.driver.operational_error as exc:
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise StoreError(str(exc)) from exc
+                log.warning("database locked (attempt %d); retrying", attempt + 1)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise StoreBusy(
+            f"{self.path} stayed locked by another process; stop the other writer and retry"
+        )
+
+    @contextlib.asynccontextmanager
+    async def reader(self) -> AsyncIterator[aiosqlite.Connection]:
+        conn = await self._readers.get()
+        try:
+            yield conn
+        finally:
+            self._readers.put_nowait(conn)
+
+    async def read(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        async with self.reader() as conn, conn.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+
+class Transaction:
+    """The statements of one write transaction (a thin, typed wrapper)."""
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self.conn = conn
+
+    async def execute(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
+        return await self.conn.execute(sql, params)
+
+    async def executemany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        if rows:
+            await self.conn.executemany(sql, rows)
+
+    async def fetchall(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        async with self.conn.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
+        async with self.conn.execute(sql, params) as cur:
+            return await cur.fetchone()
+
+    async def insert(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> int:
+        cur = await self.conn.execute(sql, params)
+        rowid = cur.lastrowid
+        await cur.close()
+        if rowid is None:
+            raise StoreError("insert returned no row id")
+        return int(rowid)
+
+    async def executescript_in_tx(self, script: str) -> None:
+        """Run a multi-statement script inside the open transaction.
+
+        `executescript` would COMMIT first, so we split on statement boundaries
+        with the driver's own `complete_statement` check instead.
+        """
+        for statement in split_statements(script):
+            await self.conn.execute(statement)
+
+
+def split_statements(script: str) -> list[str]:
+    """Split SQL text into complete statements (trigger bodies kept whole)."""
+    import sqlite3  # noqa: PLC0415 - only for the pure complete_statement helper
+
+    statements: list[str] = []
+    buffer = ""
+    for line in script.splitlines(keepends=True):
+        if line.strip().startswith("--") and not buffer.strip():
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements

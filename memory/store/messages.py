@@ -1,0 +1,428 @@
+"""System 1: verbatim messages, their FTS5 and vector indexes, sessions and segments.
+
+Ingestion is batched: one transaction places every message of a batch (session,
+turn, segment) from the channel cursor, so an import writes tens of thousands of
+rows per second while a live event is simply a batch of one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope, StoredMessage
+from memory.sessions import ChannelCursor, place_message
+from memory.store.channels import ChannelRepo
+from memory.store.database import Database, Transaction
+from memory.store.rows import MESSAGE_COLUMNS, message_from_row, to_ts
+
+
+class IngestStatus(StrEnum):
+    STORED = "stored"
+    DUPLICATE = "duplicate"
+
+
+class ChangeStatus(StrEnum):
+    APPLIED = "applied"
+    UNCHANGED = "unchanged"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class IngestOutcome:
+    message_id: str
+    status: IngestStatus
+    pk: int | None = None
+
+
+def quantize_bits(vectors: np.ndarray) -> list[bytes]:
+    """Binary-quantise float vectors (sign bit) into sqlite-vec bit[N] blobs."""
+    packed = np.packbits(vectors > 0, axis=1, bitorder="little")
+    return [row.tobytes() for row in packed]
+
+
+_CHUNK = 500
+
+
+class MessageRepo:
+    def __init__(self, db: Database, channels: ChannelRepo, *, gap_seconds: float, window: int):
+        self.db = db
+        self.channels = channels
+        self.gap_seconds = gap_seconds
+        self.window = window
+
+    # ---- writes -------------------------------------------------------------------------
+
+    async def ingest(self, events: Sequence[MessageEvent]) -> list[IngestOutcome]:
+        """Store a batch of messages atomically; replays of known ids are reported, not stored."""
+        if not events:
+            return []
+        try:
+            async with self.db.transaction() as tx:
+                return await self._ingest_tx(tx, events)
+        except BaseException:
+            self.channels.forget_cache()
+            raise
+
+    async def _ingest_tx(
+        self, tx: Transaction, events: Sequence[MessageEvent]
+    ) -> list[IngestOutcome]:
+        by_scope: dict[Scope, list[int]] = {}
+        for i, ev in enumerate(events):
+            by_scope.setdefault(ev.scope, []).append(i)
+        outcomes: list[IngestOutcome | None] = [None] * len(events)
+        rows: list[tuple[Any, ...]] = []
+        for scope, idxs in by_scope.items():
+            pk = await self.channels.ensure(tx, scope)
+            known = await self._existing_ids(tx, pk, [events[i].message_id for i in idxs])
+            state = await tx.fetchone(
+                "SELECT last_ts, session_id, next_turn FROM channels WHERE id = ?", (pk,)
+            )
+            cursor = ChannelCursor(state[0], state[1], state[2])
+            seg = await tx.fetchone(
+                "SELECT id, n_messages FROM segments WHERE channel_pk = ? AND state = 'open'",
+                (pk,),
+            )
+            seg_id, seg_n = (seg[0], seg[1]) if seg else (None, 0)
+            seg_last = 0.0
+            users: dict[str, tuple[str, str, bool]] = {}
+            members: dict[str, float] = {}
+            for i in idxs:
+                ev = events[i]
+                if ev.message_id in known:
+                    outcomes[i] = IngestOutcome(ev.message_id, IngestStatus.DUPLICATE)
+                    continue
+                known.add(ev.message_id)
+                ts = to_ts(ev.ts)
+                place = place_message(
+                    cursor, ts, gap_seconds=self.gap_seconds, force_break=ev.session_break
+                )
+                cursor = place.cursor
+                if place.new_session:
+                    await tx.execute(
+                        "INSERT OR IGNORE INTO sessions (channel_pk, platform, workspace, channel,"
+                        " session_id, started_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        (pk, *scope.key(), place.session_id, ts),
+                    )
+                    if seg_id is not None and seg_n > 0:
+                        await self._save_segment(tx, seg_id, seg_n, seg_last, close=True)
+                        seg_id, seg_n = None, 0
+                if seg_id is None:
+                    seg_id = await tx.insert(
+                        "INSERT INTO segments (channel_pk, platform, workspace, channel, state,"
+                        " opened_at, last_message_at) VALUES (?, ?, ?, ?, 'open', ?, ?)",
+                        (pk, *scope.key(), time.time(), ts),
+                    )
+                    seg_n = 0
+                seg_n += 1
+                seg_last = max(seg_last, ts)
+                rows.append(
+                    (
+                        pk, *scope.key(), ev.message_id, ev.thread_id, ev.speaker_id,
+                        ev.speaker_name, ev.text, ts, place.session_id, place.turn_index,
+                        ev.reply_to, json.dumps(list(ev.addressees)), seg_id,
+                    )
+                )
+                outcomes[i] = IngestOutcome(ev.message_id, IngestStatus.STORED)
+                users[ev.speaker_id] = (ev.speaker_id, ev.speaker_name, ev.speaker_is_bot)
+                members.setdefault(ev.speaker_id, ts)
+                if seg_n >= self.window:
+                    await self._save_segment(tx, seg_id, seg_n, seg_last, close=True)
+                    seg_id, seg_n = None, 0
+            if seg_id is not None and seg_n > 0:
+                await self._save_segment(tx, seg_id, seg_n, seg_last, close=False)
+            await tx.execute(
+                "UPDATE channels SET last_ts = ?, session_id = ?, next_turn = ? WHERE id = ?",
+                (cursor.last_ts, cursor.session_id, cursor.next_turn, pk),
+            )
+            await self.channels.upsert_users(tx, scope, list(users.values()))
+            await self.channels.add_members(tx, scope, pk, list(members.items()))
+        await tx.executemany(
+            "INSERT INTO messages (channel_pk, platform, workspace, channel, message_id,"
+            " thread_id, speaker_id, speaker_name, text, ts, session_id, turn_index, reply_to,"
+            " addressees, segment_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        return [o for o in outcomes if o is not None]
+
+    @staticmethod
+    async def _save_segment(
+        tx: Transaction, seg_id: int, n: int, last_ts: float, *, close: bool
+    ) -> None:
+        await tx.execute(
+            "UPDATE segments SET n_messages = ?, last_message_at = max(last_message_at, ?),"
+            " state = CASE WHEN ? THEN 'pending' ELSE state END,"
+            " closed_at = CASE WHEN ? THEN ? ELSE closed_at END WHERE id = ?",
+            (n, last_ts, int(close), int(close), time.time(), seg_id),
+        )
+
+    @staticmethod
+    async def _existing_ids(tx: Transaction, pk: int, ids: list[str]) -> set[str]:
+        found: set[str] = set()
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows = await tx.fetchall(
+                f"SELECT message_id FROM messages WHERE channel_pk = ? AND message_id IN ({marks})",
+                (pk, *chunk),
+            )
+            found.update(r[0] for r in rows)
+        return found
+
+    async def edit(self, event: EditEvent) -> ChangeStatus:
+        async with self.db.transaction() as tx:
+            row = await self._locate(tx, event.scope, event.message_id)
+            if row is None:
+                return ChangeStatus.UNKNOWN
+            pk, text, deleted = row
+            if deleted is not None or text == event.text:
+                return ChangeStatus.UNCHANGED
+            await tx.execute(
+                "UPDATE messages SET text = ?, edited_at = ?, embedded = 0 WHERE id = ?",
+                (event.text, to_ts(event.edited_at), pk),
+            )
+            await self._drop_vector(tx, pk)
+            return ChangeStatus.APPLIED
+
+    async def delete(self, event: DeleteEvent) -> ChangeStatus:
+        """Forget a message's text (tombstone): indexes drop it; the id stays so replays don't
+        bring it back."""
+        async with self.db.transaction() as tx:
+            row = await self._locate(tx, event.scope, event.message_id)
+            if row is None:
+                return ChangeStatus.UNKNOWN
+            pk, _text, deleted = row
+            if deleted is not None:
+                return ChangeStatus.UNCHANGED
+            await tx.execute(
+                "UPDATE messages SET text = '', deleted_at = ?, embedded = 1 WHERE id = ?",
+                (time.time(), pk),
+            )
+            await self._drop_vector(tx, pk)
+            return ChangeStatus.APPLIED
+
+    async def _locate(self, tx: Transaction, scope: Scope, message_id: str) -> Any:
+        return await tx.fetchone(
+            "SELECT m.id, m.text, m.deleted_at FROM messages m JOIN channels c"
+            " ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ? AND c.channel = ?"
+            " AND m.message_id = ?",
+            (*scope.key(), message_id),
+        )
+
+    @staticmethod
+    async def _drop_vector(tx: Transaction, pk: int) -> None:
+        await tx.execute("DELETE FROM messages_vec WHERE rowid = ?", (pk,))
+        await tx.execute("DELETE FROM message_vectors WHERE id = ?", (pk,))
+
+    # ---- embeddings ---------------------------------------------------------------------
+
+    async def pending_embeddings(self, limit: int) -> list[tuple[int, int, str]]:
+        """(pk, channel_pk, text to embed) for messages without a vector yet."""
+        rows = await self.db.read(
+            "SELECT id, channel_pk, speaker_name, text FROM messages"
+            " WHERE embedded = 0 AND deleted_at IS NULL ORDER BY id LIMIT ?",
+            (limit,),
+        )
+        return [(r[0], r[1], embed_text(r[2], r[3])) for r in rows]
+
+    async def count_pending_embeddings(self) -> int:
+        rows = await self.db.read(
+            "SELECT count(*) FROM messages WHERE embedded = 0 AND deleted_at IS NULL"
+        )
+        return int(rows[0][0])
+
+    async def store_vectors(
+        self, items: Sequence[tuple[int, int, str]], vectors: np.ndarray
+    ) -> int:
+        """Write vectors for messages whose text did not change since they were read."""
+        if not items:
+            return 0
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        bits = quantize_bits(vectors)
+        async with self.db.transaction() as tx:
+            ids = [pk for pk, _, _ in items]
+            current: dict[int, str] = {}
+            for start in range(0, len(ids), _CHUNK):
+                chunk = ids[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                for r in await tx.fetchall(
+                    f"SELECT id, speaker_name, text FROM messages WHERE id IN ({marks})"
+                    " AND embedded = 0 AND deleted_at IS NULL",
+                    chunk,
+                ):
+                    current[r[0]] = embed_text(r[1], r[2])
+            keep = [i for i, (pk, _, text) in enumerate(items) if current.get(pk) == text]
+            await tx.executemany(
+                "DELETE FROM messages_vec WHERE rowid = ?", [(items[i][0],) for i in keep]
+            )
+            await tx.executemany(
+                "INSERT INTO messages_vec (rowid, channel_pk, embedding) VALUES (?, ?, vec_bit(?))",
+                [(items[i][0], items[i][1], bits[i]) for i in keep],
+            )
+            await tx.executemany(
+                "INSERT OR REPLACE INTO message_vectors (id, embedding) VALUES (?, ?)",
+                [(items[i][0], vectors[i].tobytes()) for i in keep],
+            )
+            await tx.executemany(
+                "UPDATE messages SET embedded = 1 WHERE id = ?", [(items[i][0],) for i in keep]
+            )
+        return len(keep)
+
+    # ---- reads --------------------------------------------------------------------------
+
+    async def get_many(self, pks: Sequence[int]) -> dict[int, StoredMessage]:
+        out: dict[int, StoredMessage] = {}
+        pks = list(pks)
+        for start in range(0, len(pks), _CHUNK):
+            chunk = pks[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for row in await self.db.read(
+                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id IN ({marks})", chunk
+            ):
+                msg = message_from_row(row)
+                out[msg.pk] = msg
+        return out
+
+    async def by_ids(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, StoredMessage]:
+        pk = await self.channels.lookup(scope)
+        if pk is None or not message_ids:
+            return {}
+        out: dict[str, StoredMessage] = {}
+        ids = list(message_ids)
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for row in await self.db.read(
+                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE channel_pk = ?"
+                f" AND message_id IN ({marks})",
+                (pk, *chunk),
+            ):
+                msg = message_from_row(row)
+                out[msg.message_id] = msg
+        return out
+
+    async def get(self, scope: Scope, message_id: str) -> StoredMessage | None:
+        return (await self.by_ids(scope, [message_id])).get(message_id)
+
+    async def in_segment(self, segment_id: int) -> list[StoredMessage]:
+        rows = await self.db.read(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE segment_id = ?"
+            " AND deleted_at IS NULL ORDER BY ts, id",
+            (segment_id,),
+        )
+        return [message_from_row(r) for r in rows]
+
+    async def neighbours(self, message: StoredMessage, radius: int) -> list[StoredMessage]:
+        """Turns around a message in its session (the Expand step)."""
+        pk = await self.channels.lookup(message.scope)
+        rows = await self.db.read(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE channel_pk = ? AND session_id = ?"
+            " AND turn_index BETWEEN ? AND ? AND deleted_at IS NULL ORDER BY turn_index",
+            (pk, message.session_id, message.turn_index - radius, message.turn_index + radius),
+        )
+        return [message_from_row(r) for r in rows]
+
+    async def session_started(self, scope: Scope, session_ids: Sequence[int]) -> dict[int, float]:
+        pk = await self.channels.lookup(scope)
+        if pk is None or not session_ids:
+            return {}
+        marks = ",".join("?" * len(session_ids))
+        rows = await self.db.read(
+            f"SELECT session_id, started_at FROM sessions WHERE channel_pk = ?"
+            f" AND session_id IN ({marks})",
+            (pk, *session_ids),
+        )
+        return {r[0]: r[1] for r in rows}
+
+    async def by_speaker(
+        self, channel_pks: Sequence[int], speaker_id: str, limit: int
+    ) -> list[StoredMessage]:
+        marks = ",".join("?" * len(channel_pks))
+        rows = await self.db.read(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE channel_pk IN ({marks})"
+            " AND speaker_id = ? AND deleted_at IS NULL ORDER BY ts DESC LIMIT ?",
+            (*channel_pks, speaker_id, limit),
+        )
+        return [message_from_row(r) for r in rows]
+
+    async def lexical(
+        self, match: str, channel_pks: Sequence[int], limit: int
+    ) -> list[tuple[int, float]]:
+        """FTS5 BM25 over the given channels: [(pk, bm25)] best first (bm25 is negative)."""
+        if not match or not channel_pks:
+            return []
+        marks = ",".join("?" * len(channel_pks))
+        return [
+            (r[0], r[1])
+            for r in await self.db.read(
+                "SELECT m.id, bm25(messages_fts, 1.0, 0.5) AS score FROM messages_fts"
+                " JOIN messages m ON m.id = messages_fts.rowid"
+                f" WHERE messages_fts MATCH ? AND m.channel_pk IN ({marks})"
+                " AND m.deleted_at IS NULL ORDER BY score LIMIT ?",
+                (match, *channel_pks, limit),
+            )
+        ]
+
+    async def dense(
+        self, query: np.ndarray, channel_pks: Sequence[int], limit: int, oversample: int
+    ) -> list[tuple[int, float]]:
+        """Vector KNN over the given channels: [(pk, cosine similarity)] best first.
+
+        A coarse Hamming KNN on binary-quantised vectors (per channel partition) picks
+        `oversample` candidates; exact cosine on their float vectors ranks them.
+        """
+        if not channel_pks:
+            return []
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
+        qbits = quantize_bits(q.reshape(1, -1))[0]
+        k = max(limit, oversample)
+        candidates: list[int] = []
+        async with self.db.reader() as conn:
+            for pk in channel_pks:
+                async with conn.execute(
+                    "SELECT rowid FROM messages_vec WHERE embedding MATCH vec_bit(?)"
+                    " AND k = ? AND channel_pk = ?",
+                    (qbits, min(k, 4096), pk),
+                ) as cur:
+                    candidates.extend(r[0] for r in await cur.fetchall())
+            if not candidates:
+                return []
+            blobs: list[tuple[int, bytes]] = []
+            for start in range(0, len(candidates), _CHUNK):
+                chunk = candidates[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                async with conn.execute(
+                    f"SELECT id, embedding FROM message_vectors WHERE id IN ({marks})", chunk
+                ) as cur:
+                    blobs.extend((r[0], r[1]) for r in await cur.fetchall())
+        if not blobs:
+            return []
+        ids = np.fromiter((b[0] for b in blobs), dtype=np.int64, count=len(blobs))
+        mat = np.frombuffer(b"".join(b[1] for b in blobs), dtype=np.float32).reshape(len(blobs), -1)
+        sims = mat @ q
+        order = np.argsort(-sims)[:limit]
+        return [(int(ids[i]), float(sims[i])) for i in order]
+
+    async def counts(self) -> dict[str, int]:
+        rows = await self.db.read(
+            "SELECT count(*), sum(deleted_at IS NOT NULL), sum(embedded = 0 AND deleted_at IS NULL),"
+            " count(DISTINCT channel_pk) FROM messages"
+        )
+        r = rows[0]
+        return {
+            "messages": int(r[0] or 0) - int(r[1] or 0),
+            "deleted": int(r[1] or 0),
+            "unembedded": int(r[2] or 0),
+            "channels_with_messages": int(r[3] or 0),
+        }
+
+
+def embed_text(speaker_name: str, text: str) -> str:
+    """What the dense index embeds: the speaker's name with the text, so 'who said' matches."""
+    return f"{speaker_name}: {text}"

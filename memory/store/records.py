@@ -1,0 +1,301 @@
+"""System 2: derived records with append-only update chains, FTS5 and vector indexes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memory.models import DerivedRecord, NewRecord, Scope
+from memory.store.channels import ChannelRepo
+from memory.store.database import Database, StoreError, Transaction
+from memory.store.rows import RECORD_COLUMNS, record_from_row, to_ts
+
+_CHUNK = 500
+
+
+class ChainConflict(StoreError):
+    """An update targeted a record that is no longer the active head of its chain."""
+
+
+@dataclass
+class WriterRunLog:
+    """What one Writer flush did, stored beside its commit for `stats`."""
+
+    model: str
+    prompt_version: str
+    started_at: float
+    latency_ms: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    noops: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    outcome: str = "committed"
+    error: str | None = None
+
+
+class RecordRepo:
+    def __init__(self, db: Database, channels: ChannelRepo) -> None:
+        self.db = db
+        self.channels = channels
+
+    async def commit_segment(
+        self,
+        segment_id: int,
+        scope: Scope,
+        records: Sequence[NewRecord],
+        vectors: np.ndarray | None,
+        run: WriterRunLog,
+    ) -> list[int]:
+        """Commit a segment's records, chain links, index rows, run log and done mark at once.
+
+        A segment already done (a redo after a crash that committed) commits nothing and
+        returns [] — so a replay can never duplicate records.
+        """
+        async with self.db.transaction() as tx:
+            seg = await tx.fetchone("SELECT state FROM segments WHERE id = ?", (segment_id,))
+            if seg is None:
+                raise StoreError(f"segment {segment_id} does not exist")
+            if seg[0] == "done":
+                return []
+            pk = await self.channels.ensure(tx, scope)
+            ids = await self._insert_records(tx, pk, scope, records, vectors, segment_id)
+            await tx.execute(
+                "UPDATE segments SET state = 'done', done_at = ?, last_error = NULL,"
+                " attempts = attempts + 1 WHERE id = ?",
+                (time.time(), segment_id),
+            )
+            await self._log_run(tx, segment_id, scope, run)
+            return ids
+
+    async def add_records(
+        self, scope: Scope, records: Sequence[NewRecord], vectors: np.ndarray | None
+    ) -> list[int]:
+        """Commit records outside the segment flow (replay writer, admin tools)."""
+        async with self.db.transaction() as tx:
+            pk = await self.channels.ensure(tx, scope)
+            return await self._insert_records(tx, pk, scope, records, vectors, None)
+
+    async def _insert_records(
+        self,
+        tx: Transaction,
+        pk: int,
+        scope: Scope,
+        records: Sequence[NewRecord],
+        vectors: np.ndarray | None,
+        segment_id: int | None,
+    ) -> list[int]:
+        ids: list[int] = []
+        now = time.time()
+        for i, rec in enumerate(records):
+            chain_root: int | None = None
+            if rec.supersedes is not None:
+                old = await tx.fetchone(
+                    "SELECT state, chain_root, channel_pk FROM records WHERE id = ?",
+                    (rec.supersedes,),
+                )
+                if old is None or old[2] != pk:
+                    raise ChainConflict(f"record {rec.supersedes} is not in this channel")
+                if old[0] != "active":
+                    raise ChainConflict(f"record {rec.supersedes} was already superseded")
+                chain_root = int(old[1])
+            rid = await tx.insert(
+                "INSERT INTO records (channel_pk, platform, workspace, channel, layer,"
+                " record_scope, content, source, owner, event, time, session_id, state, from_ids,"
+                " supersedes, chain_root, writer_model, prompt_version, segment_id, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    pk, *scope.key(), rec.layer.value, rec.record_scope.value, rec.content,
+                    rec.source, rec.owner, rec.event, to_ts(rec.time), rec.session_id,
+                    json.dumps(list(rec.from_ids)), rec.supersedes, chain_root or 0,
+                    rec.writer_model, rec.prompt_version, segment_id, now,
+                ),
+            )
+            if chain_root is None:
+                await tx.execute("UPDATE records SET chain_root = id WHERE id = ?", (rid,))
+            else:
+                await tx.execute(
+                    "UPDATE records SET state = 'superseded', superseded_by = ? WHERE id = ?",
+                    (rid, rec.supersedes),
+                )
+            marks = ",".join("?" * len(rec.from_ids))
+            await tx.execute(
+                "INSERT OR IGNORE INTO record_sources (record_id, message_pk)"
+                f" SELECT ?, id FROM messages WHERE channel_pk = ? AND message_id IN ({marks})",
+                (rid, pk, *rec.from_ids),
+            )
+            if vectors is not None:
+                await tx.execute(
+                    "INSERT INTO records_vec (rowid, channel_pk, embedding) VALUES (?, ?, ?)",
+                    (rid, pk, np.ascontiguousarray(vectors[i], dtype=np.float32).tobytes()),
+                )
+            ids.append(rid)
+        return ids
+
+    @staticmethod
+    async def _log_run(tx: Transaction, segment_id: int, scope: Scope, run: WriterRunLog) -> None:
+        await tx.execute(
+            "INSERT INTO writer_runs (segment_id, platform, workspace, channel, started_at,"
+            " latency_ms, model, prompt_version, prompt_tokens, completion_tokens, proposed,"
+            " accepted, noops, rejected, outcome, error)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                segment_id, *scope.key(), run.started_at, run.latency_ms, run.model,
+                run.prompt_version, run.prompt_tokens, run.completion_tokens, run.proposed,
+                run.accepted, run.noops, json.dumps(run.rejected), run.outcome, run.error,
+            ),
+        )
+
+    async def log_failed_run(self, segment_id: int, scope: Scope, run: WriterRunLog) -> None:
+        async with self.db.transaction() as tx:
+            await self._log_run(tx, segment_id, scope, run)
+
+    # ---- reads --------------------------------------------------------------------------
+
+    async def get_many(self, ids: Sequence[int]) -> dict[int, DerivedRecord]:
+        out: dict[int, DerivedRecord] = {}
+        ids = list(ids)
+        for start in range(0, len(ids), _CHUNK):
+            chunk = ids[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for row in await self.db.read(
+                f"SELECT {RECORD_COLUMNS} FROM records WHERE id IN ({marks})", chunk
+            ):
+                rec = record_from_row(row)
+                out[rec.id] = rec
+        return out
+
+    async def heads(
+        self,
+        channel_pks: Sequence[int],
+        *,
+        owners: Sequence[str] | None = None,
+        sources: Sequence[str] | None = None,
+    ) -> list[DerivedRecord]:
+        """Active records of the channels, optionally owned by or sourced from some people."""
+        if not channel_pks:
+            return []
+        marks = ",".join("?" * len(channel_pks))
+        sql = (
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE channel_pk IN ({marks})"
+            " AND state = 'active'"
+        )
+        params: list[object] = list(channel_pks)
+        filters = []
+        if owners:
+            filters.append(f"owner IN ({','.join('?' * len(owners))})")
+            params.extend(owners)
+        if sources:
+            filters.append(f"source IN ({','.join('?' * len(sources))})")
+            params.extend(sources)
+        if filters:
+            sql += " AND (" + " OR ".join(filters) + ")"
+        sql += " ORDER BY time DESC, id DESC"
+        return [record_from_row(r) for r in await self.db.read(sql, params)]
+
+    async def chain(self, record_id: int) -> list[DerivedRecord]:
+        """The whole update chain a record belongs to, oldest first."""
+        rows = await self.db.read(
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE chain_root ="
+            " (SELECT chain_root FROM records WHERE id = ?) ORDER BY id",
+            (record_id,),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def channel_of(self, record_ids: Sequence[int]) -> dict[int, tuple[str, str, str]]:
+        if not record_ids:
+            return {}
+        marks = ",".join("?" * len(record_ids))
+        rows = await self.db.read(
+            f"SELECT id, platform, workspace, channel FROM records WHERE id IN ({marks})",
+            list(record_ids),
+        )
+        return {r[0]: (r[1], r[2], r[3]) for r in rows}
+
+    async def lexical(
+        self, match: str, channel_pks: Sequence[int], limit: int, *, active_only: bool = True
+    ) -> list[tuple[int, float]]:
+        if not match or not channel_pks:
+            return []
+        marks = ",".join("?" * len(channel_pks))
+        state = " AND r.state = 'active'" if active_only else ""
+        rows = await self.db.read(
+            "SELECT r.id, bm25(records_fts) AS score FROM records_fts"
+            " JOIN records r ON r.id = records_fts.rowid"
+            f" WHERE records_fts MATCH ? AND r.channel_pk IN ({marks}){state}"
+            " ORDER BY score LIMIT ?",
+            (match, *channel_pks, limit),
+        )
+        return [(r[0], r[1]) for r in rows]
+
+    async def dense(
+        self, query: np.ndarray, channel_pks: Sequence[int], limit: int
+    ) -> list[tuple[int, float]]:
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1).tobytes()
+        out: list[tuple[int, float]] = []
+        async with self.db.reader() as conn:
+            for pk in channel_pks:
+                async with conn.execute(
+                    "SELECT rowid, distance FROM records_vec WHERE embedding MATCH ?"
+                    " AND k = ? AND channel_pk = ?",
+                    (q, limit, pk),
+                ) as cur:
+                    out.extend((r[0], 1.0 - float(r[1])) for r in await cur.fetchall())
+        out.sort(key=lambda x: -x[1])
+        return out[:limit]
+
+    async def counts(self) -> dict[str, int]:
+        rows = await self.db.read(
+            "SELECT count(*), sum(state = 'active'), sum(supersedes IS NOT NULL) FROM records"
+        )
+        r = rows[0]
+        by_layer = await self.db.read(
+            "SELECT layer, count(*) FROM records WHERE state = 'active' GROUP BY layer"
+        )
+        out = {
+            "records": int(r[0] or 0),
+            "active_records": int(r[1] or 0),
+            "updates": int(r[2] or 0),
+        }
+        out.update({f"active_{layer}": int(n) for layer, n in by_layer})
+        return out
+
+    async def by_owner_name(self, name_or_id: str) -> list[DerivedRecord]:
+        """Records owned by a user id or display name (any channel), newest chains first."""
+        rows = await self.db.read(
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE owner = ? OR owner IN"
+            " (SELECT user_id FROM users WHERE lower(display_name) = lower(?))"
+            " OR owner IN (SELECT user_id FROM user_aliases WHERE alias_norm = lower(?))"
+            " ORDER BY chain_root, id",
+            (name_or_id, name_or_id, name_or_id),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def writer_stats(self) -> dict[str, object]:
+        rows = await self.db.read(
+            "SELECT count(*), coalesce(sum(proposed), 0), coalesce(sum(accepted), 0),"
+            " coalesce(sum(noops), 0), coalesce(sum(prompt_tokens), 0),"
+            " coalesce(sum(completion_tokens), 0), coalesce(avg(latency_ms), 0),"
+            " coalesce(sum(outcome != 'committed'), 0) FROM writer_runs"
+        )
+        r = rows[0]
+        rejected: dict[str, int] = {}
+        for (blob,) in await self.db.read("SELECT rejected FROM writer_runs"):
+            for reason, n in json.loads(blob or "{}").items():
+                rejected[reason] = rejected.get(reason, 0) + int(n)
+        return {
+            "flushes": int(r[0]),
+            "proposed": int(r[1]),
+            "accepted": int(r[2]),
+            "noops": int(r[3]),
+            "prompt_tokens": int(r[4]),
+            "completion_tokens": int(r[5]),
+            "mean_latency_ms": round(float(r[6]), 1),
+            "failed_flushes": int(r[7]),
+            "rejected": dict(sorted(rejected.items())),
+        }

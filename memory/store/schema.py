@@ -1,0 +1,243 @@
+"""Ordered, recorded migrations. Each runs once, in its own transaction.
+
+Never edit a released migration: append a new one. `schema_migrations` records
+what ran and when, so a database opened by a newer build upgrades in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EMBED_DIM = 384
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def _initial(chunk_size: int) -> str:
+    return f"""
+CREATE TABLE channels (
+    id          INTEGER PRIMARY KEY,
+    platform    TEXT NOT NULL,
+    workspace   TEXT NOT NULL,
+    channel     TEXT NOT NULL,
+    name        TEXT,
+    is_private  INTEGER NOT NULL DEFAULT 0,
+    enabled     INTEGER NOT NULL DEFAULT 1,
+    created_at  REAL NOT NULL,
+    last_ts     REAL,
+    session_id  INTEGER NOT NULL DEFAULT 0,
+    next_turn   INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (platform, workspace, channel)
+);
+
+CREATE TABLE sessions (
+    channel_pk  INTEGER NOT NULL REFERENCES channels(id),
+    platform    TEXT NOT NULL,
+    workspace   TEXT NOT NULL,
+    channel     TEXT NOT NULL,
+    session_id  INTEGER NOT NULL,
+    started_at  REAL NOT NULL,
+    PRIMARY KEY (channel_pk, session_id)
+) WITHOUT ROWID;
+
+CREATE TABLE users (
+    platform     TEXT NOT NULL,
+    workspace    TEXT NOT NULL,
+    user_id      TEXT NOT NULL,
+    display_name TEXT NOT NULL,
+    is_bot       INTEGER NOT NULL DEFAULT 0,
+    updated_at   REAL NOT NULL,
+    PRIMARY KEY (platform, workspace, user_id)
+) WITHOUT ROWID;
+
+CREATE TABLE user_aliases (
+    platform   TEXT NOT NULL,
+    workspace  TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    alias      TEXT NOT NULL,
+    alias_norm TEXT NOT NULL,
+    PRIMARY KEY (platform, workspace, user_id, alias_norm)
+) WITHOUT ROWID;
+
+CREATE TABLE roster (
+    channel_pk INTEGER NOT NULL REFERENCES channels(id),
+    platform   TEXT NOT NULL,
+    workspace  TEXT NOT NULL,
+    channel    TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    joined_at  REAL,
+    left_at    REAL,
+    PRIMARY KEY (channel_pk, user_id)
+) WITHOUT ROWID;
+
+CREATE TABLE messages (
+    id           INTEGER PRIMARY KEY,
+    channel_pk   INTEGER NOT NULL REFERENCES channels(id),
+    platform     TEXT NOT NULL,
+    workspace    TEXT NOT NULL,
+    channel      TEXT NOT NULL,
+    message_id   TEXT NOT NULL,
+    thread_id    TEXT,
+    speaker_id   TEXT NOT NULL,
+    speaker_name TEXT NOT NULL,
+    text         TEXT NOT NULL,
+    ts           REAL NOT NULL,
+    session_id   INTEGER NOT NULL,
+    turn_index   INTEGER NOT NULL,
+    reply_to     TEXT,
+    addressees   TEXT NOT NULL DEFAULT '[]',
+    edited_at    REAL,
+    deleted_at   REAL,
+    segment_id   INTEGER,
+    embedded     INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (channel_pk, message_id)
+);
+CREATE INDEX messages_channel_ts ON messages (channel_pk, ts);
+CREATE INDEX messages_session ON messages (channel_pk, session_id, turn_index);
+CREATE INDEX messages_speaker ON messages (channel_pk, speaker_id);
+CREATE INDEX messages_segment ON messages (segment_id);
+CREATE INDEX messages_unembedded ON messages (id) WHERE embedded = 0 AND deleted_at IS NULL;
+
+CREATE VIRTUAL TABLE messages_fts USING fts5(
+    text, speaker_name,
+    content = 'messages', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER messages_fts_ai AFTER INSERT ON messages BEGIN
+    INSERT INTO messages_fts (rowid, text, speaker_name)
+    VALUES (new.id, new.text, new.speaker_name);
+END;
+CREATE TRIGGER messages_fts_ad AFTER DELETE ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, text, speaker_name)
+    VALUES ('delete', old.id, old.text, old.speaker_name);
+END;
+CREATE TRIGGER messages_fts_au AFTER UPDATE OF text, speaker_name ON messages BEGIN
+    INSERT INTO messages_fts (messages_fts, rowid, text, speaker_name)
+    VALUES ('delete', old.id, old.text, old.speaker_name);
+    INSERT INTO messages_fts (rowid, text, speaker_name)
+    VALUES (new.id, new.text, new.speaker_name);
+END;
+
+-- Dense index: binary-quantised vectors partitioned by channel for a cheap coarse KNN,
+-- float vectors kept beside them for exact re-scoring of the candidates.
+CREATE VIRTUAL TABLE messages_vec USING vec0(
+    channel_pk integer partition key,
+    embedding bit[{EMBED_DIM}],
+    chunk_size = {chunk_size}
+);
+CREATE TABLE message_vectors (
+    id        INTEGER PRIMARY KEY REFERENCES messages(id),
+    embedding BLOB NOT NULL
+);
+
+CREATE TABLE segments (
+    id              INTEGER PRIMARY KEY,
+    channel_pk      INTEGER NOT NULL REFERENCES channels(id),
+    platform        TEXT NOT NULL,
+    workspace       TEXT NOT NULL,
+    channel         TEXT NOT NULL,
+    state           TEXT NOT NULL CHECK (state IN ('open', 'pending', 'done')),
+    n_messages      INTEGER NOT NULL DEFAULT 0,
+    opened_at       REAL NOT NULL,
+    last_message_at REAL NOT NULL,
+    closed_at       REAL,
+    done_at         REAL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL,
+    last_error      TEXT
+);
+CREATE UNIQUE INDEX segments_one_open ON segments (channel_pk) WHERE state = 'open';
+CREATE INDEX segments_state ON segments (state, next_attempt_at);
+
+CREATE TABLE records (
+    id             INTEGER PRIMARY KEY,
+    channel_pk     INTEGER NOT NULL REFERENCES channels(id),
+    platform       TEXT NOT NULL,
+    workspace      TEXT NOT NULL,
+    channel        TEXT NOT NULL,
+    layer          TEXT NOT NULL CHECK (layer IN ('core', 'profile', 'interaction', 'insight')),
+    record_scope   TEXT NOT NULL CHECK (record_scope IN ('PERSON', 'GROUP')),
+    content        TEXT NOT NULL CHECK (length(content) > 0),
+    source         TEXT NOT NULL,
+    owner          TEXT NOT NULL,
+    event          TEXT NOT NULL DEFAULT '',
+    time           REAL NOT NULL,
+    session_id     INTEGER,
+    state          TEXT NOT NULL DEFAULT 'active' CHECK (state IN ('active', 'superseded')),
+    from_ids       TEXT NOT NULL
+                   CHECK (json_valid(from_ids) AND json_array_length(from_ids) > 0),
+    supersedes     INTEGER REFERENCES records(id),
+    superseded_by  INTEGER REFERENCES records(id),
+    chain_root     INTEGER NOT NULL,
+    writer_model   TEXT NOT NULL,
+    prompt_version TEXT NOT NULL,
+    segment_id     INTEGER REFERENCES segments(id),
+    created_at     REAL NOT NULL
+);
+CREATE INDEX records_owner ON records (channel_pk, owner, state);
+CREATE INDEX records_source ON records (channel_pk, source, state);
+CREATE INDEX records_chain ON records (chain_root);
+CREATE INDEX records_segment ON records (segment_id);
+
+CREATE TABLE record_sources (
+    record_id  INTEGER NOT NULL REFERENCES records(id),
+    message_pk INTEGER NOT NULL REFERENCES messages(id),
+    PRIMARY KEY (record_id, message_pk)
+) WITHOUT ROWID;
+CREATE INDEX record_sources_message ON record_sources (message_pk);
+
+CREATE VIRTUAL TABLE records_fts USING fts5(
+    content, event,
+    content = 'records', content_rowid = 'id',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER records_fts_ai AFTER INSERT ON records BEGIN
+    INSERT INTO records_fts (rowid, content, event) VALUES (new.id, new.content, new.event);
+END;
+CREATE TRIGGER records_fts_ad AFTER DELETE ON records BEGIN
+    INSERT INTO records_fts (records_fts, rowid, content, event)
+    VALUES ('delete', old.id, old.content, old.event);
+END;
+CREATE TRIGGER records_fts_au AFTER UPDATE OF content, event ON records BEGIN
+    INSERT INTO records_fts (records_fts, rowid, content, event)
+    VALUES ('delete', old.id, old.content, old.event);
+    INSERT INTO records_fts (rowid, content, event) VALUES (new.id, new.content, new.event);
+END;
+
+CREATE VIRTUAL TABLE records_vec USING vec0(
+    channel_pk integer partition key,
+    embedding float[{EMBED_DIM}] distance_metric=cosine,
+    chunk_size = {chunk_size}
+);
+
+CREATE TABLE writer_runs (
+    id                INTEGER PRIMARY KEY,
+    segment_id        INTEGER NOT NULL REFERENCES segments(id),
+    platform          TEXT NOT NULL,
+    workspace         TEXT NOT NULL,
+    channel           TEXT NOT NULL,
+    started_at        REAL NOT NULL,
+    latency_ms        REAL NOT NULL,
+    model             TEXT NOT NULL,
+    prompt_version    TEXT NOT NULL,
+    prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    proposed          INTEGER NOT NULL DEFAULT 0,
+    accepted          INTEGER NOT NULL DEFAULT 0,
+    noops             INTEGER NOT NULL DEFAULT 0,
+    rejected          TEXT NOT NULL DEFAULT '{{}}',
+    outcome           TEXT NOT NULL,
+    error             TEXT
+);
+CREATE INDEX writer_runs_segment ON writer_runs (segment_id);
+"""
+
+
+def migrations(chunk_size: int) -> list[Migration]:
+    """All migrations in order. The vec0 chunk size is fixed when the table is created."""
+    return [Migration(1, "initial dual-track schema", _initial(chunk_size))]
