@@ -1,0 +1,107 @@
+"""All settings, read once from the environment (prefix SPEAKERMEM_) into one typed object.
+
+Secrets are `SecretStr`: they print as '**********' in logs, reprs and `speakermem config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from memory.config import IngestConfig, MemoryConfig, SearchConfig, StoreConfig
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SPEAKERMEM_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # storage
+    db_path: Path = Path("speakermem.db")
+    sqlite_driver: Literal["auto", "stdlib", "sqlean"] = "auto"
+    db_readers: int = Field(default=2, ge=1, le=16)
+
+    # ingestion and the Writer's segments
+    session_gap_minutes: float = Field(default=30.0, gt=0)
+    writer_window: int = Field(default=25, ge=1, le=500)
+    writer_concurrency: int = Field(default=2, ge=1, le=64)
+    writer_budget_per_message: int = Field(default=2, ge=1)
+    writer_budget_cap: int = Field(default=40, ge=1)
+    writer_retry_base_s: float = Field(default=30.0, gt=0)
+    writer_retry_max_s: float = Field(default=1800.0, gt=0)
+    writer_heads_tokens: int = Field(default=1500, ge=0)
+    gate_mode: Literal["lexical", "dense", "either", "both"] = "lexical"
+    gate_lexical_threshold: float = Field(default=0.5, ge=0, le=1)
+    gate_dense_threshold: float = Field(default=0.45, ge=-1, le=1)
+
+    # embeddings
+    embedder: Literal["minilm", "openai", "none"] = "minilm"
+    embed_quantize: bool = True
+    embed_threads: int = Field(default=1, ge=1, le=64)
+    model_cache_dir: Path = Path.home() / ".cache" / "speakermem" / "models"
+    embedding_base_url: str | None = None
+    embedding_api_key: SecretStr = SecretStr("")
+    embedding_model: str = "text-embedding-3-small"
+    embedding_dim: int = 384
+
+    # LLM (any OpenAI-compatible endpoint: vLLM, Ollama, llama.cpp, OpenAI)
+    llm_base_url: str | None = None
+    llm_api_key: SecretStr = SecretStr("not-needed")
+    llm_model: str = "default"
+    llm_timeout_s: float = Field(default=60.0, gt=0)
+    llm_max_retries: int = Field(default=3, ge=0)
+    llm_structured_mode: Literal["json_schema", "json_object", "none"] = "json_schema"
+
+    # search and /recall budgets (SPEC §5 defaults)
+    rrf_k0: int = Field(default=60, ge=1)
+    recall_pool: int = Field(default=40, ge=1, le=1000)
+    recall_top_k: int = Field(default=10, ge=1, le=100)
+    recall_expand_anchors: int = Field(default=2, ge=0, le=10)
+    recall_expand_radius: int = Field(default=1, ge=0, le=10)
+    recall_ask: bool = False
+    recall_s2_k: int = Field(default=2, ge=0, le=20)
+    recall_s2_source_k: int = Field(default=1, ge=0, le=20)
+    recall_scope: Literal["channel", "workspace"] = "channel"
+    recall_ephemeral: bool = False
+
+    # Slack
+    slack_bot_token: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = None
+    slack_app_token: SecretStr | None = None
+    slack_mode: Literal["http", "socket"] = "http"
+    slack_http_host: str = "0.0.0.0"
+    slack_http_port: int = 3000
+    slack_http_path: str = "/slack/events"
+    slack_api_url: str = "https://slack.com/api/"
+
+    # Discord
+    discord_token: SecretStr | None = None
+    discord_api_url: str = "https://discord.com/api/v10"
+    discord_gateway_url: str = "wss://gateway.discord.gg/"
+    discord_shard_count: int | None = None
+
+    log_level: str = "INFO"
+
+    def memory_config(self) -> MemoryConfig:
+        return MemoryConfig(
+            store=StoreConfig(
+                db_path=self.db_path, sqlite_driver=self.sqlite_driver, readers=self.db_readers
+            ),
+            ingest=IngestConfig(
+                session_gap_minutes=self.session_gap_minutes, segment_window=self.writer_window
+            ),
+            search=SearchConfig(rrf_k0=self.rrf_k0, pool=self.recall_pool),
+        )
+
+    @property
+    def llm_configured(self) -> bool:
+        return bool(self.llm_base_url)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment once; CLI flags come in as overrides."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**clean)  # type: ignore[arg-type]

@@ -1,0 +1,68 @@
+"""The composition root: the one place that wires settings, store, embedder and LLM together."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from bot.settings import Settings
+from memory.engine import MemoryEngine
+from memory.ports import LLM, Embedder
+
+log = logging.getLogger(__name__)
+
+
+def build_embedder(settings: Settings) -> Embedder | None:
+    """The configured embedder, or None when embeddings are off."""
+    if settings.embedder == "none":
+        return None
+    if settings.embedder == "openai":
+        from integrations.embeddings.openai_compat import OpenAIEmbedder  # noqa: PLC0415
+
+        if not settings.embedding_base_url:
+            raise ValueError(
+                "SPEAKERMEM_EMBEDDER=openai needs SPEAKERMEM_EMBEDDING_BASE_URL (e.g. "
+                "http://localhost:8000/v1)"
+            )
+        return OpenAIEmbedder(
+            base_url=settings.embedding_base_url,
+            api_key=settings.embedding_api_key.get_secret_value() or "not-needed",
+            model=settings.embedding_model,
+            dim=settings.embedding_dim,
+        )
+    from integrations.embeddings.minilm import MiniLMEmbedder  # noqa: PLC0415
+
+    return MiniLMEmbedder(
+        cache_dir=settings.model_cache_dir,
+        quantize=settings.embed_quantize,
+        threads=settings.embed_threads,
+    )
+
+
+def build_llm(settings: Settings) -> LLM | None:
+    """The configured LLM endpoint, or None: then every stage uses its deterministic fallback."""
+    if not settings.llm_base_url:
+        return None
+    from integrations.llm.openai_compat import OpenAICompatLLM  # noqa: PLC0415
+
+    return OpenAICompatLLM(
+        base_url=settings.llm_base_url,
+        api_key=settings.llm_api_key.get_secret_value(),
+        model=settings.llm_model,
+        timeout_s=settings.llm_timeout_s,
+        structured_mode=settings.llm_structured_mode,
+        max_retries=settings.llm_max_retries,
+    )
+
+
+@asynccontextmanager
+async def open_engine(
+    settings: Settings, *, with_embedder: bool = True
+) -> AsyncIterator[MemoryEngine]:
+    embedder = build_embedder(settings) if with_embedder else None
+    engine = await MemoryEngine.open(settings.memory_config(), embedder)
+    try:
+        yield engine
+    finally:
+        await engine.close()

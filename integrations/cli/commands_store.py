@@ -1,0 +1,183 @@
+"""`speakermem import`, `search` and `stats`: the System 1 commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from bot.settings import Settings
+from integrations.app import open_engine
+from integrations.cli.errors import CliError
+from integrations.cli.render import advance, console, err_console, fmt_time, progress_bar
+from memory.datasets.common import Dataset
+from memory.datasets.friendsqa import read_friendsqa
+from memory.datasets.locomo import read_locomo
+from memory.engine import MemoryEngine, UnknownChannel
+from memory.models import MessageEvent, Scope
+from memory.store import IngestStatus
+
+DATASET_READERS = {"locomo": read_locomo, "friendsqa": read_friendsqa}
+
+
+async def resolve_channel(
+    engine: MemoryEngine, channel: str, platform: str | None = None
+) -> Scope:
+    """A channel by id or name; ambiguity and unknown names are user errors."""
+    found = await engine.store.channels.find(channel, platform)
+    if not found:
+        known = ", ".join(sorted({c["scope"].channel for c in await engine.store.channels.all()}))
+        raise UnknownChannel(
+            f"unknown channel {channel!r}; known channels: {known or '(none - import first)'}"
+        )
+    if len(found) > 1:
+        options = ", ".join(str(s) for s in found)
+        raise CliError(f"channel {channel!r} is ambiguous ({options}); pass --platform")
+    return found[0]
+
+
+async def ingest_events(
+    engine: MemoryEngine, events: list[MessageEvent], label: str
+) -> tuple[int, int]:
+    with progress_bar(label, len(events)) as bar:
+        outcomes = await engine.ingest_many(events, on_progress=lambda n: advance(bar, n))
+    stored = sum(o.status is IngestStatus.STORED for o in outcomes)
+    return stored, len(outcomes) - stored
+
+
+async def embed_all(engine: MemoryEngine) -> int:
+    if engine.embedder is None:
+        return 0
+    pending = await engine.store.messages.count_pending_embeddings()
+    if not pending:
+        return 0
+    with progress_bar("embedding", pending) as bar:
+        return await engine.embed_pending(on_progress=lambda n: advance(bar, n))
+
+
+async def import_dataset(
+    settings: Settings, kind: str, path: Path, *, embed: bool
+) -> Dataset:
+    dataset = DATASET_READERS[kind](path)
+    async with open_engine(settings, with_embedder=embed) as engine:
+        stored, dup = await ingest_events(engine, dataset.messages, f"importing {kind}")
+        embedded = await embed_all(engine) if embed else 0
+    err_console.print(
+        f"imported {stored} messages ({dup} already present) into "
+        f"{len(dataset.scopes)} channel(s); embedded {embedded}; "
+        f"{len(dataset.questions)} questions in the file"
+    )
+    return dataset
+
+
+async def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    embed = not args.no_embed and settings.embedder != "none"
+    if args.kind in DATASET_READERS:
+        await import_dataset(settings, args.kind, path, embed=embed)
+        return 0
+    from integrations.cli.commands_platform import import_platform_export  # noqa: PLC0415
+
+    return await import_platform_export(settings, args.kind, path, args, embed=embed)
+
+
+async def cmd_search(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=args.mode != "lexical") as engine:
+        scope = await resolve_channel(engine, args.channel, args.platform)
+        mode = args.mode
+        if mode != "lexical" and engine.embedder is None:
+            mode = "lexical"
+        hits = await engine.search(args.query, [scope], limit=args.limit, mode=mode)
+        sessions = await engine.store.messages.session_started(
+            scope, sorted({h.message.session_id for h in hits})
+        )
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "rank": i + 1,
+                        "message_id": h.message.message_id,
+                        "speaker": h.message.speaker_name,
+                        "speaker_id": h.message.speaker_id,
+                        "time": h.message.ts.isoformat(),
+                        "session": h.message.session_id,
+                        "text": h.message.text,
+                        "score": round(h.score, 6),
+                        "lexical_rank": h.lexical_rank,
+                        "dense_rank": h.dense_rank,
+                    }
+                    for i, h in enumerate(hits)
+                ],
+                indent=2,
+            )
+        )
+        return 0
+    if not hits:
+        console.print(f"no matches in {scope}")
+        return 0
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    table = Table(title=f"{mode} search in {scope}: {args.query!r}", show_lines=False)
+    for col in ("#", "id", "speaker", "session time", "text", "lex", "dense"):
+        table.add_column(col, overflow="fold")
+    for i, h in enumerate(hits, start=1):
+        started = sessions.get(h.message.session_id)
+        session_time = (
+            f"S{h.message.session_id} "
+            + fmt_time(datetime.fromtimestamp(started, UTC) if started else h.message.ts)
+        )
+        table.add_row(
+            str(i),
+            h.message.message_id,
+            h.message.speaker_name,
+            session_time,
+            h.message.text[:300],
+            str(h.lexical_rank or "-"),
+            str(h.dense_rank or "-"),
+        )
+    console.print(table)
+    return 0
+
+
+async def cmd_stats(settings: Settings, args: argparse.Namespace) -> int:
+    if not Path(settings.db_path).exists():
+        raise CliError(f"{settings.db_path}: no database yet; run `speakermem import` first")
+    async with open_engine(settings, with_embedder=False) as engine:
+        stats = await engine.stats()
+        channels = await engine.store.channels.all()
+    if args.json:
+        stats["channel_list"] = [
+            {"channel": str(c["scope"]), "messages": c["messages"], "members": c["members"]}
+            for c in channels
+        ]
+        print(json.dumps(stats, indent=2, default=str))
+        return 0
+    table = Table(title=f"speakermem stats: {settings.db_path}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for key, value in stats.items():
+        if key != "writer":
+            table.add_row(key, str(value))
+    console.print(table)
+    writer = stats["writer"]
+    assert isinstance(writer, dict)
+    wt = Table(title="writer")
+    wt.add_column("what")
+    wt.add_column("value", justify="right")
+    for key, value in writer.items():
+        if key == "rejected":
+            for reason, n in value.items():
+                wt.add_row(f"rejected: {reason}", str(n))
+        else:
+            wt.add_row(key, str(value))
+    console.print(wt)
+    ct = Table(title="channels")
+    for col in ("channel", "messages", "members", "sessions"):
+        ct.add_column(col)
+    for c in channels:
+        ct.add_row(str(c["scope"]), str(c["messages"]), str(c["members"]), str(c["sessions"]))
+    console.print(ct)
+    return 0
