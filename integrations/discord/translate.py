@@ -1,0 +1,563 @@
+"""Discord gateway payloads → platform-neutral events, as pure functions over dicts.
+
+Each function takes the ``d`` of a gateway dispatch (what discord.py hands to
+``on_socket_raw_receive`` / the ``data`` of ``on_raw_*`` events), so the rules are
+testable without a client. discord.py is not imported here.
+
+Conventions:
+
+- Scope is ``(discord, guild_id, channel)`` where channel is the parent channel
+  for a thread (``thread_id`` = the thread's id) and the channel itself otherwise.
+  The adapter supplies `channel_parent` (thread id → parent channel id) from its
+  cache; a thread missing from it is treated as a plain channel.
+- ``message_id`` is the snowflake string; ``reply_to`` is
+  ``message_reference.message_id`` (not for forwards); addressees are the
+  mentioned users plus the referenced message's author, never the speaker.
+- Guild membership is guild-wide, so member add/remove/update events use the
+  channel ``"*"``; which channels a member may read comes from `can_read_channel`.
+- Direct messages (no guild) are ignored: the bot remembers group conversations.
+
+Return values: an event; None for payloads deliberately ignored (system message
+types, updates without a content change, other commands); PayloadError for
+malformed ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bot.events import (
+    CommandInvocation,
+    DeleteEvent,
+    EditEvent,
+    MessageEvent,
+    RosterAction,
+    RosterEvent,
+    Scope,
+)
+from integrations.payload import (
+    PayloadError,
+    build,
+    check_text,
+    opt_str,
+    parse_iso,
+    req_dict,
+    req_str,
+)
+
+__all__ = [
+    "ADMINISTRATOR",
+    "GUILD_CHANNEL",
+    "MESSAGE_TYPES",
+    "PLATFORM",
+    "THREAD_TYPES",
+    "VIEW_CHANNEL",
+    "ChannelPerms",
+    "GuildPerms",
+    "Overwrite",
+    "PayloadError",
+    "can_read_channel",
+    "display_name",
+    "interaction_recall",
+    "member_add",
+    "member_remove",
+    "member_roles",
+    "member_update",
+    "message_create",
+    "message_delete",
+    "message_delete_bulk",
+    "message_update",
+    "perms_from_guild_create",
+    "readable_channels",
+]
+
+log = logging.getLogger(__name__)
+
+PLATFORM = "discord"
+GUILD_CHANNEL = "*"
+"""Channel value of a scope that means 'the whole guild'."""
+
+VIEW_CHANNEL = 1 << 10
+ADMINISTRATOR = 1 << 3
+
+MESSAGE_TYPES = frozenset({0, 19, 20, 23})
+"""DEFAULT, REPLY, CHAT_INPUT_COMMAND, CONTEXT_MENU_COMMAND: types that carry someone's words."""
+
+THREAD_TYPES = frozenset({10, 11, 12})
+"""ANNOUNCEMENT_THREAD, PUBLIC_THREAD, PRIVATE_THREAD."""
+
+_CATEGORY = 4
+_FORWARD = 1  # message_reference.type for a forwarded message (not a reply)
+
+ChannelParents = Mapping[str, str]
+
+
+def display_name(user: Mapping[str, Any], member: Mapping[str, Any] | None = None) -> str | None:
+    """member nick > user global_name > username."""
+    for candidate in (
+        (member or {}).get("nick"),
+        user.get("global_name"),
+        user.get("username"),
+    ):
+        if isinstance(candidate, str) and candidate.strip():
+            return candidate.strip()[:256]
+    return None
+
+
+def _guild(d: Mapping[str, Any], guild_id: str | None, where: str) -> str | None:
+    return opt_str(d, "guild_id", where) or guild_id
+
+
+def _place(
+    guild: str, channel_id: str, channel_parent: ChannelParents | None
+) -> tuple[Scope, str | None]:
+    parent = (channel_parent or {}).get(channel_id)
+    if parent:
+        scope = build(Scope, "discord scope", platform=PLATFORM, workspace=guild, channel=parent)
+        return scope, channel_id
+    scope = build(Scope, "discord scope", platform=PLATFORM, workspace=guild, channel=channel_id)
+    return scope, None
+
+
+def _user_ids(items: Any, where: str) -> list[str]:
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise PayloadError(f"{where}: mentions must be a list")
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, Mapping):
+            out.append(req_str(item, "id", where))
+        elif isinstance(item, str | int) and not isinstance(item, bool):
+            out.append(str(item))
+        else:
+            raise PayloadError(f"{where}: bad mention entry {type(item).__name__}")
+    return out
+
+
+def message_create(
+    d: Mapping[str, Any],
+    *,
+    guild_id: str | None = None,
+    channel_parent: ChannelParents | None = None,
+) -> MessageEvent | None:
+    """MESSAGE_CREATE → MessageEvent; None for DMs and system message types."""
+    where = "discord MESSAGE_CREATE"
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    message_id = req_str(d, "id", where)
+    channel_id = req_str(d, "channel_id", where)
+    guild = _guild(d, guild_id, where)
+    if guild is None:
+        return None
+    kind = d.get("type", 0)
+    if not isinstance(kind, int) or isinstance(kind, bool):
+        raise PayloadError(f"{where}: type must be an integer")
+    if kind not in MESSAGE_TYPES:
+        log.debug("ignoring discord message type %s", kind)
+        return None
+    author = req_dict(d, "author", where)
+    speaker_id = req_str(author, "id", where)
+    member = d.get("member") if isinstance(d.get("member"), Mapping) else None
+    text = check_text(d.get("content") if d.get("content") is not None else "", where)
+    when = parse_iso(d.get("timestamp"), where)
+
+    reply_to: str | None = None
+    addressees = _user_ids(d.get("mentions"), where)
+    ref = d.get("message_reference")
+    if isinstance(ref, Mapping) and ref.get("type", 0) != _FORWARD:
+        reply_to = opt_str(ref, "message_id", where)
+        referenced = d.get("referenced_message")
+        if isinstance(referenced, Mapping) and isinstance(referenced.get("author"), Mapping):
+            ref_author = opt_str(referenced["author"], "id", where)
+            if ref_author:
+                addressees.append(ref_author)
+    addressees = [a for a in dict.fromkeys(addressees) if a != speaker_id]
+
+    scope, thread_id = _place(guild, channel_id, channel_parent)
+    return build(
+        MessageEvent,
+        where,
+        scope=scope,
+        message_id=message_id,
+        speaker_id=speaker_id,
+        speaker_name=display_name(author, member) or speaker_id,
+        text=text,
+        ts=when,
+        thread_id=thread_id,
+        reply_to=reply_to,
+        addressees=tuple(addressees),
+        speaker_is_bot=bool(author.get("bot")) or d.get("webhook_id") is not None,
+    )
+
+
+def message_update(
+    d: Mapping[str, Any],
+    *,
+    guild_id: str | None = None,
+    channel_parent: ChannelParents | None = None,
+    previous_content: str | None = None,
+) -> EditEvent | None:
+    """MESSAGE_UPDATE → EditEvent when the content changed.
+
+    The raw event may be partial (no author). It counts as an edit only when it
+    carries ``content`` and a non-null ``edited_timestamp`` — embed unfurls
+    arrive with ``edited_timestamp: null`` — and, when the adapter knows the
+    cached `previous_content`, only if the text differs.
+    """
+    where = "discord MESSAGE_UPDATE"
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    message_id = req_str(d, "id", where)
+    channel_id = req_str(d, "channel_id", where)
+    guild = _guild(d, guild_id, where)
+    if guild is None or "content" not in d:
+        return None
+    text = check_text(d["content"] if d["content"] is not None else "", where)
+    edited = d.get("edited_timestamp")
+    if edited is None:
+        return None
+    if previous_content is not None and previous_content == text:
+        return None
+    scope, _thread = _place(guild, channel_id, channel_parent)
+    return build(
+        EditEvent,
+        where,
+        scope=scope,
+        message_id=message_id,
+        text=text,
+        edited_at=parse_iso(edited, where),
+    )
+
+
+def message_delete(
+    d: Mapping[str, Any],
+    *,
+    guild_id: str | None = None,
+    channel_parent: ChannelParents | None = None,
+) -> DeleteEvent | None:
+    """MESSAGE_DELETE → DeleteEvent (None in DMs)."""
+    where = "discord MESSAGE_DELETE"
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    message_id = req_str(d, "id", where)
+    channel_id = req_str(d, "channel_id", where)
+    guild = _guild(d, guild_id, where)
+    if guild is None:
+        return None
+    scope, _thread = _place(guild, channel_id, channel_parent)
+    return build(DeleteEvent, where, scope=scope, message_id=message_id)
+
+
+def message_delete_bulk(
+    d: Mapping[str, Any],
+    *,
+    guild_id: str | None = None,
+    channel_parent: ChannelParents | None = None,
+) -> list[DeleteEvent]:
+    """MESSAGE_DELETE_BULK → one DeleteEvent per id."""
+    where = "discord MESSAGE_DELETE_BULK"
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    ids = d.get("ids")
+    if not isinstance(ids, list):
+        raise PayloadError(f"{where}: field 'ids' must be a list")
+    channel_id = req_str(d, "channel_id", where)
+    guild = _guild(d, guild_id, where)
+    if guild is None:
+        return []
+    scope, _thread = _place(guild, channel_id, channel_parent)
+    return [
+        build(DeleteEvent, where, scope=scope, message_id=str(i))
+        for i in ids
+        if isinstance(i, str | int) and not isinstance(i, bool)
+    ]
+
+
+def _member_event(d: Mapping[str, Any], action: RosterAction, where: str) -> RosterEvent:
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    guild = req_str(d, "guild_id", where)
+    user = req_dict(d, "user", where)
+    user_id = req_str(user, "id", where)
+    fields: dict[str, Any] = {}
+    if action == RosterAction.JOIN and d.get("joined_at"):
+        fields["at"] = parse_iso(d["joined_at"], where)
+    return build(
+        RosterEvent,
+        where,
+        scope=build(Scope, where, platform=PLATFORM, workspace=guild, channel=GUILD_CHANNEL),
+        action=action,
+        user_id=user_id,
+        name=None if action == RosterAction.LEAVE else display_name(user, d),
+        is_bot=bool(user.get("bot")),
+        **fields,
+    )
+
+
+def member_add(d: Mapping[str, Any]) -> RosterEvent:
+    """GUILD_MEMBER_ADD → JOIN in the guild scope (channel "*")."""
+    return _member_event(d, RosterAction.JOIN, "discord GUILD_MEMBER_ADD")
+
+
+def member_remove(d: Mapping[str, Any]) -> RosterEvent:
+    """GUILD_MEMBER_REMOVE → LEAVE in the guild scope."""
+    return _member_event(d, RosterAction.LEAVE, "discord GUILD_MEMBER_REMOVE")
+
+
+def member_update(d: Mapping[str, Any]) -> RosterEvent:
+    """GUILD_MEMBER_UPDATE → RENAME with the current display name.
+
+    The gateway does not say what changed (roles, avatar, nick…); the roster
+    treats a RENAME to the same name as a no-op.
+    """
+    return _member_event(d, RosterAction.RENAME, "discord GUILD_MEMBER_UPDATE")
+
+
+def interaction_recall(
+    d: Mapping[str, Any], *, channel_parent: ChannelParents | None = None
+) -> CommandInvocation | None:
+    """INTERACTION_CREATE for the ``/recall`` application command → CommandInvocation.
+
+    None for other interaction types, other commands and DMs. ``question``
+    becomes the text; other options are copied into ``options`` as strings, as
+    are ``interaction_id``/``application_id`` (the token is left out: the adapter
+    answers through discord.py's Interaction object). A thread invocation is
+    scoped to the parent channel with ``options["thread_id"]``.
+    """
+    where = "discord INTERACTION_CREATE"
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    if d.get("type") != 2:
+        return None
+    data = req_dict(d, "data", where)
+    if data.get("name") != "recall":
+        return None
+    interaction_id = req_str(d, "id", where)
+    guild = opt_str(d, "guild_id", where)
+    if guild is None:
+        return None
+    raw_channel = d.get("channel")
+    channel: Mapping[str, Any] = raw_channel if isinstance(raw_channel, Mapping) else {}
+    channel_id = opt_str(d, "channel_id", where) or req_str(channel, "id", where)
+
+    raw_member = d.get("member")
+    member: Mapping[str, Any] | None = raw_member if isinstance(raw_member, Mapping) else None
+    user = req_dict(member, "user", where) if member is not None else req_dict(d, "user", where)
+    user_id = req_str(user, "id", where)
+
+    text = ""
+    options: dict[str, str] = {"interaction_id": interaction_id}
+    app = opt_str(d, "application_id", where)
+    if app:
+        options["application_id"] = app
+    raw_options = data.get("options") or []
+    if not isinstance(raw_options, list):
+        raise PayloadError(f"{where}: data.options must be a list")
+    for opt in raw_options:
+        if not isinstance(opt, Mapping):
+            raise PayloadError(f"{where}: bad option entry")
+        name = req_str(opt, "name", where)
+        value = opt.get("value")
+        if value is None:
+            continue
+        if name == "question":
+            text = check_text(value, where) if isinstance(value, str) else str(value)
+        else:
+            options[name] = str(value)
+
+    parent = opt_str(channel, "parent_id", where) if channel.get("type") in THREAD_TYPES else None
+    parent = parent or (channel_parent or {}).get(channel_id)
+    if parent:
+        options["thread_id"] = channel_id
+        channel_id = parent
+    return build(
+        CommandInvocation,
+        where,
+        scope=build(Scope, where, platform=PLATFORM, workspace=guild, channel=channel_id),
+        command="recall",
+        user_id=user_id,
+        user_name=display_name(user, member),
+        text=text.strip(),
+        options=options,
+    )
+
+
+# --- permissions -----------------------------------------------------------------------------
+
+
+class Overwrite(BaseModel):
+    """One channel permission overwrite: type 0 = role, 1 = member."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    type: Literal[0, 1]
+    allow: int = 0
+    deny: int = 0
+
+
+class GuildPerms(BaseModel):
+    """What the permission computation needs from a guild: owner and role permissions."""
+
+    model_config = ConfigDict(frozen=True)
+
+    guild_id: str
+    owner_id: str
+    roles: dict[str, int] = Field(default_factory=dict)
+    """role id → permission bits; the @everyone role's id is the guild id."""
+
+
+class ChannelPerms(BaseModel):
+    """A channel's overwrites. Threads carry their parent's overwrites and `parent_id`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    channel_id: str
+    overwrites: list[Overwrite] = Field(default_factory=list)
+    parent_id: str | None = None
+    type: int | None = None
+    """Discord channel type (4 = category), when known."""
+
+
+def can_read_channel(
+    member_roles: set[str] | frozenset[str],
+    member_id: str,
+    guild: GuildPerms,
+    channel: ChannelPerms,
+) -> bool:
+    """Discord's VIEW_CHANNEL computation for one member and channel.
+
+    base = @everyone | the member's roles; owner or ADMINISTRATOR sees all; then
+    the @everyone overwrite, the union of role overwrites (deny then allow), and
+    the member overwrite (deny then allow). For a thread pass its parent's
+    overwrites (as `perms_from_guild_create` does); private-thread membership is
+    not modelled.
+    """
+    if member_id == guild.owner_id:
+        return True
+    perms = guild.roles.get(guild.guild_id, 0)
+    for role in member_roles:
+        perms |= guild.roles.get(role, 0)
+    if perms & ADMINISTRATOR:
+        return True
+
+    everyone = [o for o in channel.overwrites if o.type == 0 and o.id == guild.guild_id]
+    for o in everyone:
+        perms &= ~o.deny
+        perms |= o.allow
+    allow = deny = 0
+    for o in channel.overwrites:
+        if o.type == 0 and o.id != guild.guild_id and o.id in member_roles:
+            allow |= o.allow
+            deny |= o.deny
+    perms &= ~deny
+    perms |= allow
+    for o in channel.overwrites:
+        if o.type == 1 and o.id == member_id:
+            perms &= ~o.deny
+            perms |= o.allow
+    return bool(perms & VIEW_CHANNEL)
+
+
+def member_roles(member: Mapping[str, Any]) -> set[str]:
+    """Role ids from a member payload (``roles`` is a list of id strings)."""
+    roles = member.get("roles") or []
+    if not isinstance(roles, list):
+        raise PayloadError("discord member: roles must be a list")
+    return {str(r) for r in roles}
+
+
+def _int(value: Any, where: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError) as exc:
+        raise PayloadError(f"{where}: permission bits must be an integer string") from exc
+
+
+def _channel_perms(ch: Mapping[str, Any], where: str) -> ChannelPerms:
+    overwrites: list[Overwrite] = []
+    for o in ch.get("permission_overwrites") or []:
+        if not isinstance(o, Mapping):
+            raise PayloadError(f"{where}: bad permission overwrite")
+        otype = o.get("type")
+        if otype in ("role", "member"):  # very old API versions used strings
+            otype = 0 if otype == "role" else 1
+        if otype not in (0, 1):
+            raise PayloadError(f"{where}: overwrite type must be 0 or 1")
+        overwrites.append(
+            Overwrite(
+                id=req_str(o, "id", where),
+                type=otype,
+                allow=_int(o.get("allow", 0), where),
+                deny=_int(o.get("deny", 0), where),
+            )
+        )
+    kind = ch.get("type")
+    return ChannelPerms(
+        channel_id=req_str(ch, "id", where),
+        overwrites=overwrites,
+        type=kind if isinstance(kind, int) and not isinstance(kind, bool) else None,
+    )
+
+
+def perms_from_guild_create(
+    d: Mapping[str, Any],
+) -> tuple[GuildPerms, dict[str, ChannelPerms]]:
+    """GUILD_CREATE → (guild perms, channel id → ChannelPerms), threads included.
+
+    Threads (from ``threads``, or thread-typed ``channels``) copy their parent's
+    overwrites so a reader of the parent reads the thread.
+    """
+    where = "discord GUILD_CREATE"
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    guild_id = req_str(d, "id", where)
+    roles: dict[str, int] = {}
+    for r in d.get("roles") or []:
+        if not isinstance(r, Mapping):
+            raise PayloadError(f"{where}: bad role entry")
+        roles[req_str(r, "id", where)] = _int(r.get("permissions", 0), where)
+    guild = GuildPerms(guild_id=guild_id, owner_id=req_str(d, "owner_id", where), roles=roles)
+
+    channels: dict[str, ChannelPerms] = {}
+    threads: list[Mapping[str, Any]] = []
+    for ch in list(d.get("channels") or []) + list(d.get("threads") or []):
+        if not isinstance(ch, Mapping):
+            raise PayloadError(f"{where}: bad channel entry")
+        if ch.get("type") in THREAD_TYPES:
+            threads.append(ch)
+        else:
+            perms = _channel_perms(ch, where)
+            channels[perms.channel_id] = perms
+    for th in threads:
+        thread_id = req_str(th, "id", where)
+        parent_id = req_str(th, "parent_id", where)
+        parent = channels.get(parent_id)
+        channels[thread_id] = ChannelPerms(
+            channel_id=thread_id,
+            overwrites=list(parent.overwrites) if parent else [],
+            parent_id=parent_id,
+            type=th.get("type"),
+        )
+    return guild, channels
+
+
+def readable_channels(
+    roles: set[str],
+    member_id: str,
+    guild: GuildPerms,
+    channels: Iterable[ChannelPerms],
+) -> tuple[str, ...]:
+    """Ids of the channels (not threads, not categories) a member can read."""
+    return tuple(
+        ch.channel_id
+        for ch in channels
+        if ch.parent_id is None
+        and ch.type != _CATEGORY
+        and can_read_channel(roles, member_id, guild, ch)
+    )

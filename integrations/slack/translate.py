@@ -1,0 +1,379 @@
+"""Slack payloads → platform-neutral events, as pure functions over dicts.
+
+Kept free of slack-bolt/slack-sdk objects so every rule here is testable with a
+literal dict and reused by the export importer.
+
+Conventions (see SPEC §6 and the adapter brief):
+
+- Scope is ``(slack, team_id, channel_id)``; a thread reply keeps its channel and
+  sets ``thread_id = reply_to = thread_ts``. A thread's parent keeps
+  ``thread_id=None`` because a live parent arrives before any thread exists, and
+  the export must produce the same rows as the live feed.
+- ``message_id`` is the message ``ts`` string, unchanged (it is also the key for
+  edits, deletes and permalinks).
+- Addressees: users ``<@U…>``-mentioned in the text, plus the thread parent's
+  author (``parent_user_id``) for replies; the speaker is never their own addressee.
+- Direct messages (``channel_type: "im"``) are ignored (None); group DMs are kept.
+- Workspace-wide facts use the channel ``"*"``: ``user_change`` becomes a
+  RENAME with scope ``(slack, team, "*")`` and the roster applies it to every
+  channel of that team.
+
+Return values: an event; None for payloads we deliberately ignore (unknown
+subtypes, joins/leaves carried as messages, edits that do not change the text);
+PayloadError for malformed ones (missing/mistyped fields, text over 40,000
+characters, text that is not valid UTF-8).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from bot.events import (
+    CommandInvocation,
+    DeleteEvent,
+    EditEvent,
+    Event,
+    MessageEvent,
+    RosterAction,
+    RosterEvent,
+    Scope,
+)
+from integrations.payload import PayloadError, build, check_text, opt_str, req_str
+
+__all__ = [
+    "MESSAGE_SUBTYPES",
+    "PLATFORM",
+    "WORKSPACE_CHANNEL",
+    "PayloadError",
+    "display_name",
+    "mentioned_users",
+    "message_event",
+    "parse_ts",
+    "translate_command",
+    "translate_event",
+]
+
+log = logging.getLogger(__name__)
+
+PLATFORM = "slack"
+WORKSPACE_CHANNEL = "*"
+"""Channel value of a scope that means 'every channel of this workspace'."""
+
+MESSAGE_SUBTYPES = frozenset({None, "thread_broadcast", "bot_message", "me_message", "file_share"})
+"""Message subtypes that carry a person's (or bot's) words; any other subtype is ignored."""
+
+_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
+_TS = re.compile(r"^\d{1,12}(?:\.\d{1,9})?$")
+
+
+def parse_ts(value: Any, where: str) -> datetime:
+    """A Slack ``ts`` ("1700000000.000100") as aware UTC."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not _TS.match(value):
+        raise PayloadError(f"{where}: bad Slack timestamp {value!r}")
+    return datetime.fromtimestamp(float(value), tz=UTC)
+
+
+def display_name(user: Mapping[str, Any]) -> str | None:
+    """profile.display_name > profile.real_name > real_name > name, from a user object."""
+    profile = user.get("profile")
+    candidates: list[Any] = []
+    if isinstance(profile, Mapping):
+        candidates += [profile.get("display_name"), profile.get("real_name")]
+    candidates += [user.get("real_name"), user.get("name")]
+    for c in candidates:
+        if isinstance(c, str) and c.strip():
+            return c.strip()[:256]
+    return None
+
+
+def mentioned_users(text: str) -> list[str]:
+    """User ids of ``<@U123>`` / ``<@U123|name>`` mentions, in order, without repeats."""
+    return list(dict.fromkeys(_MENTION.findall(text)))
+
+
+def _team(body: Mapping[str, Any], event: Mapping[str, Any], team_id: str | None) -> str:
+    for candidate in (
+        team_id,
+        body.get("team_id"),
+        event.get("team"),
+        event.get("user_team"),
+        event.get("team_id"),
+    ):
+        if isinstance(candidate, str) and candidate.strip():
+            return candidate
+    raise PayloadError("slack event: no team id in the payload and none given")
+
+
+def _scope(team: str, channel: str) -> Scope:
+    return build(Scope, "slack scope", platform=PLATFORM, workspace=team, channel=channel)
+
+
+def _speaker_name(
+    msg: Mapping[str, Any], speaker_id: str, user_names: Mapping[str, str], is_bot: bool
+) -> str:
+    known = user_names.get(speaker_id)
+    if isinstance(known, str) and known.strip():
+        return known.strip()[:256]
+    profile = msg.get("user_profile")
+    if isinstance(profile, Mapping):
+        name = display_name({"profile": profile, "name": profile.get("name")})
+        if name:
+            return name
+    if is_bot:
+        for candidate in (
+            msg.get("username"),
+            (msg.get("bot_profile") or {}).get("name")
+            if isinstance(msg.get("bot_profile"), Mapping)
+            else None,
+        ):
+            if isinstance(candidate, str) and candidate.strip():
+                return candidate.strip()[:256]
+    return speaker_id
+
+
+def _message_text(msg: Mapping[str, Any], where: str) -> str:
+    text = check_text(msg.get("text", "") if msg.get("text") is not None else "", where)
+    if not text.strip():
+        files = msg.get("files")
+        if isinstance(files, list):
+            names: list[str] = []
+            for f in files:
+                name = (f.get("title") or f.get("name")) if isinstance(f, Mapping) else None
+                if isinstance(name, str):
+                    names.append(name)
+            if names:
+                text = "[shared file: " + ", ".join(names) + "]"
+    return check_text(text, where)
+
+
+def message_event(
+    msg: Mapping[str, Any],
+    *,
+    team: str,
+    channel: str,
+    user_names: Mapping[str, str],
+    parent_authors: Mapping[str, str] | None = None,
+) -> MessageEvent:
+    """One Slack message object (live event or export line) → MessageEvent.
+
+    `parent_authors` maps a thread's ts to its author, for payloads that lack
+    ``parent_user_id`` (older exports).
+    """
+    where = f"slack message in {channel}"
+    ts = req_str(msg, "ts", where)
+    when = parse_ts(ts, where)
+    subtype = msg.get("subtype")
+    bot_id = opt_str(msg, "bot_id", where)
+    is_bot = subtype == "bot_message" or bot_id is not None
+    speaker_id = opt_str(msg, "user", where) or bot_id
+    if not speaker_id:
+        raise PayloadError(f"{where}: message {ts} has neither 'user' nor 'bot_id'")
+    text = _message_text(msg, where)
+
+    thread_ts = opt_str(msg, "thread_ts", where)
+    thread_id = reply_to = None
+    parent_author: str | None = None
+    if thread_ts and thread_ts != ts:
+        parse_ts(thread_ts, where)
+        thread_id = reply_to = thread_ts
+        parent_author = opt_str(msg, "parent_user_id", where) or (parent_authors or {}).get(
+            thread_ts
+        )
+    addressees = [u for u in mentioned_users(text) if u != speaker_id]
+    if parent_author and parent_author != speaker_id and parent_author not in addressees:
+        addressees.append(parent_author)
+
+    return build(
+        MessageEvent,
+        where,
+        scope=_scope(team, channel),
+        message_id=ts,
+        speaker_id=speaker_id,
+        speaker_name=_speaker_name(msg, speaker_id, user_names, is_bot),
+        text=text,
+        ts=when,
+        thread_id=thread_id,
+        reply_to=reply_to,
+        addressees=tuple(addressees),
+        speaker_is_bot=is_bot,
+    )
+
+
+def _event_time(body: Mapping[str, Any], event: Mapping[str, Any]) -> datetime:
+    for key in ("event_ts", "ts"):
+        value = event.get(key)
+        if isinstance(value, str) and _TS.match(value):
+            return parse_ts(value, "slack event")
+    value = body.get("event_time")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return datetime.fromtimestamp(value, tz=UTC)
+    return datetime.now(UTC)
+
+
+def _translate_message(
+    body: Mapping[str, Any], event: Mapping[str, Any], team_id: str | None, names: Mapping
+) -> Event | None:
+    where = "slack message event"
+    subtype = event.get("subtype")
+    if subtype is not None and not isinstance(subtype, str):
+        raise PayloadError(f"{where}: subtype must be a string")
+    channel = req_str(event, "channel", where)
+
+    if event.get("channel_type") == "im":
+        return None  # direct messages: the bot remembers group conversations only
+    if subtype == "message_changed":
+        new = event.get("message")
+        if not isinstance(new, Mapping):
+            raise PayloadError(f"{where}: message_changed without a 'message' object")
+        team = _team(body, {**event, **new}, team_id)
+        message_id = req_str(new, "ts", where)
+        parse_ts(message_id, where)
+        if new.get("subtype") == "tombstone":
+            # A thread parent deleted while replies remain: Slack edits it into a tombstone.
+            return build(DeleteEvent, where, scope=_scope(team, channel), message_id=message_id)
+        text = _message_text(new, where)
+        previous = event.get("previous_message")
+        if isinstance(previous, Mapping) and previous.get("text") == new.get("text"):
+            return None  # unfurls, reactions, reply counts: not a content change
+        edited = new.get("edited")
+        edited_ts = edited.get("ts") if isinstance(edited, Mapping) else None
+        edited_at = parse_ts(edited_ts, where) if edited_ts else _event_time(body, event)
+        return build(
+            EditEvent,
+            where,
+            scope=_scope(team, channel),
+            message_id=message_id,
+            text=text,
+            edited_at=edited_at,
+        )
+
+    team = _team(body, event, team_id)
+    if subtype == "message_deleted":
+        message_id = req_str(event, "deleted_ts", where)
+        parse_ts(message_id, where)
+        return build(DeleteEvent, where, scope=_scope(team, channel), message_id=message_id)
+    if subtype not in MESSAGE_SUBTYPES:
+        log.debug("ignoring slack message subtype %s", subtype)
+        return None
+    return message_event(event, team=team, channel=channel, user_names=names)
+
+
+def translate_event(
+    body: Mapping[str, Any],
+    *,
+    team_id: str | None = None,
+    user_names: Mapping[str, str] | None = None,
+) -> Event | None:
+    """An Events API body (``event_callback``) or its inner ``event`` → one event or None.
+
+    `team_id` overrides the team found in the payload; `user_names` maps user
+    ids to display names the adapter already knows (else the payload's
+    ``user_profile`` or the bare id is used).
+    """
+    if not isinstance(body, Mapping):
+        raise PayloadError(f"slack event: expected an object, got {type(body).__name__}")
+    names = user_names or {}
+    if "event" in body:
+        event = body["event"]
+        if not isinstance(event, Mapping):
+            raise PayloadError("slack event: field 'event' must be an object")
+    else:
+        event = body
+    kind = event.get("type")
+    if not isinstance(kind, str):
+        raise PayloadError("slack event: field 'type' must be a string")
+
+    if kind == "message":
+        return _translate_message(body, event, team_id, names)
+
+    if kind in ("member_joined_channel", "member_left_channel"):
+        where = f"slack {kind}"
+        user = req_str(event, "user", where)
+        channel = req_str(event, "channel", where)
+        joined = kind == "member_joined_channel"
+        name = names.get(user) if joined else None
+        return build(
+            RosterEvent,
+            where,
+            scope=_scope(_team(body, event, team_id), channel),
+            action=RosterAction.JOIN if joined else RosterAction.LEAVE,
+            user_id=user,
+            name=name,
+            at=_event_time(body, event),
+        )
+
+    if kind == "user_change":
+        where = "slack user_change"
+        user = event.get("user")
+        if not isinstance(user, Mapping):
+            raise PayloadError(f"{where}: field 'user' must be an object")
+        user_id = req_str(user, "id", where)
+        name = display_name(user)
+        if name is None:
+            return None
+        team = team_id or opt_str(user, "team_id", where) or _team(body, event, None)
+        return build(
+            RosterEvent,
+            where,
+            scope=_scope(team, WORKSPACE_CHANNEL),
+            action=RosterAction.RENAME,
+            user_id=user_id,
+            name=name,
+            is_bot=bool(user.get("is_bot")),
+            at=_event_time(body, event),
+        )
+
+    log.debug("ignoring slack event type %s", kind)
+    return None
+
+
+_COMMAND_OPTION_KEYS = (
+    "response_url",
+    "trigger_id",
+    "team_domain",
+    "channel_name",
+    "enterprise_id",
+    "api_app_id",
+)
+
+
+def translate_command(form: Mapping[str, str]) -> CommandInvocation:
+    """A slash-command form payload → CommandInvocation.
+
+    The command name loses its leading slash ("/recall" → "recall") so Slack and
+    Discord invocations compare equal; ``response_url`` and ``trigger_id`` go to
+    ``options`` for the adapter's deferred answer.
+    """
+    where = "slack slash command"
+    if not isinstance(form, Mapping):
+        raise PayloadError(f"{where}: expected a form mapping, got {type(form).__name__}")
+    command = req_str(form, "command", where).strip().lstrip("/")
+    if not command:
+        raise PayloadError(f"{where}: empty command name")
+    user_id = req_str(form, "user_id", where)
+    channel_id = req_str(form, "channel_id", where)
+    team_id = req_str(form, "team_id", where)
+    text = form.get("text") or ""
+    if not isinstance(text, str):
+        raise PayloadError(f"{where}: text must be a string")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PayloadError(f"{where}: text is not valid UTF-8") from exc
+    options = {k: form[k] for k in _COMMAND_OPTION_KEYS if isinstance(form.get(k), str) and form[k]}
+    return build(
+        CommandInvocation,
+        where,
+        scope=_scope(team_id, channel_id),
+        command=command,
+        user_id=user_id,
+        user_name=opt_str(form, "user_name", where),
+        text=text.strip(),
+        options=options,
+    )

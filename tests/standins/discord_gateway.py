@@ -1,0 +1,430 @@
+"""A local stand-in for Discord's REST API and gateway, driven by an unmodified discord.py.
+
+Point the client at it with `DiscordStandIn.install(monkeypatch)` (it sets
+``discord.http.Route.BASE`` and ``DiscordWebSocket.DEFAULT_GATEWAY``), then
+``await client.start("token")``. The gateway answers HELLO/heartbeat/IDENTIFY
+with READY and GUILD_CREATE built from `guild` (see `default_guild`); tests push
+further events with `dispatch`. Every REST call is recorded in `requests`.
+Responses use ``Content-Type: application/json`` exactly: discord.py treats
+anything else (aiohttp's default adds ``; charset=utf-8``) as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import yarl
+from aiohttp import WSMsgType, web
+
+log = logging.getLogger(__name__)
+
+GUILD_ID = "700000000000000001"
+APP_ID = "700000000000000900"
+BOT_ID = APP_ID
+OWNER_ID = "700000000000000301"
+EVERYONE = GUILD_ID
+ROLE_MEMBERS = "700000000000000401"
+ROLE_ADMIN = "700000000000000402"
+CATEGORY = "700000000000000010"
+GENERAL = "700000000000000011"
+SECRET = "700000000000000012"
+THREAD = "700000000000000013"
+VIEW = 1 << 10
+SEND = 1 << 11
+
+
+def user(uid: str, username: str, *, global_name: str | None = None, bot: bool = False) -> dict:
+    """A user object as the gateway sends it."""
+    return {
+        "id": uid,
+        "username": username,
+        "discriminator": "0",
+        "global_name": global_name,
+        "avatar": None,
+        "bot": bot,
+        "public_flags": 0,
+    }
+
+
+def member(u: dict, *, nick: str | None = None, roles: list[str] | None = None) -> dict:
+    """A member object; discord.py needs `flags`."""
+    return {
+        "user": u,
+        "nick": nick,
+        "roles": roles or [],
+        "joined_at": "2024-01-01T00:00:00+00:00",
+        "deaf": False,
+        "mute": False,
+        "flags": 0,
+        "pending": False,
+    }
+
+
+def default_guild() -> dict[str, Any]:
+    """A small guild: owner, two members, the bot; #general, #secret (admins only), a thread."""
+    bot = user(BOT_ID, "speakermem", bot=True)
+    members = [
+        member(user(OWNER_ID, "olivia", global_name="Olivia"), roles=[ROLE_ADMIN]),
+        member(user("700000000000000302", "alice", global_name="Alice"), nick="Ally"),
+        member(user("700000000000000303", "bob"), roles=[ROLE_MEMBERS]),
+        member(bot, roles=[ROLE_MEMBERS]),
+    ]
+    role = {"color": 0, "hoist": False, "managed": False, "mentionable": False, "flags": 0}
+    channel = {"guild_id": GUILD_ID, "nsfw": False, "rate_limit_per_user": 0}
+    return {
+        "id": GUILD_ID,
+        "name": "Stand-in Guild",
+        "owner_id": OWNER_ID,
+        "unavailable": False,
+        "member_count": len(members),
+        "large": False,
+        "features": [],
+        "roles": [
+            {**role, "id": EVERYONE, "name": "@everyone", "position": 0, "permissions": str(VIEW)},
+            {**role, "id": ROLE_MEMBERS, "name": "members", "position": 1, "permissions": "0"},
+            {**role, "id": ROLE_ADMIN, "name": "admins", "position": 2, "permissions": str(1 << 3)},
+        ],
+        "channels": [
+            {
+                **channel,
+                "id": CATEGORY,
+                "type": 4,
+                "name": "Text",
+                "position": 0,
+                "permission_overwrites": [],
+            },
+            {
+                **channel,
+                "id": GENERAL,
+                "type": 0,
+                "name": "general",
+                "position": 1,
+                "parent_id": CATEGORY,
+                "permission_overwrites": [],
+            },
+            {
+                **channel,
+                "id": SECRET,
+                "type": 0,
+                "name": "secret",
+                "position": 2,
+                "parent_id": CATEGORY,
+                "permission_overwrites": [
+                    {"id": EVERYONE, "type": 0, "allow": "0", "deny": str(VIEW)},
+                    {"id": ROLE_MEMBERS, "type": 0, "allow": str(VIEW), "deny": "0"},
+                ],
+            },
+        ],
+        "threads": [
+            {
+                "id": THREAD,
+                "guild_id": GUILD_ID,
+                "type": 11,
+                "name": "trip planning",
+                "parent_id": GENERAL,
+                "owner_id": "700000000000000302",
+                "member_count": 2,
+                "message_count": 0,
+                "rate_limit_per_user": 0,
+                "flags": 0,
+                "thread_metadata": {
+                    "archived": False,
+                    "auto_archive_duration": 1440,
+                    "archive_timestamp": "2024-01-01T00:00:00+00:00",
+                    "locked": False,
+                },
+            },
+        ],
+        "members": members,
+        "presences": [],
+        "voice_states": [],
+        "emojis": [],
+        "stickers": [],
+    }
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    # Exactly "application/json": discord.py's json_or_text() compares the whole header.
+    return web.Response(
+        body=json.dumps(data).encode(), status=status, headers={"Content-Type": "application/json"}
+    )
+
+
+class DiscordStandIn:
+    """REST + gateway on 127.0.0.1; see the module docstring."""
+
+    def __init__(self, guild: dict[str, Any] | None = None) -> None:
+        self.guild = guild if guild is not None else default_guild()
+        self.bot_user = user(BOT_ID, "speakermem", bot=True)
+        self.requests: list[tuple[str, str, Any]] = []
+        self.sent_messages: list[dict[str, Any]] = []
+        self.interaction_callbacks: list[dict[str, Any]] = []
+        self.followups: list[dict[str, Any]] = []
+        self.commands: dict[str, list[dict[str, Any]]] = {}
+        self.identify: dict[str, Any] | None = None
+        self.identified = asyncio.Event()
+        self._ws: web.WebSocketResponse | None = None
+        self._seq = itertools.count(1)
+        self._ids = itertools.count(800000000000000001)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> DiscordStandIn:
+        app = web.Application()
+        app.router.add_route("GET", "/gateway", self._gateway)
+        app.router.add_route("*", "/api/v10/{tail:.*}", self._rest)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def close(self) -> None:
+        if self._ws is not None and not self._ws.closed:
+            await self._ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def api_base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v10"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/gateway"
+
+    def install(self, monkeypatch: Any) -> None:
+        """Redirect discord.py's REST base and default gateway here."""
+        import discord.gateway
+        import discord.http
+
+        monkeypatch.setattr(discord.http.Route, "BASE", self.api_base)
+        monkeypatch.setattr(
+            discord.gateway.DiscordWebSocket, "DEFAULT_GATEWAY", yarl.URL(self.gateway_url)
+        )
+
+    def next_id(self) -> str:
+        return str(next(self._ids))
+
+    # --- gateway ---------------------------------------------------------------------------
+
+    async def dispatch(self, event: str, data: dict[str, Any]) -> None:
+        """Send one op-0 dispatch to the connected client."""
+        await self.identified.wait()
+        assert self._ws is not None
+        await self._ws.send_str(json.dumps({"op": 0, "t": event, "s": next(self._seq), "d": data}))
+
+    async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        self._ws = ws
+        await ws.send_str(json.dumps({"op": 10, "d": {"heartbeat_interval": 41250}}))
+        async for msg in ws:
+            if msg.type != WSMsgType.TEXT:
+                continue
+            payload = json.loads(msg.data)
+            op = payload.get("op")
+            if op == 1:
+                await ws.send_str(json.dumps({"op": 11}))
+            elif op == 2:
+                self.identify = payload["d"]
+                await self._send_ready(ws)
+                self.identified.set()
+            elif op == 8:
+                await self._send_chunk(ws, payload["d"])
+        return ws
+
+    async def _send_ready(self, ws: web.WebSocketResponse) -> None:
+        ready = {
+            "v": 10,
+            "user": {**self.bot_user, "verified": True, "mfa_enabled": False, "flags": 0},
+            "guilds": [{"id": self.guild["id"], "unavailable": True}],
+            "session_id": "standin-session",
+            "resume_gateway_url": self.gateway_url,
+            "application": {"id": APP_ID, "flags": 0},
+        }
+        for event, data in (("READY", ready), ("GUILD_CREATE", self.guild)):
+            await ws.send_str(json.dumps({"op": 0, "t": event, "s": next(self._seq), "d": data}))
+
+    async def _send_chunk(self, ws: web.WebSocketResponse, d: dict[str, Any]) -> None:
+        chunk = {
+            "guild_id": d.get("guild_id"),
+            "members": self.guild.get("members", []),
+            "chunk_index": 0,
+            "chunk_count": 1,
+            "nonce": d.get("nonce"),
+        }
+        await ws.send_str(
+            json.dumps({"op": 0, "t": "GUILD_MEMBERS_CHUNK", "s": next(self._seq), "d": chunk})
+        )
+
+    # --- REST ------------------------------------------------------------------------------
+
+    def message(self, channel_id: str, body: dict[str, Any], author: dict | None = None) -> dict:
+        """A message object as the API returns it for a send."""
+        return {
+            "id": self.next_id(),
+            "channel_id": channel_id,
+            "guild_id": self.guild["id"],
+            "type": 0,
+            "content": body.get("content") or "",
+            "author": author or self.bot_user,
+            "timestamp": datetime.now(UTC).isoformat(),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [],
+            "mention_roles": [],
+            "attachments": [],
+            "embeds": body.get("embeds") or [],
+            "pinned": False,
+            "flags": body.get("flags") or 0,
+            "components": [],
+        }
+
+    async def _rest(self, request: web.Request) -> web.Response:
+        path = "/" + request.match_info["tail"]
+        body: Any = None
+        if request.can_read_body:
+            raw = await request.read()
+            if request.content_type == "application/json":
+                body = json.loads(raw or b"null")
+            elif request.content_type.startswith("multipart/"):
+                body = {"multipart": True}
+        self.requests.append((request.method, path, body))
+        parts = path.strip("/").split("/")
+        method = request.method
+
+        if method == "GET" and path == "/users/@me":
+            return _json(self.bot_user)
+        if method == "GET" and path == "/oauth2/applications/@me":
+            return _json(
+                {
+                    "id": APP_ID,
+                    "name": "speakermem",
+                    "description": "",
+                    "icon": None,
+                    "bot_public": False,
+                    "bot_require_code_grant": False,
+                    "owner": user(OWNER_ID, "olivia"),
+                    "verify_key": "00" * 32,
+                    "flags": 0,
+                }
+            )
+        if parts[0] == "applications" and parts[-1] == "commands":
+            key = "/".join(parts[:-1])
+            if method == "PUT":
+                echoed = [
+                    {
+                        **c,
+                        "id": c.get("id") or self.next_id(),
+                        "application_id": APP_ID,
+                        "version": "1",
+                    }
+                    for c in (body or [])
+                ]
+                self.commands[key] = echoed
+                return _json(echoed)
+            if method == "GET":
+                return _json(self.commands.get(key, []))
+        if (
+            method == "POST"
+            and len(parts) == 3
+            and parts[0] == "channels"
+            and parts[2] == "messages"
+        ):
+            msg = self.message(parts[1], body or {})
+            self.sent_messages.append(msg)
+            return _json(msg)
+        if method == "POST" and parts[0] == "interactions" and parts[-1] == "callback":
+            return self._callback(parts[1], body or {})
+        if parts[0] == "webhooks" and len(parts) >= 3:
+            return self._webhook(method, parts, body or {})
+        log.warning("discord stand-in: unhandled %s %s", method, path)
+        return _json({"message": "404: Not Found", "code": 0}, status=404)
+
+    def _callback(self, interaction_id: str, body: dict[str, Any]) -> web.Response:
+        self.interaction_callbacks.append(body)
+        kind = body.get("type")
+        data = body.get("data") or {}
+        resource: dict[str, Any] = {"type": kind}
+        if kind == 4:
+            resource["message"] = self.message(GENERAL, data)
+        return _json(
+            {
+                "interaction": {
+                    "id": interaction_id,
+                    "type": 2,
+                    "response_message_loading": kind == 5,
+                    "response_message_ephemeral": bool((data.get("flags") or 0) & 64),
+                },
+                "resource": resource,
+            }
+        )
+
+    def _webhook(self, method: str, parts: list[str], body: dict[str, Any]) -> web.Response:
+        # /webhooks/{app}/{token}[/messages/{id}]
+        if method == "POST" and len(parts) == 3:
+            msg = self.message(GENERAL, body, author=self.bot_user)
+            msg["webhook_id"] = parts[1]
+            self.followups.append(body)
+            return _json(msg)
+        if len(parts) == 5 and parts[3] == "messages":
+            msg = self.message(GENERAL, body)
+            msg["id"] = parts[4] if parts[4] != "@original" else self.next_id()
+            if method == "PATCH":
+                self.followups.append({**body, "edit": parts[4]})
+            if method == "DELETE":
+                return web.Response(status=204)
+            return _json(msg)
+        return _json({"message": "404: Not Found", "code": 0}, status=404)
+
+    # --- payload helpers for tests ---------------------------------------------------------
+
+    def message_create(
+        self,
+        content: str,
+        *,
+        author: dict[str, Any] | None = None,
+        channel_id: str = GENERAL,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """A MESSAGE_CREATE payload from a guild member (alice by default)."""
+        m = self.guild["members"][1]
+        msg = self.message(channel_id, {"content": content}, author=author or m["user"])
+        msg["member"] = {k: v for k, v in m.items() if k != "user"}
+        msg.update(extra)
+        return msg
+
+    def interaction(
+        self,
+        name: str,
+        options: list[dict[str, Any]],
+        *,
+        member_index: int = 1,
+        channel_id: str = GENERAL,
+    ) -> dict[str, Any]:
+        """An INTERACTION_CREATE payload for a chat-input command."""
+        return {
+            "id": self.next_id(),
+            "application_id": APP_ID,
+            "type": 2,
+            "token": "standin-interaction-token",
+            "version": 1,
+            "guild_id": self.guild["id"],
+            "channel_id": channel_id,
+            "channel": {"id": channel_id, "type": 0, "guild_id": self.guild["id"]},
+            "member": {**self.guild["members"][member_index], "permissions": str(VIEW | SEND)},
+            "app_permissions": str(VIEW | SEND),
+            "locale": "en-US",
+            "attachment_size_limit": 8 * 1024 * 1024,
+            "data": {"id": self.next_id(), "name": name, "type": 1, "options": options},
+        }

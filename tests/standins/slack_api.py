@@ -1,0 +1,296 @@
+"""A local stand-in for Slack's Web API, response_url and Socket Mode websocket.
+
+Build ``AsyncWebClient(token=..., base_url=standin.base_url)`` and pass it to
+``AsyncApp(client=...)``; slack-bolt and ``AsyncSocketModeHandler`` then talk to
+this server only. Arguments are accepted as query string, form or JSON, and
+every call lands in `calls` as ``(method, args)``.
+
+Supported methods: auth.test, conversations.members (cursor pagination,
+`page_size` per page unless ``limit`` is smaller), conversations.info,
+users.info, chat.getPermalink, chat.postMessage, chat.postEphemeral,
+apps.connections.open (returns ``ws://…/socket``). `rate_limit(method)` makes the
+next call(s) answer 429 with ``Retry-After``. ``/response/{key}`` records what
+``respond()`` posts. The socket sends ``hello`` then queued envelopes and
+records the acks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+log = logging.getLogger(__name__)
+
+TEAM_ID = "T0STANDIN"
+BOT_USER_ID = "U0BOTUSER"
+BOT_ID = "B0BOTID01"
+
+
+def sign(secret: str, timestamp: int | str, body: str | bytes) -> dict[str, str]:
+    """Slack request-signing headers: ``v0=`` HMAC-SHA256 of ``v0:{ts}:{body}``."""
+    raw = body.encode() if isinstance(body, str) else body
+    base = b"v0:" + str(timestamp).encode() + b":" + raw
+    digest = hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+    return {"X-Slack-Signature": f"v0={digest}", "X-Slack-Request-Timestamp": str(timestamp)}
+
+
+def signed_headers(secret: str, body: str | bytes, *, content_type: str) -> dict[str, str]:
+    """`sign` with the current time plus a Content-Type, for posting to bolt."""
+    return {**sign(secret, int(time.time()), body), "Content-Type": content_type}
+
+
+class SlackApiStandIn:
+    """Web API + response_url + Socket Mode on 127.0.0.1; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        team_id: str = TEAM_ID,
+        users: dict[str, dict[str, Any]] | None = None,
+        members: dict[str, list[str]] | None = None,
+        page_size: int = 2,
+    ) -> None:
+        self.team_id = team_id
+        self.users = users if users is not None else {}
+        self.members = members if members is not None else {}
+        self.page_size = page_size
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.posted: list[dict[str, Any]] = []
+        self.responses: list[tuple[str, dict[str, Any]]] = []
+        self.acks: list[dict[str, Any]] = []
+        self.socket_connections = 0
+        self._rate_limits: dict[str, list[int]] = {}
+        self._envelopes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._ack_event = asyncio.Condition()
+        self._hello_sent = asyncio.Event()
+        self._ts = itertools.count(1)
+        self._runner: web.AppRunner | None = None
+        self._sockets: set[web.WebSocketResponse] = set()
+        self.port = 0
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> SlackApiStandIn:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._api)
+        app.router.add_route("POST", "/response/{key}", self._response)
+        app.router.add_route("GET", "/socket", self._socket)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        return self
+
+    async def close(self) -> None:
+        for ws in list(self._sockets):
+            await ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/"
+
+    def response_url(self, key: str = "r1") -> str:
+        return f"http://127.0.0.1:{self.port}/response/{key}"
+
+    def rate_limit(self, method: str, *, retry_after: int = 1, times: int = 1) -> None:
+        """Answer the next `times` calls of `method` with 429 and ``Retry-After``."""
+        self._rate_limits.setdefault(method, []).extend([retry_after] * times)
+
+    def method_calls(self, method: str) -> list[dict[str, Any]]:
+        return [args for name, args in self.calls if name == method]
+
+    # --- Web API ---------------------------------------------------------------------------
+
+    async def _args(self, request: web.Request) -> dict[str, Any]:
+        args: dict[str, Any] = dict(request.query)
+        if request.can_read_body:
+            if request.content_type == "application/json":
+                body = await request.json()
+                if isinstance(body, dict):
+                    args.update(body)
+            else:
+                args.update(dict(await request.post()))
+        return args
+
+    async def _api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        args = await self._args(request)
+        self.calls.append((method, args))
+        pending = self._rate_limits.get(method)
+        if pending:
+            retry_after = pending.pop(0)
+            return web.json_response(
+                {"ok": False, "error": "ratelimited"},
+                status=429,
+                headers={"Retry-After": str(retry_after)},
+            )
+        handler = getattr(self, "_m_" + method.replace(".", "_"), None)
+        if handler is None:
+            log.warning("slack stand-in: unknown method %s", method)
+            return web.json_response({"ok": False, "error": "unknown_method"})
+        return web.json_response(handler(args))
+
+    def _m_auth_test(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "url": "https://standin.slack.invalid/",
+            "team": "Stand-in",
+            "user": "speakermem",
+            "team_id": self.team_id,
+            "user_id": BOT_USER_ID,
+            "bot_id": BOT_ID,
+            "is_enterprise_install": False,
+        }
+
+    def _m_conversations_members(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel = args.get("channel")
+        if channel not in self.members:
+            return {"ok": False, "error": "channel_not_found"}
+        everyone = self.members[channel]
+        start = int(args.get("cursor") or 0)
+        size = min(self.page_size, int(args.get("limit") or self.page_size))
+        page = everyone[start : start + size]
+        nxt = start + size if start + size < len(everyone) else None
+        return {
+            "ok": True,
+            "members": page,
+            "response_metadata": {"next_cursor": str(nxt) if nxt is not None else ""},
+        }
+
+    def _m_conversations_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel = args.get("channel")
+        if channel not in self.members:
+            return {"ok": False, "error": "channel_not_found"}
+        return {"ok": True, "channel": {"id": channel, "name": channel.lower(), "is_member": True}}
+
+    def _m_users_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        uid = args.get("user")
+        if uid not in self.users:
+            return {"ok": False, "error": "user_not_found"}
+        return {"ok": True, "user": {"id": uid, "team_id": self.team_id, **self.users[uid]}}
+
+    def _m_chat_getPermalink(self, args: dict[str, Any]) -> dict[str, Any]:
+        channel, ts = args.get("channel"), str(args.get("message_ts", ""))
+        return {
+            "ok": True,
+            "channel": channel,
+            "permalink": f"https://standin.slack.invalid/archives/{channel}/p{ts.replace('.', '')}",
+        }
+
+    def _m_chat_postMessage(self, args: dict[str, Any]) -> dict[str, Any]:
+        ts = f"{int(time.time())}.{next(self._ts):06d}"
+        self.posted.append(args)
+        return {
+            "ok": True,
+            "channel": args.get("channel"),
+            "ts": ts,
+            "message": {
+                "type": "message",
+                "text": args.get("text", ""),
+                "ts": ts,
+                "user": BOT_USER_ID,
+                "bot_id": BOT_ID,
+            },
+        }
+
+    def _m_chat_postEphemeral(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.posted.append({**args, "ephemeral": True})
+        return {"ok": True, "message_ts": f"{int(time.time())}.{next(self._ts):06d}"}
+
+    def _m_apps_connections_open(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "url": f"ws://127.0.0.1:{self.port}/socket?ticket={uuid.uuid4()}"}
+
+    # --- response_url ----------------------------------------------------------------------
+
+    async def _response(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        try:
+            body = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            body = {"raw": raw.decode(errors="replace")}
+        self.responses.append((request.match_info["key"], body))
+        return web.Response(text="ok")
+
+    # --- Socket Mode -----------------------------------------------------------------------
+
+    def queue_envelope(
+        self, kind: str, payload: dict[str, Any], *, accepts_response_payload: bool = False
+    ) -> str:
+        """Queue an envelope of `kind` (slash_commands, events_api, interactive); return its id."""
+        envelope_id = str(uuid.uuid4())
+        self._envelopes.put_nowait(
+            {
+                "envelope_id": envelope_id,
+                "type": kind,
+                "payload": payload,
+                "accepts_response_payload": accepts_response_payload,
+                "retry_attempt": 0,
+                "retry_reason": "",
+            }
+        )
+        return envelope_id
+
+    async def wait_for_ack(self, envelope_id: str, wait_s: float = 5.0) -> dict[str, Any]:
+        """The client's ack for `envelope_id`."""
+
+        def found() -> dict[str, Any] | None:
+            return next((a for a in self.acks if a.get("envelope_id") == envelope_id), None)
+
+        async with self._ack_event:
+            await asyncio.wait_for(self._ack_event.wait_for(lambda: found() is not None), wait_s)
+        ack = found()
+        assert ack is not None
+        return ack
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(autoping=True)
+        await ws.prepare(request)
+        self._sockets.add(ws)
+        self.socket_connections += 1
+        await ws.send_str(
+            json.dumps(
+                {
+                    "type": "hello",
+                    "num_connections": 1,
+                    "debug_info": {"host": "standin", "approximate_connection_time": 3600},
+                    "connection_info": {"app_id": "A0STANDIN"},
+                }
+            )
+        )
+        sender = asyncio.create_task(self._send_envelopes(ws))
+        try:
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    continue
+                try:
+                    data = json.loads(msg.data)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(data, dict) and "envelope_id" in data:
+                    async with self._ack_event:
+                        self.acks.append(data)
+                        self._ack_event.notify_all()
+        finally:
+            sender.cancel()
+            self._sockets.discard(ws)
+        return ws
+
+    async def _send_envelopes(self, ws: web.WebSocketResponse) -> None:
+        while not ws.closed:
+            envelope = await self._envelopes.get()
+            if ws.closed:
+                self._envelopes.put_nowait(envelope)
+                return
+            await ws.send_str(json.dumps(envelope))
