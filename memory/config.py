@@ -34,7 +34,39 @@ class SearchConfig(BaseModel):
     pool: int = Field(default=40, ge=1, le=1000)
 
 
+class RecallConfig(BaseModel):
+    """/recall budgets (SPEC §5 defaults: recall-n=40, top-k=10, S2 k=2, source-k=1, no ASK)."""
+
+    pool: int = Field(default=40, ge=1, le=1000)
+    top_k: int = Field(default=10, ge=1, le=100)
+    expand_anchors: int = Field(default=2, ge=0, le=10)
+    expand_radius: int = Field(default=1, ge=0, le=10)
+    ask: bool = False
+    s2_k: int = Field(default=2, ge=0, le=20)
+    s2_source_k: int = Field(default=1, ge=0, le=20)
+    s2_fallback_messages: int = Field(default=2, ge=0, le=20)
+    speaker_boost: float = Field(default=1.0, ge=0)
+    time_boost: float = Field(default=1.0, ge=0)
+    scope: Literal["channel", "workspace"] = "channel"
+    answer_max_tokens: int = Field(default=400, ge=16)
+
+
+class WriterConfig(BaseModel):
+    budget_per_message: int = Field(default=2, ge=1)
+    budget_cap: int = Field(default=40, ge=1)
+    heads_token_budget: int = Field(default=1500, ge=0)
+    concurrency: int = Field(default=2, ge=1, le=64)
+    retry_base_s: float = Field(default=30.0, gt=0)
+    retry_max_s: float = Field(default=1800.0, gt=0)
+    max_tokens: int = Field(default=2048, ge=64)
+    gate_mode: Literal["lexical", "dense", "either", "both"] = "lexical"
+    gate_lexical_threshold: float = Field(default=0.25, ge=0, le=1)
+    gate_dense_threshold: float = Field(default=0.6, ge=-1, le=1)
+
+
 class MemoryConfig(BaseModel):
     store: StoreConfig = StoreConfig()
     ingest: IngestConfig = IngestConfig()
     search: SearchConfig = SearchConfig()
+    recall: RecallConfig = RecallConfig()
+    writer: WriterConfig = WriterConfig()

@@ -73,58 +73,78 @@ class MessageRepo:
     async def _ingest_tx(
         self, tx: Transaction, events: Sequence[MessageEvent]
     ) -> list[IngestOutcome]:
+        # Round trips to the SQLite thread dominate a batch spread over many channels, so the
+        # per-channel state is read with one query per batch, placement runs in Python, and
+        # every write goes out as one executemany per table.
         by_scope: dict[Scope, list[int]] = {}
         for i, ev in enumerate(events):
             by_scope.setdefault(ev.scope, []).append(i)
+        pks: dict[Scope, int] = {}
+        for scope in by_scope:
+            pks[scope] = await self.channels.ensure(tx, scope)
+        known = await self._existing_pairs(
+            tx, [(pks[ev.scope], ev.message_id) for ev in events]
+        )
+        states = await self._channel_states(tx, list(pks.values()))
+        next_seg = int((await tx.fetchone("SELECT coalesce(max(id), 0) + 1 FROM segments"))[0])
+        now = time.time()
         outcomes: list[IngestOutcome | None] = [None] * len(events)
         rows: list[tuple[Any, ...]] = []
+        session_rows: list[tuple[Any, ...]] = []
+        seg_updates: list[tuple[Any, ...]] = []
+        seg_inserts: list[list[Any]] = []
+        channel_updates: list[tuple[Any, ...]] = []
         for scope, idxs in by_scope.items():
-            pk = await self.channels.ensure(tx, scope)
-            known = await self._existing_ids(tx, pk, [events[i].message_id for i in idxs])
-            state = await tx.fetchone(
-                "SELECT last_ts, session_id, next_turn FROM channels WHERE id = ?", (pk,)
-            )
-            cursor = ChannelCursor(state[0], state[1], state[2])
-            seg = await tx.fetchone(
-                "SELECT id, n_messages FROM segments WHERE channel_pk = ? AND state = 'open'",
-                (pk,),
-            )
-            seg_id, seg_n = (seg[0], seg[1]) if seg else (None, 0)
+            pk = pks[scope]
+            key = scope.key()
+            last_ts, session_id, next_turn, seg_id, seg_n = states[pk]
+            cursor = ChannelCursor(last_ts, session_id, next_turn)
+            seg_n = seg_n if seg_id is not None else 0
+            new_segs: dict[int, list[Any]] = {}
             seg_last = 0.0
+            known_here = known.setdefault(pk, set())
             users: dict[str, tuple[str, str, bool]] = {}
             members: dict[str, float] = {}
+
+            def save(sid: int, n: int, last: float, close: bool) -> None:
+                rec = new_segs.get(sid)
+                if rec is None:  # the channel's open segment from an earlier batch
+                    seg_updates.append((n, last, int(close), int(close), now, sid))
+                    return
+                # [id, pk, platform, workspace, channel, state, n, opened_at, last, closed_at]
+                rec[5] = "pending" if close else "open"
+                rec[6] = n
+                rec[8] = max(rec[8], last)
+                rec[9] = now if close else None
+
             for i in idxs:
                 ev = events[i]
-                if ev.message_id in known:
+                if ev.message_id in known_here:
                     outcomes[i] = IngestOutcome(ev.message_id, IngestStatus.DUPLICATE)
                     continue
-                known.add(ev.message_id)
+                known_here.add(ev.message_id)
                 ts = to_ts(ev.ts)
                 place = place_message(
                     cursor, ts, gap_seconds=self.gap_seconds, force_break=ev.session_break
                 )
                 cursor = place.cursor
                 if place.new_session:
-                    await tx.execute(
-                        "INSERT OR IGNORE INTO sessions (channel_pk, platform, workspace, channel,"
-                        " session_id, started_at) VALUES (?, ?, ?, ?, ?, ?)",
-                        (pk, *scope.key(), place.session_id, ts),
-                    )
+                    session_rows.append((pk, *key, place.session_id, ts))
                     if seg_id is not None and seg_n > 0:
-                        await self._save_segment(tx, seg_id, seg_n, seg_last, close=True)
+                        save(seg_id, seg_n, seg_last, True)
                         seg_id, seg_n = None, 0
                 if seg_id is None:
-                    seg_id = await tx.insert(
-                        "INSERT INTO segments (channel_pk, platform, workspace, channel, state,"
-                        " opened_at, last_message_at) VALUES (?, ?, ?, ?, 'open', ?, ?)",
-                        (pk, *scope.key(), time.time(), ts),
-                    )
+                    seg_id = next_seg
+                    next_seg += 1
+                    rec = [seg_id, pk, *key, "open", 0, now, ts, None]
+                    new_segs[seg_id] = rec
+                    seg_inserts.append(rec)
                     seg_n = 0
                 seg_n += 1
                 seg_last = max(seg_last, ts)
                 rows.append(
                     (
-                        pk, *scope.key(), ev.message_id, ev.thread_id, ev.speaker_id,
+                        pk, *key, ev.message_id, ev.thread_id, ev.speaker_id,
                         ev.speaker_name, ev.text, ts, place.session_id, place.turn_index,
                         ev.reply_to, json.dumps(list(ev.addressees)), seg_id,
                     )
@@ -133,16 +153,37 @@ class MessageRepo:
                 users[ev.speaker_id] = (ev.speaker_id, ev.speaker_name, ev.speaker_is_bot)
                 members.setdefault(ev.speaker_id, ts)
                 if seg_n >= self.window:
-                    await self._save_segment(tx, seg_id, seg_n, seg_last, close=True)
+                    save(seg_id, seg_n, seg_last, True)
                     seg_id, seg_n = None, 0
             if seg_id is not None and seg_n > 0:
-                await self._save_segment(tx, seg_id, seg_n, seg_last, close=False)
-            await tx.execute(
-                "UPDATE channels SET last_ts = ?, session_id = ?, next_turn = ? WHERE id = ?",
-                (cursor.last_ts, cursor.session_id, cursor.next_turn, pk),
-            )
-            await self.channels.upsert_users(tx, scope, list(users.values()))
-            await self.channels.add_members(tx, scope, pk, list(members.items()))
+                save(seg_id, seg_n, seg_last, False)
+            channel_updates.append((cursor.last_ts, cursor.session_id, cursor.next_turn, pk))
+            if users:
+                await self.channels.upsert_users(tx, scope, list(users.values()))
+                await self.channels.add_members(tx, scope, pk, list(members.items()))
+        await tx.executemany(
+            "INSERT OR IGNORE INTO sessions (channel_pk, platform, workspace, channel,"
+            " session_id, started_at) VALUES (?, ?, ?, ?, ?, ?)",
+            session_rows,
+        )
+        # Close the channels' earlier open segments before inserting new ones (one open
+        # segment per channel is a unique index).
+        await tx.executemany(
+            "UPDATE segments SET n_messages = ?, last_message_at = max(last_message_at, ?),"
+            " state = CASE WHEN ? THEN 'pending' ELSE state END,"
+            " closed_at = CASE WHEN ? THEN ? ELSE closed_at END WHERE id = ?",
+            seg_updates,
+        )
+        await tx.executemany(
+            "INSERT INTO segments (id, channel_pk, platform, workspace, channel, state,"
+            " n_messages, opened_at, last_message_at, closed_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [tuple(rec) for rec in seg_inserts],
+        )
+        await tx.executemany(
+            "UPDATE channels SET last_ts = ?, session_id = ?, next_turn = ? WHERE id = ?",
+            channel_updates,
+        )
         await tx.executemany(
             "INSERT INTO messages (channel_pk, platform, workspace, channel, message_id,"
             " thread_id, speaker_id, speaker_name, text, ts, session_id, turn_index, reply_to,"
@@ -152,28 +193,40 @@ class MessageRepo:
         return [o for o in outcomes if o is not None]
 
     @staticmethod
-    async def _save_segment(
-        tx: Transaction, seg_id: int, n: int, last_ts: float, *, close: bool
-    ) -> None:
-        await tx.execute(
-            "UPDATE segments SET n_messages = ?, last_message_at = max(last_message_at, ?),"
-            " state = CASE WHEN ? THEN 'pending' ELSE state END,"
-            " closed_at = CASE WHEN ? THEN ? ELSE closed_at END WHERE id = ?",
-            (n, last_ts, int(close), int(close), time.time(), seg_id),
-        )
+    async def _existing_pairs(
+        tx: Transaction, pairs: list[tuple[int, str]]
+    ) -> dict[int, set[str]]:
+        """Which (channel pk, message id) pairs are stored already: one query per 5,000."""
+        found: dict[int, set[str]] = {}
+        for start in range(0, len(pairs), 5_000):
+            chunk = pairs[start : start + 5_000]
+            for r in await tx.fetchall(
+                "SELECT m.channel_pk, m.message_id FROM json_each(?) AS j"
+                " CROSS JOIN messages AS m ON m.channel_pk = json_extract(j.value, '$[0]')"
+                " AND m.message_id = json_extract(j.value, '$[1]')",
+                (json.dumps(chunk),),
+            ):
+                found.setdefault(r[0], set()).add(r[1])
+        return found
 
     @staticmethod
-    async def _existing_ids(tx: Transaction, pk: int, ids: list[str]) -> set[str]:
-        found: set[str] = set()
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
+    async def _channel_states(
+        tx: Transaction, pks: list[int]
+    ) -> dict[int, tuple[Any, int, int, int | None, int]]:
+        """Each channel's cursor and open segment: pk -> (last_ts, session, next turn,
+        open segment id or None, its message count)."""
+        out: dict[int, tuple[Any, int, int, int | None, int]] = {}
+        for start in range(0, len(pks), _CHUNK):
+            chunk = pks[start : start + _CHUNK]
             marks = ",".join("?" * len(chunk))
-            rows = await tx.fetchall(
-                f"SELECT message_id FROM messages WHERE channel_pk = ? AND message_id IN ({marks})",
-                (pk, *chunk),
-            )
-            found.update(r[0] for r in rows)
-        return found
+            for r in await tx.fetchall(
+                "SELECT c.id, c.last_ts, c.session_id, c.next_turn, s.id, s.n_messages"
+                " FROM channels c LEFT JOIN segments s ON s.channel_pk = c.id"
+                f" AND s.state = 'open' WHERE c.id IN ({marks})",
+                chunk,
+            ):
+                out[r[0]] = (r[1], r[2], r[3], r[4], r[5] or 0)
+        return out
 
     async def edit(self, event: EditEvent) -> ChangeStatus:
         async with self.db.transaction() as tx:
@@ -352,22 +405,41 @@ class MessageRepo:
         return [message_from_row(r) for r in rows]
 
     async def lexical(
-        self, match: str, channel_pks: Sequence[int], limit: int
+        self,
+        match: str,
+        channel_pks: Sequence[int],
+        limit: int,
+        *,
+        speakers: Sequence[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
     ) -> list[tuple[int, float]]:
-        """FTS5 BM25 over the given channels: [(pk, bm25)] best first (bm25 is negative)."""
+        """FTS5 BM25 over the given channels: [(pk, bm25)] best first (bm25 is negative).
+
+        Optional filters keep only some speakers' messages or a time window.
+        """
         if not match or not channel_pks:
             return []
         marks = ",".join("?" * len(channel_pks))
-        return [
-            (r[0], r[1])
-            for r in await self.db.read(
-                "SELECT m.id, bm25(messages_fts, 1.0, 0.5) AS score FROM messages_fts"
-                " JOIN messages m ON m.id = messages_fts.rowid"
-                f" WHERE messages_fts MATCH ? AND m.channel_pk IN ({marks})"
-                " AND m.deleted_at IS NULL ORDER BY score LIMIT ?",
-                (match, *channel_pks, limit),
-            )
-        ]
+        sql = (
+            "SELECT m.id, bm25(messages_fts, 1.0, 0.5) AS score FROM messages_fts"
+            " JOIN messages m ON m.id = messages_fts.rowid"
+            f" WHERE messages_fts MATCH ? AND m.channel_pk IN ({marks})"
+            " AND m.deleted_at IS NULL"
+        )
+        params: list[object] = [match, *channel_pks]
+        if speakers:
+            sql += f" AND m.speaker_id IN ({','.join('?' * len(speakers))})"
+            params.extend(speakers)
+        if since is not None:
+            sql += " AND m.ts >= ?"
+            params.append(since)
+        if until is not None:
+            sql += " AND m.ts < ?"
+            params.append(until)
+        sql += " ORDER BY score LIMIT ?"
+        params.append(limit)
+        return [(r[0], r[1]) for r in await self.db.read(sql, params)]
 
     async def dense(
         self, query: np.ndarray, channel_pks: Sequence[int], limit: int, oversample: int
@@ -409,6 +481,36 @@ class MessageRepo:
         order = np.argsort(-sims)[:limit]
         return [(int(ids[i]), float(sims[i])) for i in order]
 
+    async def channel_corpus(self, channel_pk: int) -> list[tuple[int, str, str, str]]:
+        """Every live message of a channel as (pk, message_id, speaker_name, text), in order."""
+        rows = await self.db.read(
+            "SELECT id, message_id, speaker_name, text FROM messages WHERE channel_pk = ?"
+            " AND deleted_at IS NULL ORDER BY ts, id",
+            (channel_pk,),
+        )
+        return [(r[0], r[1], r[2], r[3]) for r in rows]
+
+    async def vectors(self, pks: Sequence[int]) -> dict[int, np.ndarray]:
+        out: dict[int, np.ndarray] = {}
+        pks = list(pks)
+        for start in range(0, len(pks), _CHUNK):
+            chunk = pks[start : start + _CHUNK]
+            marks = ",".join("?" * len(chunk))
+            for r in await self.db.read(
+                f"SELECT id, embedding FROM message_vectors WHERE id IN ({marks})", chunk
+            ):
+                out[r[0]] = np.frombuffer(r[1], dtype=np.float32)
+        return out
+
+    async def latest_ts(self, channel_pks: Sequence[int]) -> float | None:
+        if not channel_pks:
+            return None
+        marks = ",".join("?" * len(channel_pks))
+        rows = await self.db.read(
+            f"SELECT max(last_ts) FROM channels WHERE id IN ({marks})", list(channel_pks)
+        )
+        return None if rows[0][0] is None else float(rows[0][0])
+
     async def counts(self) -> dict[str, int]:
         rows = await self.db.read(
             "SELECT count(*), sum(deleted_at IS NOT NULL), sum(embedded = 0 AND deleted_at IS NULL),"
@@ -426,3 +528,4 @@ class MessageRepo:
 def embed_text(speaker_name: str, text: str) -> str:
     """What the dense index embeds: the speaker's name with the text, so 'who said' matches."""
     return f"{speaker_name}: {text}"
+

@@ -218,20 +218,51 @@ class RecordRepo:
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
     async def lexical(
-        self, match: str, channel_pks: Sequence[int], limit: int, *, active_only: bool = True
+        self,
+        match: str,
+        channel_pks: Sequence[int],
+        limit: int,
+        *,
+        active_only: bool = True,
+        owner: str | None = None,
+        source: str | None = None,
+        exclude_owner: str | None = None,
     ) -> list[tuple[int, float]]:
+        """FTS5 BM25 over records of the channels, optionally one owner's or one source's."""
         if not match or not channel_pks:
             return []
         marks = ",".join("?" * len(channel_pks))
-        state = " AND r.state = 'active'" if active_only else ""
-        rows = await self.db.read(
+        sql = (
             "SELECT r.id, bm25(records_fts) AS score FROM records_fts"
             " JOIN records r ON r.id = records_fts.rowid"
-            f" WHERE records_fts MATCH ? AND r.channel_pk IN ({marks}){state}"
-            " ORDER BY score LIMIT ?",
-            (match, *channel_pks, limit),
+            f" WHERE records_fts MATCH ? AND r.channel_pk IN ({marks})"
         )
-        return [(r[0], r[1]) for r in rows]
+        params: list[object] = [match, *channel_pks]
+        if active_only:
+            sql += " AND r.state = 'active'"
+        if owner is not None:
+            sql += " AND r.owner = ?"
+            params.append(owner)
+        if source is not None:
+            sql += " AND r.source = ?"
+            params.append(source)
+        if exclude_owner is not None:
+            sql += " AND r.owner != ?"
+            params.append(exclude_owner)
+        sql += " ORDER BY score LIMIT ?"
+        params.append(limit)
+        return [(r[0], r[1]) for r in await self.db.read(sql, params)]
+
+    async def count_for(self, channel_pks: Sequence[int], *, owner: str) -> int:
+        if not channel_pks:
+            return 0
+        marks = ",".join("?" * len(channel_pks))
+        rows = await self.db.read(
+            f"SELECT count(*) FROM records WHERE channel_pk IN ({marks}) AND owner = ?"
+            " AND state = 'active'",
+            (*channel_pks, owner),
+        )
+        return int(rows[0][0])
 
     async def dense(
         self, query: np.ndarray, channel_pks: Sequence[int], limit: int

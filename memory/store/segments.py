@@ -42,8 +42,11 @@ class SegmentRepo:
         sql = (
             f"SELECT {SEGMENT_COLUMNS} FROM segments WHERE state = 'pending'"
             " AND (next_attempt_at IS NULL OR next_attempt_at <= ?)"
+            # keep each channel's order: nothing overtakes an earlier segment still backing off
+            " AND NOT EXISTS (SELECT 1 FROM segments e WHERE e.channel_pk = segments.channel_pk"
+            " AND e.state = 'pending' AND e.id < segments.id AND e.next_attempt_at > ?)"
         )
-        params: list[object] = [now]
+        params: list[object] = [now, now]
         if scope is not None:
             sql += " AND platform = ? AND workspace = ? AND channel = ?"
             params.extend(scope.key())

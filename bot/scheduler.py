@@ -1,0 +1,100 @@
+"""The only module that touches APScheduler: periodic Writer flushes and idle closing.
+
+Jobs (AsyncIOScheduler, coroutine jobs, one instance each, coalesced):
+- `close-idle`: close segments of channels quiet for the session gap;
+- `write`: flush every due segment through the Writer (deferred ones back off);
+- `embed`: a safety net that embeds any message the live path left without a vector.
+`kick()` runs the write job now (a segment just filled its window). Pending segments
+live in the database, so a restart resumes them on the first `write` run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from memory.engine import MemoryEngine
+from memory.writer.runner import Writer
+
+log = logging.getLogger(__name__)
+
+Job = Callable[[], Awaitable[object]]
+
+
+class WriterScheduler:
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        writer: Writer | None,
+        *,
+        idle_seconds: float,
+        write_interval_s: float = 15.0,
+        idle_check_s: float | None = None,
+    ) -> None:
+        self.engine = engine
+        self.writer = writer
+        self.idle_seconds = idle_seconds
+        self.write_interval_s = write_interval_s
+        self.idle_check_s = idle_check_s or max(1.0, min(60.0, idle_seconds / 4))
+        self._scheduler = AsyncIOScheduler()
+        self.runs = {"close-idle": 0, "write": 0, "embed": 0}
+
+    def start(self) -> None:
+        opts = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        self._scheduler.add_job(
+            self._close_idle, "interval", seconds=self.idle_check_s, id="close-idle", **opts
+        )
+        if self.writer is not None:
+            self._scheduler.add_job(
+                self._write,
+                "interval",
+                seconds=self.write_interval_s,
+                id="write",
+                next_run_time=datetime.now() + timedelta(milliseconds=50),  # resume backlog
+                **opts,
+            )
+        if self.engine.embedder is not None:
+            self._scheduler.add_job(self._embed, "interval", seconds=60, id="embed", **opts)
+        self._scheduler.start()
+        log.info("scheduler started (writer %s)", "on" if self.writer else "off: no LLM")
+
+    def kick(self) -> None:
+        """Run the write job as soon as possible (a segment reached its window)."""
+        if self.writer is None or not self._scheduler.running:
+            return
+        job = self._scheduler.get_job("write")
+        if job is not None:
+            job.modify(next_run_time=datetime.now())
+            self._scheduler.wakeup()
+
+    async def _close_idle(self) -> None:
+        self.runs["close-idle"] += 1
+        closed = await self.engine.store.segments.close_idle(self.idle_seconds)
+        if closed:
+            log.debug("closed %d idle segment(s)", closed)
+            self.kick()
+
+    async def _write(self) -> None:
+        self.runs["write"] += 1
+        assert self.writer is not None
+        try:
+            await self.writer.flush_due()
+        except Exception:  # a failed run must not kill the job; segments stay pending
+            log.exception("writer run failed; pending segments will be retried")
+
+    async def _embed(self) -> None:
+        self.runs["embed"] += 1
+        try:
+            await self.engine.embed_pending()
+        except Exception:
+            log.exception("embedding run failed; messages stay pending")
+
+    async def shutdown(self) -> None:
+        """Stop scheduling; a job already running finishes first (drain)."""
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        if self.writer is not None:
+            await self.writer.drain()

@@ -1,0 +1,242 @@
+"""The Writer's I/O loop: segment -> prompt -> LLM -> validate -> one-transaction commit.
+
+Per channel, segments are written strictly in order (each sees the heads the previous
+one committed); channels run in parallel up to the concurrency setting. An endpoint
+outage defers the segment with exponential backoff; the segment stays pending in the
+database, so a crash or restart simply redoes it — and a segment already marked done
+commits nothing twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memory.config import WriterConfig
+from memory.engine import MemoryEngine
+from memory.models import NewRecord, Scope, Segment, StoredMessage
+from memory.ports import LLM, ChatMessage, LLMBadOutput, LLMError, LLMUnavailable
+from memory.store import WriterRunLog
+from memory.writer.gate import EvidenceGate
+from memory.writer.prompt import (
+    WRITER_PROMPT_VERSION,
+    WRITER_SCHEMA,
+    action_budget,
+    render_writer_messages,
+    select_heads,
+)
+from memory.writer.validate import (
+    ValidationContext,
+    ValidationReport,
+    build_name_index,
+    channel_key,
+    validate_actions,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FlushOutcome:
+    segment_id: int
+    scope: Scope
+    status: str
+    """committed | deferred | empty | skipped"""
+    proposed: int = 0
+    accepted: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    record_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+    latency_ms: float = 0.0
+
+
+def backoff_seconds(attempts: int, cfg: WriterConfig) -> float:
+    return float(min(cfg.retry_max_s, cfg.retry_base_s * (2 ** max(0, attempts))))
+
+
+def gate_from(cfg: WriterConfig) -> EvidenceGate:
+    return EvidenceGate(
+        lexical_threshold=cfg.gate_lexical_threshold,
+        dense_threshold=cfg.gate_dense_threshold,
+        mode=cfg.gate_mode,
+    )
+
+
+def entry_ids(raw: Any) -> list[int]:
+    """UPDATE targets named in a raw Writer output (to look up their channel and state)."""
+    ids: list[int] = []
+    actions = raw.get("actions") if isinstance(raw, dict) else None
+    for item in actions if isinstance(actions, list) else []:
+        if isinstance(item, dict):
+            value = item.get("entry_id")
+            if isinstance(value, int) and not isinstance(value, bool):
+                ids.append(value)
+            elif isinstance(value, str) and value.strip().isdigit():
+                ids.append(int(value.strip()))
+    return ids
+
+
+class Writer:
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        llm: LLM,
+        config: WriterConfig | None = None,
+    ) -> None:
+        self.engine = engine
+        self.llm = llm
+        self.cfg = config or engine.config.writer
+        self.gate = gate_from(self.cfg)
+        self._channel_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+        self._slots = asyncio.Semaphore(self.cfg.concurrency)
+
+    def _lock(self, scope: Scope) -> asyncio.Lock:
+        return self._channel_locks.setdefault(scope.key(), asyncio.Lock())
+
+    async def validation_context(
+        self, scope: Scope, messages: Sequence[StoredMessage], raw: Any, budget: int
+    ) -> ValidationContext:
+        store = self.engine.store
+        pks = await self.engine.channel_pks([scope])
+        roster = await self.engine.members(scope, include_left=True)
+        heads = {h.id: h for h in await store.records.heads(pks)}
+        known = {
+            rid: f"{p}/{w}/{c}"
+            for rid, (p, w, c) in (await store.records.channel_of(entry_ids(raw))).items()
+        }
+        known.update({rid: channel_key(scope) for rid in heads})
+        return ValidationContext(
+            roster_ids={m.user_id for m in roster},
+            heads=heads,
+            all_records_channel=known,
+            ref_map={},
+            scope=scope,
+            budget=budget,
+            gate=self.gate,
+            names=build_name_index(roster),
+        )
+
+    async def flush(self, segment: Segment) -> FlushOutcome:
+        """Write one segment (callers hold the channel lock)."""
+        store = self.engine.store
+        scope = segment.scope
+        started = time.time()
+        t0 = time.perf_counter()
+        messages = await store.messages.in_segment(segment.id)
+        run = WriterRunLog(
+            model=self.llm.model, prompt_version=WRITER_PROMPT_VERSION, started_at=started
+        )
+        if not messages:
+            run.outcome = "empty"
+            await store.records.commit_segment(segment.id, scope, [], None, run)
+            return FlushOutcome(segment.id, scope, "empty")
+        pks = await self.engine.channel_pks([scope])
+        roster = await self.engine.members(scope, include_left=True)
+        speakers = {m.speaker_id for m in messages}
+        shown = select_heads(
+            await store.records.heads(pks),
+            speakers,
+            " ".join(m.text for m in messages),
+            token_budget=self.cfg.heads_token_budget,
+        )
+        budget = action_budget(
+            len(messages), per_message=self.cfg.budget_per_message, cap=self.cfg.budget_cap
+        )
+        chat, refs = render_writer_messages(roster, shown, messages, budget=budget)
+        try:
+            result = await self.llm.complete_json(
+                [ChatMessage(**m) for m in chat],
+                WRITER_SCHEMA,
+                schema_name="writer_actions",
+                max_tokens=self.cfg.max_tokens,
+            )
+            raw, parse_error = result.data, result.parse_error
+            run.prompt_tokens = result.usage.prompt_tokens
+            run.completion_tokens = result.usage.completion_tokens
+        except LLMBadOutput as exc:
+            raw, parse_error = None, f"bad response: {exc}"
+        except LLMError as exc:
+            delay = backoff_seconds(segment.attempts, self.cfg)
+            await store.segments.defer(segment.id, str(exc), delay)
+            run.outcome, run.error = "deferred", str(exc)[:300]
+            run.latency_ms = (time.perf_counter() - t0) * 1000
+            await store.records.log_failed_run(segment.id, scope, run)
+            log.warning(
+                "writer: segment %d of %s deferred %.0fs (%s)", segment.id, scope, delay, exc
+            )
+            return FlushOutcome(segment.id, scope, "deferred", error=str(exc),
+                                latency_ms=run.latency_ms)
+        ctx = await self.validation_context(scope, messages, raw, budget)
+        by_id = {m.message_id: m for m in messages}
+        ctx.ref_map = {ref: by_id[mid] for ref, mid in refs.items() if mid in by_id}
+        report = validate_actions(raw, ctx, parse_error=parse_error)
+        records = [a.to_new_record(writer_model=self.llm.model) for a in report.accepted]
+        vectors = await self._embed(records)
+        self._fill_run(run, report)
+        run.latency_ms = (time.perf_counter() - t0) * 1000
+        ids = await store.records.commit_segment(segment.id, scope, records, vectors, run)
+        log.info(
+            "writer: segment %d of %s: %d proposed, %d accepted, rejected %s, %d+%d tokens, "
+            "%.0f ms",
+            segment.id, scope, report.proposed, len(report.accepted), report.reason_counts(),
+            run.prompt_tokens, run.completion_tokens, run.latency_ms,
+        )
+        return FlushOutcome(
+            segment.id, scope, "committed", proposed=report.proposed,
+            accepted=len(report.accepted), rejected=report.reason_counts(), record_ids=ids,
+            latency_ms=run.latency_ms,
+        )
+
+    @staticmethod
+    def _fill_run(run: WriterRunLog, report: ValidationReport) -> None:
+        run.proposed = report.proposed
+        run.accepted = len(report.accepted)
+        run.noops = report.noops
+        run.rejected = report.reason_counts()
+
+    async def _embed(self, records: Sequence[NewRecord]) -> np.ndarray | None:
+        if not records or self.engine.embedder is None:
+            return None
+        return await self.engine.embedder.embed([r.content for r in records])
+
+    async def drain(self) -> None:
+        """Wait for in-flight flushes to finish (each holds its channel's lock)."""
+        for lock in list(self._channel_locks.values()):
+            async with lock:
+                pass
+
+    async def flush_due(
+        self,
+        *,
+        scope: Scope | None = None,
+        limit: int = 1000,
+        on_progress: Callable[[FlushOutcome], None] | None = None,
+    ) -> list[FlushOutcome]:
+        """Write every due segment: channels in parallel, each channel's segments in order."""
+        due = await self.engine.store.segments.due(limit=limit, scope=scope)
+        by_channel: dict[tuple[str, str, str], list[Segment]] = {}
+        for seg in due:
+            by_channel.setdefault(seg.scope.key(), []).append(seg)
+        outcomes: list[FlushOutcome] = []
+
+        async def channel_worker(segments: list[Segment]) -> None:
+            async with self._slots, self._lock(segments[0].scope):
+                for seg in segments:
+                    try:
+                        outcome = await self.flush(seg)
+                    except LLMUnavailable as exc:  # pragma: no cover - flush defers these
+                        outcome = FlushOutcome(seg.id, seg.scope, "deferred", error=str(exc))
+                    outcomes.append(outcome)
+                    if on_progress:
+                        on_progress(outcome)
+                    if outcome.status == "deferred":
+                        break  # keep the channel's order: later segments wait too
+
+        await asyncio.gather(*(channel_worker(segs) for segs in by_channel.values()))
+        return outcomes
