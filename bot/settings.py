@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from memory.config import IngestConfig, MemoryConfig, SearchConfig, StoreConfig
+from memory.config import IngestConfig, MemoryConfig, SearchConfig, StoreConfig, WriterConfig
 
 
 class Settings(BaseSettings):
@@ -34,12 +34,13 @@ class Settings(BaseSettings):
     writer_retry_max_s: float = Field(default=1800.0, gt=0)
     writer_heads_tokens: int = Field(default=1500, ge=0)
     gate_mode: Literal["lexical", "dense", "either", "both"] = "lexical"
-    gate_lexical_threshold: float = Field(default=0.5, ge=0, le=1)
-    gate_dense_threshold: float = Field(default=0.45, ge=-1, le=1)
+    # defaults = WriterConfig's, calibrated on LoCoMo by bench/calibrate_gate.py
+    gate_lexical_threshold: float = Field(default=0.25, ge=0, le=1)
+    gate_dense_threshold: float = Field(default=0.6, ge=-1, le=1)
 
     # embeddings
     embedder: Literal["minilm", "openai", "none"] = "minilm"
-    embed_quantize: bool = True
+    embed_quantize: bool = False
     embed_threads: int = Field(default=1, ge=1, le=64)
     model_cache_dir: Path = Path.home() / ".cache" / "speakermem" / "models"
     embedding_base_url: str | None = None
@@ -94,6 +95,17 @@ class Settings(BaseSettings):
                 session_gap_minutes=self.session_gap_minutes, segment_window=self.writer_window
             ),
             search=SearchConfig(rrf_k0=self.rrf_k0, pool=self.recall_pool),
+            writer=WriterConfig(
+                budget_per_message=self.writer_budget_per_message,
+                budget_cap=self.writer_budget_cap,
+                heads_token_budget=self.writer_heads_tokens,
+                concurrency=self.writer_concurrency,
+                retry_base_s=self.writer_retry_base_s,
+                retry_max_s=self.writer_retry_max_s,
+                gate_mode=self.gate_mode,
+                gate_lexical_threshold=self.gate_lexical_threshold,
+                gate_dense_threshold=self.gate_dense_threshold,
+            ),
         )
 
     @property

@@ -223,7 +223,14 @@ async def test_segments_close_at_window_and_idle(tmp_path: Path, scope: Scope) -
         assert closed == 1
         assert (await eng.store.segments.counts())["segments_open"] == 0
         await eng.store.segments.defer(due[0].id, "endpoint down", 3600)
-        assert [s.id for s in await eng.store.segments.due(limit=10)] == [due[1].id, due[1].id + 1]
+        # a segment backing off holds back its channel's later segments (order is kept) ...
+        assert await eng.store.segments.due(limit=10) == []
+        later = await eng.store.segments.due(limit=10, now=(T0 + timedelta(days=3650)).timestamp())
+        assert [s.id for s in later] == [due[0].id, due[1].id, due[1].id + 1]
+        # ... but not another channel's
+        other = Scope(platform="test", workspace="w1", channel="other")
+        await eng.ingest_many([msg(other, f"o{i}", "Bo", f"t{i}", i * 0.1) for i in range(5)])
+        assert [s.scope for s in await eng.store.segments.due(limit=10)] == [other]
     finally:
         await eng.close()
 

@@ -18,14 +18,21 @@ from integrations.cli.render import err_console
 Handler = Callable[[Settings, argparse.Namespace], Awaitable[int]]
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """--db and --log-level, accepted before or after the command name.
+
+    Sub-commands use SUPPRESS so an option given before the command is not reset.
+    """
+    default = None if top else argparse.SUPPRESS
     parser.add_argument(
         "--db",
         type=Path,
-        default=None,
+        default=default,
         help="SQLite database file (default: $SPEAKERMEM_DB_PATH or ./speakermem.db)",
     )
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (default INFO)")
+    parser.add_argument(
+        "--log-level", default=default, help="DEBUG, INFO, WARNING (default INFO)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "/recall questions with cited messages.",
         epilog="Settings come from SPEAKERMEM_* environment variables (see .env.example).",
     )
-    _common(parser)
+    _common(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -86,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction, Callable], None]] = []  # type: ignore[type-arg]
+
+from integrations.cli import commands_writer  # noqa: E402
+
+_EXTRA_COMMANDS.append(commands_writer.register)
+
+
+def _register_extra() -> None:
+    from integrations.cli import commands_recall  # noqa: PLC0415
+
+    _EXTRA_COMMANDS.append(commands_recall.register)
+
+
+_register_extra()
 
 
 def _resolve(path: str) -> Handler:

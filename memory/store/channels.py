@@ -11,6 +11,10 @@ from memory.store.database import Database, Transaction
 from memory.store.rows import from_ts, to_ts
 
 
+WORKSPACE_WIDE = "*"
+"""Channel value of roster events that concern the whole workspace (renames, guild leaves)."""
+
+
 def normalise_alias(alias: str) -> str:
     return " ".join(alias.casefold().split())
 
@@ -135,6 +139,9 @@ class ChannelRepo:
     async def apply(self, event: RosterEvent) -> None:
         scope = event.scope
         at = to_ts(event.at)
+        if scope.channel == WORKSPACE_WIDE:
+            await self._apply_workspace(event, at)
+            return
         async with self.db.transaction() as tx:
             pk = await self.ensure(tx, scope)
             if event.action is RosterAction.JOIN:
@@ -171,6 +178,26 @@ class ChannelRepo:
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (scope.platform, scope.workspace, event.user_id, event.name.strip(),
                      normalise_alias(event.name)),
+                )
+
+    async def _apply_workspace(self, event: RosterEvent, at: float) -> None:
+        """Renames and aliases are per user; a workspace leave leaves every channel."""
+        scope = event.scope
+        async with self.db.transaction() as tx:
+            if event.action in (RosterAction.RENAME, RosterAction.JOIN) and event.name:
+                await self.upsert_users(tx, scope, [(event.user_id, event.name, event.is_bot)])
+            elif event.action is RosterAction.ALIAS and event.name:
+                await tx.execute(
+                    "INSERT INTO user_aliases (platform, workspace, user_id, alias, alias_norm)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (scope.platform, scope.workspace, event.user_id, event.name.strip(),
+                     normalise_alias(event.name)),
+                )
+            elif event.action is RosterAction.LEAVE:
+                await tx.execute(
+                    "UPDATE roster SET left_at = ? WHERE platform = ? AND workspace = ?"
+                    " AND user_id = ? AND left_at IS NULL",
+                    (at, scope.platform, scope.workspace, event.user_id),
                 )
 
     async def members(self, scope: Scope, *, include_left: bool = False) -> list[RosterMember]:

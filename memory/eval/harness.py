@@ -1,0 +1,278 @@
+"""The evaluation harness: ingest a dataset, run /recall per question beside the controls.
+
+Reports, in one run, evidence recall@k and all-evidence hit rate (overall and per
+category) for the pipeline and four one-shot controls, System 2's evidence coverage,
+token-F1 and LLM-judged accuracy when an LLM is configured, and per-stage latency.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memory.datasets.common import Dataset, EvalQuestion
+from memory.engine import MemoryEngine
+from memory.eval.answer_metrics import (
+    JUDGE_SCHEMA,
+    all_hit,
+    evidence_recall,
+    parse_judgement,
+    render_judge_messages,
+    token_f1,
+)
+from memory.eval.controls import ChannelIndex, hybrid
+from memory.models import Scope
+from memory.ports import LLM, ChatMessage, LLMError
+from memory.query.pipeline import RecallPipeline, RecallRequest
+
+SYSTEMS = ("speakermem", "bm25", "bm25_speaker", "dense", "hybrid")
+CONTROL_DEPTH = 100
+
+
+@dataclass
+class QuestionResult:
+    question: EvalQuestion
+    retrieved: dict[str, list[str]]
+    coverage: list[str] = field(default_factory=list)
+    s1_only: list[str] = field(default_factory=list)
+    pack_messages: int = 0
+    pack_tokens: int = 0
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    answer: str | None = None
+    f1: float | None = None
+    judged: bool | None = None
+
+
+def _aggregate(
+    results: list[QuestionResult], system: str, k: int, *, ids: Callable[[QuestionResult], list[str]]
+) -> dict[str, Any]:
+    def block(items: list[QuestionResult]) -> dict[str, Any]:
+        if not items:
+            return {"evidence_recall": 0.0, "all_hit": 0.0, "n": 0}
+        rec = [
+            evidence_recall(set(r.question.evidence), ids(r), k, any_of=r.question.any_of)
+            for r in items
+        ]
+        hit = [
+            all_hit(set(r.question.evidence), ids(r), k, any_of=r.question.any_of) for r in items
+        ]
+        return {
+            "evidence_recall": round(statistics.fmean(rec), 4),
+            "all_hit": round(statistics.fmean(hit), 4),
+            "n": len(items),
+        }
+
+    out = block(results)
+    by_cat: dict[str, list[QuestionResult]] = defaultdict(list)
+    for r in results:
+        by_cat[r.question.category].append(r)
+    out["by_category"] = {cat: block(items) for cat, items in sorted(by_cat.items())}
+    return out
+
+
+class EvalHarness:
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        pipeline: RecallPipeline,
+        *,
+        k: int = 10,
+        llm: LLM | None = None,
+    ) -> None:
+        self.engine = engine
+        self.pipeline = pipeline
+        self.k = k
+        self.llm = llm
+        self._indexes: dict[Scope, ChannelIndex] = {}
+
+    async def index(self, scope: Scope) -> ChannelIndex:
+        if scope not in self._indexes:
+            (pk,) = await self.engine.channel_pks([scope])
+            corpus = await self.engine.store.messages.channel_corpus(pk)
+            vectors_by_pk = await self.engine.store.messages.vectors([c[0] for c in corpus])
+            vectors = None
+            if vectors_by_pk and len(vectors_by_pk) == len(corpus):
+                vectors = np.stack([vectors_by_pk[c[0]] for c in corpus])
+            self._indexes[scope] = ChannelIndex.build(
+                [(c[1], c[2], c[3]) for c in corpus], vectors
+            )
+        return self._indexes[scope]
+
+    async def run_question(self, q: EvalQuestion) -> QuestionResult:
+        started = time.perf_counter()
+        result = await self.pipeline.run(
+            RecallRequest(question=q.question, scope=q.scope), answer=self.llm is not None
+        )
+        total_ms = (time.perf_counter() - started) * 1000
+        idx = await self.index(q.scope)
+        qvec = await self.engine.embed_query(q.question)
+        bm25 = idx.bm25(q.question, CONTROL_DEPTH)
+        bm25_sp = idx.bm25_speaker_text(q.question, CONTROL_DEPTH)
+        dense = idx.dense(qvec, CONTROL_DEPTH)
+        s1 = result.pack.s1_message_ids()[: self.k]
+        out = QuestionResult(
+            question=q,
+            retrieved={"speakermem": s1, "bm25": bm25, "bm25_speaker": bm25_sp, "dense": dense},
+            coverage=result.pack.all_message_ids(),
+            s1_only=s1,
+            pack_messages=len(result.pack.all_message_ids()),
+            pack_tokens=result.pack.tokens,
+            latency_ms={**result.trace.latency_ms, "total": round(total_ms, 2)},
+            tokens=dict(result.trace.tokens),
+        )
+        if self.llm is not None:
+            out.answer = result.answer.text
+            out.f1 = token_f1(result.answer.text, q.answer)
+            out.judged = await self._judge(q, result.answer.text, out)
+        return out
+
+    async def _judge(self, q: EvalQuestion, answer: str, out: QuestionResult) -> bool | None:
+        assert self.llm is not None
+        try:
+            res = await self.llm.complete_json(
+                [ChatMessage(**m) for m in render_judge_messages(q.question, q.answer, answer)],
+                JUDGE_SCHEMA,
+                schema_name="judge",
+                max_tokens=128,
+            )
+        except LLMError:
+            return None
+        return parse_judgement(res.data)
+
+    async def run(
+        self,
+        dataset: Dataset,
+        *,
+        limit: int | None = None,
+        on_progress: Callable[[int], None] | None = None,
+        with_s2: bool = False,
+    ) -> dict[str, Any]:
+        questions = [q for q in dataset.questions if q.evidence]
+        skipped = len(dataset.questions) - len(questions)
+        if limit is not None:
+            questions = questions[:limit]
+        results: list[QuestionResult] = []
+        for q in questions:
+            results.append(await self.run_question(q))
+            if on_progress:
+                on_progress(1)
+        return self.report(dataset.name, results, skipped=skipped, with_s2=with_s2)
+
+    def report(
+        self, name: str, results: list[QuestionResult], *, skipped: int, with_s2: bool
+    ) -> dict[str, Any]:
+        k = self.k
+        systems: dict[str, Any] = {}
+        for system in ("speakermem", "bm25", "bm25_speaker", "dense"):
+            systems[system] = _aggregate(
+                results, system, k, ids=lambda r, s=system: r.retrieved[s]  # type: ignore[misc]
+            )
+        better = (
+            "bm25_speaker"
+            if systems["bm25_speaker"]["evidence_recall"] > systems["bm25"]["evidence_recall"]
+            else "bm25"
+        )
+        for r in results:
+            r.retrieved["hybrid"] = hybrid(r.retrieved[better], r.retrieved["dense"], k=k)
+        systems["hybrid"] = _aggregate(results, "hybrid", k, ids=lambda r: r.retrieved["hybrid"])
+        systems["hybrid"]["lexical"] = better
+        if with_s2:
+            cov = _aggregate(results, "coverage", 10**6, ids=lambda r: r.coverage)
+            systems["speakermem"]["evidence_coverage"] = cov["evidence_recall"]
+            systems["speakermem"]["evidence_coverage_all_hit"] = cov["all_hit"]
+            systems["speakermem"]["evidence_coverage_by_category"] = cov["by_category"]
+            systems["speakermem"]["s1_only_coverage"] = systems["speakermem"]["evidence_recall"]
+        systems["speakermem"]["pack_messages"] = round(
+            statistics.fmean(r.pack_messages for r in results), 2
+        ) if results else 0.0
+        stage_names = sorted({s for r in results for s in r.latency_ms})
+        latency = {
+            s: {
+                "mean_ms": round(statistics.fmean(r.latency_ms.get(s, 0.0) for r in results), 2),
+                "p95_ms": round(_p95([r.latency_ms.get(s, 0.0) for r in results]), 2),
+            }
+            for s in stage_names
+        } if results else {}
+        token_names = sorted({t for r in results for t in r.tokens})
+        tokens = {
+            t: round(statistics.fmean(r.tokens.get(t, 0) for r in results), 1)
+            for t in token_names
+        } if results else {}
+        best_control = max(
+            (s for s in SYSTEMS if s != "speakermem"),
+            key=lambda s: systems[s]["evidence_recall"],
+        )
+        report: dict[str, Any] = {
+            "dataset": name,
+            "k": k,
+            "questions": len(results),
+            "skipped_without_evidence": skipped,
+            "systems": systems,
+            "best_control": best_control,
+            "margin_over_best_control": round(
+                systems["speakermem"]["evidence_recall"] - systems[best_control]["evidence_recall"],
+                4,
+            ),
+            "latency_per_question": latency,
+            "mean_tokens_per_question": tokens,
+            "mean_pack_tokens": round(statistics.fmean(r.pack_tokens for r in results), 1)
+            if results else 0.0,
+        }
+        if self.llm is not None and results:
+            f1s = [r.f1 for r in results if r.f1 is not None]
+            judged = [r.judged for r in results if r.judged is not None]
+            report["answers"] = {
+                "token_f1": round(statistics.fmean(f1s), 4) if f1s else None,
+                "judge_accuracy": round(statistics.fmean(judged), 4) if judged else None,
+                "judged": len(judged),
+            }
+        return report
+
+
+def _p95(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The report's headline numbers as a Markdown table (overall and per category)."""
+    systems = report["systems"]
+    cats = sorted({c for s in systems.values() for c in s.get("by_category", {})})
+    head = "| system | recall@{k} | all-hit | n | ".format(k=report["k"]) + " | ".join(
+        f"{c}" for c in cats
+    ) + " |"
+    sep = "|" + "---|" * (4 + len(cats))
+    lines = [f"### {report['dataset']}: evidence recall@{report['k']}", "", head, sep]
+    for name in SYSTEMS:
+        s = systems[name]
+        per = " | ".join(
+            f"{s['by_category'].get(c, {}).get('evidence_recall', 0):.3f}" for c in cats
+        )
+        lines.append(
+            f"| {name} | {s['evidence_recall']:.3f} | {s['all_hit']:.3f} | {s['n']} | {per} |"
+        )
+    sm = systems["speakermem"]
+    lines.append("")
+    lines.append(
+        f"Best control: {report['best_control']}; margin "
+        f"{report['margin_over_best_control'] * 100:+.1f} points. Mean pack tokens "
+        f"{report['mean_pack_tokens']}, mean pack messages {sm.get('pack_messages')}."
+    )
+    if "evidence_coverage" in sm:
+        lines.append(
+            f"System 2 contribution: evidence coverage S1+S2 {sm['evidence_coverage']:.3f} vs "
+            f"S1 only {sm['s1_only_coverage']:.3f}."
+        )
+    if "answers" in report:
+        a = report["answers"]
+        lines.append(f"Answers: token-F1 {a['token_f1']}, judge accuracy {a['judge_accuracy']}.")
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""Compose: one typed evidence pack from both tracks, and its pure renderer.
+
+Excerpts are numbered once ([1], [2], ...) whichever track brought them; rows list
+records with owner, source, time and state, and the numbers of their supporting
+excerpts, so the answer can cite any claim. The two tracks keep separate budgets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from memory.models import GROUP, Scope, StoredMessage
+from memory.query.system2 import Row
+
+MAX_EXCERPT_CHARS = 600
+MAX_RECORD_CHARS = 400
+
+
+class Excerpt(BaseModel):
+    n: int
+    scope: Scope
+    message_id: str
+    thread_id: str | None
+    speaker_id: str
+    speaker: str
+    time: datetime
+    text: str
+    track: str
+    """'s1' (selected verbatim evidence) or 's2' (support for a record or an empty row)."""
+
+
+class PackRecord(BaseModel):
+    record_id: int
+    layer: str
+    content: str
+    owner: str
+    source: str
+    time: datetime
+    state: str
+    excerpts: list[int] = Field(default_factory=list)
+    from_ids: list[str] = Field(default_factory=list)
+    via_source: bool = False
+
+
+class PackRow(BaseModel):
+    key: str
+    label: str
+    records: list[PackRecord] = Field(default_factory=list)
+    fallback_excerpts: list[int] = Field(default_factory=list)
+
+    @property
+    def none(self) -> bool:
+        return not self.records and not self.fallback_excerpts
+
+
+class EvidencePack(BaseModel):
+    question: str
+    tense: str
+    excerpts: list[Excerpt]
+    rows: list[PackRow]
+    tokens: int = 0
+
+    def excerpt(self, n: int) -> Excerpt | None:
+        return self.excerpts[n - 1] if 0 < n <= len(self.excerpts) else None
+
+    def s1_message_ids(self) -> list[str]:
+        return [e.message_id for e in self.excerpts if e.track == "s1"]
+
+    def all_message_ids(self) -> list[str]:
+        """Verbatim ids plus every record's from_ids (the pack's evidence coverage)."""
+        ids = dict.fromkeys(e.message_id for e in self.excerpts)
+        for row in self.rows:
+            for rec in row.records:
+                ids.update(dict.fromkeys(rec.from_ids))
+        return list(ids)
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def compose(
+    question: str,
+    tense: str,
+    s1: Sequence[StoredMessage],
+    rows: Sequence[Row],
+    support: dict[str, StoredMessage],
+    names: dict[str, str],
+) -> EvidencePack:
+    """Number S1 excerpts first, then S2 support; attach excerpt numbers to records."""
+    excerpts: list[Excerpt] = []
+    index: dict[tuple[Scope, str], int] = {}
+
+    def add(msg: StoredMessage, track: str) -> int:
+        key = (msg.scope, msg.message_id)
+        if key not in index:
+            excerpts.append(
+                Excerpt(
+                    n=len(excerpts) + 1,
+                    scope=msg.scope,
+                    message_id=msg.message_id,
+                    thread_id=msg.thread_id,
+                    speaker_id=msg.speaker_id,
+                    speaker=msg.speaker_name,
+                    time=msg.ts,
+                    text=_clip(msg.text, MAX_EXCERPT_CHARS),
+                    track=track,
+                )
+            )
+            index[key] = len(excerpts)
+        return index[key]
+
+    for msg in s1:
+        add(msg, "s1")
+    pack_rows: list[PackRow] = []
+    for row in rows:
+        prow = PackRow(key=row.key, label=row.label)
+        for rr in row.records:
+            for node in rr.chain:
+                nums: list[int] = []
+                for mid in node.from_ids:
+                    msg = support.get(f"{node.scope}|{mid}")
+                    if msg is not None:
+                        key = (msg.scope, msg.message_id)
+                        if key in index:
+                            nums.append(index[key])
+                # cite the latest supporting message even if S1 did not select it
+                if not nums and node.from_ids:
+                    latest = support.get(f"{node.scope}|{node.from_ids[-1]}")
+                    if latest is not None:
+                        nums.append(add(latest, "s2"))
+                prow.records.append(
+                    PackRecord(
+                        record_id=node.id,
+                        layer=node.layer.value,
+                        content=_clip(node.content, MAX_RECORD_CHARS),
+                        owner=names.get(node.owner, node.owner),
+                        source=names.get(node.source, node.source),
+                        time=node.time,
+                        state=node.state.value,
+                        excerpts=sorted(set(nums)),
+                        from_ids=list(node.from_ids),
+                        via_source=rr.via_source,
+                    )
+                )
+        for msg in row.fallback:
+            prow.fallback_excerpts.append(add(msg, "s2"))
+        pack_rows.append(prow)
+    pack = EvidencePack(question=question, tense=tense, excerpts=excerpts, rows=pack_rows)
+    pack.tokens = approx_tokens(render_pack(pack))
+    return pack
+
+
+def approx_tokens(text: str) -> int:
+    """About four characters per token for English chat; good enough for budgets."""
+    return (len(text) + 3) // 4
+
+
+def _when(ts: datetime) -> str:
+    return ts.strftime("%Y-%m-%d %H:%M")
+
+
+def render_pack(pack: EvidencePack) -> str:
+    """The pack as prompt text: numbered excerpts, then the PERSON/GROUP rows."""
+    lines = ["EXCERPTS (verbatim messages; cite as [n]):"]
+    if not pack.excerpts:
+        lines.append("(none)")
+    for e in pack.excerpts:
+        lines.append(f"[{e.n}] {_when(e.time)} #{e.scope.channel} {e.speaker}: {e.text}")
+    lines.append("")
+    mode = "full history, oldest first" if pack.tense == "full" else "current state"
+    lines.append(f"MEMORY ROWS ({mode}; owner/source/time/state; [n] = supporting excerpt):")
+    for row in pack.rows:
+        title = "GROUP" if row.key == GROUP else row.label
+        lines.append(f"- {title}:")
+        if row.none:
+            lines.append("    (none)")
+            continue
+        for rec in row.records:
+            cites = "".join(f"[{n}]" for n in rec.excerpts)
+            via = " (provided about someone else)" if rec.via_source else ""
+            lines.append(
+                f"    * {rec.content} | {rec.layer}; owner={rec.owner}; source={rec.source};"
+                f" {_when(rec.time)}; {rec.state}{via} {cites}".rstrip()
+            )
+        if row.fallback_excerpts and not row.records:
+            nums = "".join(f"[{n}]" for n in row.fallback_excerpts)
+            lines.append(f"    (no derived record; see their messages {nums})")
+    return "\n".join(lines)

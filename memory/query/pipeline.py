@@ -1,0 +1,349 @@
+"""/recall: Project -> System 1 (Select/Expand/ASK) -> System 2 rows -> Compose -> Answer.
+
+Every stage has a deterministic path, so the pipeline answers without an LLM; with one,
+Project, Select, Sufficiency and Answer use it and fall back on any failure. Access
+control happens first: only channels the asker may read are searched, and a private
+channel's memory never answers in another channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from memory.config import RecallConfig
+from memory.engine import MemoryEngine
+from memory.models import RosterMember, Scope, StoredMessage
+from memory.ports import LLM, ChatMessage, LLMError
+from memory.query.answer import (
+    RecallAnswer,
+    check_citations,
+    citations_for,
+    extractive_answer,
+    render_answer_messages,
+)
+from memory.query.compose import EvidencePack, compose
+from memory.query.links import LinkResolver, default_link
+from memory.query.projection import (
+    PROJECT_SCHEMA,
+    Projection,
+    fallback_projection,
+    projection_from_llm,
+    render_project_messages,
+)
+from memory.query.select import (
+    SELECT_SCHEMA,
+    SUFFICIENCY_SCHEMA,
+    parse_select,
+    parse_sufficiency,
+    render_select_messages,
+    render_sufficiency_messages,
+)
+from memory.query.system1 import (
+    RANKING_WEIGHTS,
+    Rankings,
+    expand_order,
+    fuse,
+    recall_rankings,
+)
+from memory.query.system2 import Row, system2
+from memory.query.timewords import TimeWindow, resolve_time
+
+log = logging.getLogger(__name__)
+
+MAX_QUESTION_CHARS = 4_000
+
+
+class AccessDenied(PermissionError):
+    """The asker may not read the channel they asked in."""
+
+
+@dataclass(frozen=True)
+class RecallRequest:
+    question: str
+    scope: Scope
+    asker: str | None = None
+    """User id of the asker; None = operator (CLI without --as): the channel itself only."""
+    readable: Sequence[Scope] | None = None
+    """Channels the platform says the asker can read; None = derive from rosters."""
+
+
+class RecallTrace(BaseModel):
+    """What happened, for --explain and evaluation."""
+
+    projection: dict[str, Any]
+    time_window: str | None = None
+    channels: list[str] = Field(default_factory=list)
+    rankings: dict[str, int] = Field(default_factory=dict)
+    pool: list[str] = Field(default_factory=list)
+    select: str = "fused"
+    anchors: list[str] = Field(default_factory=list)
+    ask: str | None = None
+    s1_evidence: list[str] = Field(default_factory=list)
+    s2_rows: dict[str, list[str]] = Field(default_factory=dict)
+    budgets: dict[str, Any] = Field(default_factory=dict)
+    tokens: dict[str, int] = Field(default_factory=dict)
+    latency_ms: dict[str, float] = Field(default_factory=dict)
+    llm_errors: list[str] = Field(default_factory=list)
+
+
+@dataclass
+class RecallResult:
+    answer: RecallAnswer
+    pack: EvidencePack
+    trace: RecallTrace
+    rows: list[Row] = field(default_factory=list)
+
+
+class RecallPipeline:
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        *,
+        llm: LLM | None = None,
+        config: RecallConfig | None = None,
+        link: LinkResolver = default_link,
+    ) -> None:
+        self.engine = engine
+        self.llm = llm
+        self.cfg = config or engine.config.recall
+        self.link = link
+
+    # ---- access -------------------------------------------------------------------------
+
+    async def allowed_scopes(self, req: RecallRequest) -> list[Scope]:
+        """Channels this request may draw on; raises AccessDenied for an unreadable channel."""
+        if req.asker is None and req.readable is None:
+            return [req.scope]
+        if req.readable is not None:
+            readable = list(req.readable)
+        else:
+            assert req.asker is not None
+            readable = await self.engine.store.channels.readable_channels(
+                req.scope.platform, req.scope.workspace, req.asker
+            )
+        if req.scope not in readable:
+            raise AccessDenied(
+                f"you cannot read {req.scope.channel}, so I cannot recall anything there"
+            )
+        if self.cfg.scope == "channel":
+            return [req.scope]
+        out = [req.scope]
+        for scope in readable:
+            if scope != req.scope and scope.platform == req.scope.platform \
+                    and scope.workspace == req.scope.workspace \
+                    and not await self.engine.store.channels.is_private(scope):
+                out.append(scope)
+        return out
+
+    # ---- stages -------------------------------------------------------------------------
+
+    async def _llm_json(
+        self, trace: RecallTrace, stage: str, messages: list[dict[str, str]],
+        schema: dict[str, Any], max_tokens: int = 512,
+    ) -> dict[str, Any] | None:
+        if self.llm is None:
+            return None
+        try:
+            result = await self.llm.complete_json(
+                [ChatMessage(**m) for m in messages], schema, schema_name=stage,
+                max_tokens=max_tokens,
+            )
+        except LLMError as exc:
+            trace.llm_errors.append(f"{stage}: {exc}")
+            return None
+        trace.tokens[f"{stage}_prompt"] = result.usage.prompt_tokens
+        trace.tokens[f"{stage}_completion"] = result.usage.completion_tokens
+        if result.data is None:
+            trace.llm_errors.append(f"{stage}: {result.parse_error}")
+        return result.data
+
+    async def project(
+        self, question: str, roster: list[RosterMember], trace: RecallTrace
+    ) -> Projection:
+        if self.llm is not None:
+            data = await self._llm_json(
+                trace, "project", render_project_messages(question, roster), PROJECT_SCHEMA, 256
+            )
+            projected = projection_from_llm(data, question, roster)
+            if projected is not None:
+                return projected
+        return fallback_projection(question, roster)
+
+    async def _select(
+        self, question: str, fused: list[int], messages: dict[int, StoredMessage],
+        trace: RecallTrace,
+    ) -> tuple[list[int], list[int]]:
+        """(ordered pks, anchor pks): the LLM's necessity ranking or the fused order."""
+        anchors_n = self.cfg.expand_anchors
+        if self.llm is not None and fused:
+            cands = [messages[pk] for pk in fused if pk in messages]
+            data = await self._llm_json(
+                trace, "select", render_select_messages(question, cands), SELECT_SCHEMA
+            )
+            parsed = parse_select(data, len(cands))
+            if parsed is not None:
+                ranking, expand = parsed
+                trace.select = "llm"
+                order = [cands[i].pk for i in ranking]
+                rest = [c.pk for c in cands if c.pk not in order]
+                return order + rest, [cands[i].pk for i in expand][:anchors_n]
+            trace.select = "fused (llm reply unusable)"
+        return fused, fused[:anchors_n]
+
+    async def system1(
+        self,
+        question: str,
+        projection: Projection,
+        pks: list[int],
+        window: TimeWindow | None,
+        trace: RecallTrace,
+    ) -> list[StoredMessage]:
+        cfg = self.cfg
+        k0 = self.engine.config.search.rrf_k0
+        rankings = await recall_rankings(
+            self.engine, question, projection, pks, pool=cfg.pool, window=window
+        )
+        fused = [pk for pk, _ in fuse(rankings, k0=k0, weights=RANKING_WEIGHTS)[: cfg.pool]]
+        messages = await self.engine.store.messages.get_many(fused)
+        order, anchors = await self._select(question, fused, messages, trace)
+        if cfg.ask and self.llm is not None:
+            top = [messages[pk] for pk in order[: cfg.top_k] if pk in messages]
+            data = await self._llm_json(
+                trace, "sufficiency", render_sufficiency_messages(question, top),
+                SUFFICIENCY_SCHEMA, 128,
+            )
+            term = parse_sufficiency(data)
+            if term:
+                trace.ask = term
+                more = await recall_rankings(
+                    self.engine, f"{question} {term}", projection, pks, pool=cfg.pool,
+                    window=window, extra_terms=[term],
+                )
+                merged = Rankings({"first": order, **{f"ask_{k}": v for k, v in more.lists.items()}})
+                order = [pk for pk, _ in fuse(merged, k0=k0, weights={"first": 2.0})][: cfg.pool]
+                messages.update(await self.engine.store.messages.get_many(order))
+                anchors = [pk for pk in anchors if pk in order]
+        neighbours: dict[int, list[int]] = {}
+        if cfg.expand_radius > 0:
+            for pk in anchors:
+                msg = messages.get(pk)
+                if msg is None:
+                    continue
+                around = await self.engine.store.messages.neighbours(msg, cfg.expand_radius)
+                for m in around:
+                    messages.setdefault(m.pk, m)
+                neighbours[pk] = [m.pk for m in around if m.pk != pk]
+        ordered = [pk for pk in order if pk not in anchors]
+        final = expand_order(anchors + ordered, neighbours, anchors=len(anchors),
+                             top_k=cfg.top_k)
+        trace.rankings = {name: len(lst) for name, lst in rankings.lists.items()}
+        trace.pool = [messages[pk].message_id for pk in fused[:10] if pk in messages]
+        trace.anchors = [messages[pk].message_id for pk in anchors if pk in messages]
+        return [messages[pk] for pk in final if pk in messages]
+
+    # ---- the whole run ------------------------------------------------------------------
+
+    async def run(self, req: RecallRequest, *, answer: bool = True) -> RecallResult:
+        timings: dict[str, float] = {}
+
+        @contextmanager
+        def stage(name: str):  # type: ignore[no-untyped-def]
+            started = time.perf_counter()
+            yield
+            timings[name] = round((time.perf_counter() - started) * 1000, 2)
+
+        question = req.question.strip()[:MAX_QUESTION_CHARS]
+        trace = RecallTrace(projection={})
+        with stage("access"):
+            scopes = await self.allowed_scopes(req)
+            pks = await self.engine.channel_pks(scopes)
+            roster: list[RosterMember] = []
+            for scope in scopes:
+                roster.extend(await self.engine.members(scope))
+        trace.channels = [str(s) for s in scopes]
+        with stage("project"):
+            projection = await self.project(question, roster, trace)
+            latest = await self.engine.store.messages.latest_ts(pks)
+            anchor = datetime.fromtimestamp(latest, UTC) if latest else datetime.now(UTC)
+            window = resolve_time(question, anchor)
+        trace.projection = projection.model_dump()
+        trace.time_window = (
+            None if window is None else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
+        )
+        with stage("system1"):
+            s1 = await self.system1(question, projection, pks, window, trace) if pks else []
+        trace.s1_evidence = [m.message_id for m in s1]
+        with stage("system2"):
+            qvec = await self.engine.embed_query(projection.issue) if pks else None
+            rows = await system2(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
+            support = await self._support(rows)
+        trace.s2_rows = {
+            r.label: [rr.record.content[:80] for rr in r.records] or
+            [f"(fallback) {m.message_id}" for m in r.fallback] or ["(none)"]
+            for r in rows
+        }
+        with stage("compose"):
+            names = {m.user_id: m.display_name for m in roster}
+            pack = compose(question, projection.tense, s1, rows, support, names)
+        trace.tokens["pack"] = pack.tokens
+        trace.budgets = {
+            "pool": self.cfg.pool, "top_k": self.cfg.top_k, "expand_anchors": self.cfg.expand_anchors,
+            "expand_radius": self.cfg.expand_radius, "ask": self.cfg.ask, "s2_k": self.cfg.s2_k,
+            "s2_source_k": self.cfg.s2_source_k, "scope": self.cfg.scope,
+        }
+        with stage("answer"):
+            result = await self._answer(pack, trace) if answer else RecallAnswer(text="")
+        trace.latency_ms = timings
+        return RecallResult(answer=result, pack=pack, trace=trace, rows=rows)
+
+    async def _support(self, rows: list[Row]) -> dict[str, StoredMessage]:
+        wanted: dict[Scope, set[str]] = {}
+        for row in rows:
+            for rr in row.records:
+                for node in rr.chain:
+                    wanted.setdefault(node.scope, set()).update(node.from_ids)
+        out: dict[str, StoredMessage] = {}
+        for scope, ids in wanted.items():
+            for mid, msg in (await self.engine.store.messages.by_ids(scope, sorted(ids))).items():
+                out[f"{scope}|{mid}"] = msg
+        return out
+
+    async def _answer(self, pack: EvidencePack, trace: RecallTrace) -> RecallAnswer:
+        text: str | None = None
+        used_llm = False
+        if self.llm is not None:
+            try:
+                result = await self.llm.complete_text(
+                    [ChatMessage(**m) for m in render_answer_messages(pack)],
+                    max_tokens=self.cfg.answer_max_tokens,
+                )
+                trace.tokens["answer_prompt"] = result.usage.prompt_tokens
+                trace.tokens["answer_completion"] = result.usage.completion_tokens
+                if result.raw_text.strip():
+                    text, used_llm = result.raw_text.strip(), True
+            except LLMError as exc:
+                trace.llm_errors.append(f"answer: {exc}")
+        if text is None:
+            text = extractive_answer(pack)
+        cleaned, used, stripped = check_citations(text, pack)
+        if used_llm and not used and pack.excerpts:
+            # an uncited LLM reply cannot be checked: fall back to the extractive one
+            trace.llm_errors.append("answer: reply had no valid citations")
+            cleaned, used, stripped2 = check_citations(extractive_answer(pack), pack)
+            stripped += stripped2
+            used_llm = False
+        citations = citations_for(pack, used)
+        for c in citations:
+            excerpt = pack.excerpt(c.n)
+            c.link = self.link(c.scope, c.message_id, excerpt.thread_id if excerpt else None)
+        return RecallAnswer(
+            text=cleaned, citations=citations, used_llm=used_llm, stripped_citations=stripped
+        )
