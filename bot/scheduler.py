@@ -10,8 +10,10 @@ live in the database, so a restart resumes them on the first `write` run.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -41,6 +43,19 @@ class WriterScheduler:
         self.idle_check_s = idle_check_s or max(1.0, min(60.0, idle_seconds / 4))
         self._scheduler = AsyncIOScheduler()
         self.runs = {"close-idle": 0, "write": 0, "embed": 0}
+        self._inflight: set[asyncio.Task[object]] = set()
+
+    @contextlib.contextmanager
+    def _tracked(self) -> Iterator[None]:
+        """Remember a running job's task so shutdown() can let it finish."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            yield
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
 
     def start(self) -> None:
         opts = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
@@ -72,7 +87,8 @@ class WriterScheduler:
 
     async def _close_idle(self) -> None:
         self.runs["close-idle"] += 1
-        closed = await self.engine.store.segments.close_idle(self.idle_seconds)
+        with self._tracked():
+            closed = await self.engine.store.segments.close_idle(self.idle_seconds)
         if closed:
             log.debug("closed %d idle segment(s)", closed)
             self.kick()
@@ -80,21 +96,29 @@ class WriterScheduler:
     async def _write(self) -> None:
         self.runs["write"] += 1
         assert self.writer is not None
-        try:
-            await self.writer.flush_due()
-        except Exception:  # a failed run must not kill the job; segments stay pending
-            log.exception("writer run failed; pending segments will be retried")
+        with self._tracked():
+            try:
+                await self.writer.flush_due()
+            except Exception:  # a failed run must not kill the job; segments stay pending
+                log.exception("writer run failed; pending segments will be retried")
 
     async def _embed(self) -> None:
         self.runs["embed"] += 1
-        try:
-            await self.engine.embed_pending()
-        except Exception:
-            log.exception("embedding run failed; messages stay pending")
+        with self._tracked():
+            try:
+                await self.engine.embed_pending()
+            except Exception:
+                log.exception("embedding run failed; messages stay pending")
 
     async def shutdown(self) -> None:
-        """Stop scheduling; a job already running finishes first (drain)."""
+        """Stop scheduling; a job already running finishes first (drain).
+
+        APScheduler's asyncio executor cancels running jobs on shutdown, so pause the
+        scheduler and wait for them before shutting it down.
+        """
         if self._scheduler.running:
+            self._scheduler.pause()
+            await asyncio.gather(*self._inflight, return_exceptions=True)
             self._scheduler.shutdown(wait=False)
         if self.writer is not None:
             await self.writer.drain()
