@@ -11,7 +11,14 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from memory.config import IngestConfig, MemoryConfig, SearchConfig, StoreConfig, WriterConfig
+from memory.config import (
+    IngestConfig,
+    MemoryConfig,
+    RecallConfig,
+    SearchConfig,
+    StoreConfig,
+    WriterConfig,
+)
 
 
 class Settings(BaseSettings):
@@ -60,6 +67,7 @@ class Settings(BaseSettings):
     rrf_k0: int = Field(default=60, ge=1)
     recall_pool: int = Field(default=40, ge=1, le=1000)
     recall_top_k: int = Field(default=10, ge=1, le=100)
+    recall_rrf_k0: int = Field(default=20, ge=1)
     recall_expand_anchors: int = Field(default=2, ge=0, le=10)
     recall_expand_radius: int = Field(default=1, ge=0, le=10)
     recall_ask: bool = False
@@ -95,6 +103,17 @@ class Settings(BaseSettings):
                 session_gap_minutes=self.session_gap_minutes, segment_window=self.writer_window
             ),
             search=SearchConfig(rrf_k0=self.rrf_k0, pool=self.recall_pool),
+            recall=RecallConfig(
+                pool=self.recall_pool,
+                top_k=self.recall_top_k,
+                rrf_k0=self.recall_rrf_k0,
+                expand_anchors=self.recall_expand_anchors,
+                expand_radius=self.recall_expand_radius,
+                ask=self.recall_ask,
+                s2_k=self.recall_s2_k,
+                s2_source_k=self.recall_s2_source_k,
+                scope=self.recall_scope,
+            ),
             writer=WriterConfig(
                 budget_per_message=self.writer_budget_per_message,
                 budget_cap=self.writer_budget_cap,

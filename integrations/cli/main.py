@@ -94,15 +94,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction, Callable], None]] = []  # type: ignore[type-arg]
 
-from integrations.cli import commands_writer  # noqa: E402
-
-_EXTRA_COMMANDS.append(commands_writer.register)
-
 
 def _register_extra() -> None:
-    from integrations.cli import commands_recall  # noqa: PLC0415
+    """Command groups live in their own modules; each contributes a `register` function."""
+    from integrations.cli import (  # noqa: PLC0415
+        commands_platform,
+        commands_recall,
+        commands_run,
+        commands_writer,
+    )
 
-    _EXTRA_COMMANDS.append(commands_recall.register)
+    _EXTRA_COMMANDS.extend(
+        [
+            commands_recall.register,
+            commands_writer.register,
+            commands_platform.register,
+            commands_run.register,
+        ]
+    )
 
 
 _register_extra()

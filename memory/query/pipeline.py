@@ -52,13 +52,25 @@ from memory.query.system1 import (
     expand_order,
     fuse,
     recall_rankings,
+    context_ranking,
+    rerank_by_sessions,
+    session_scores,
 )
+from memory.search.fusion import rrf
 from memory.query.system2 import Row, system2
 from memory.query.timewords import TimeWindow, resolve_time
 
 log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 4_000
+
+
+def channel_of_pk(
+    messages: dict[int, StoredMessage], scopes: Sequence[Scope], pks: Sequence[int]
+) -> dict[int, int]:
+    """Message pk -> its channel pk (sessions are numbered per channel)."""
+    by_scope = dict(zip(scopes, pks, strict=True))
+    return {pk: by_scope.get(m.scope, 0) for pk, m in messages.items()}
 
 
 class AccessDenied(PermissionError):
@@ -182,7 +194,6 @@ class RecallPipeline:
         trace: RecallTrace,
     ) -> tuple[list[int], list[int]]:
         """(ordered pks, anchor pks): the LLM's necessity ranking or the fused order."""
-        anchors_n = self.cfg.expand_anchors
         if self.llm is not None and fused:
             cands = [messages[pk] for pk in fused if pk in messages]
             data = await self._llm_json(
@@ -194,26 +205,44 @@ class RecallPipeline:
                 trace.select = "llm"
                 order = [cands[i].pk for i in ranking]
                 rest = [c.pk for c in cands if c.pk not in order]
-                return order + rest, [cands[i].pk for i in expand][:anchors_n]
+                return order + rest, [cands[i].pk for i in expand][: self.cfg.expand_anchors]
             trace.select = "fused (llm reply unusable)"
-        return fused, fused[:anchors_n]
+        return fused, fused[: self.cfg.fallback_expand_anchors]
 
     async def system1(
         self,
         question: str,
         projection: Projection,
+        scopes: list[Scope],
         pks: list[int],
         window: TimeWindow | None,
         trace: RecallTrace,
     ) -> list[StoredMessage]:
         cfg = self.cfg
-        k0 = self.engine.config.search.rrf_k0
         rankings = await recall_rankings(
             self.engine, question, projection, pks, pool=cfg.pool, window=window
         )
-        fused = [pk for pk, _ in fuse(rankings, k0=k0, weights=RANKING_WEIGHTS)[: cfg.pool]]
-        messages = await self.engine.store.messages.get_many(fused)
-        order, anchors = await self._select(question, fused, messages, trace)
+        fused = fuse(rankings, k0=cfg.rrf_k0, weights=RANKING_WEIGHTS)
+        messages = await self.engine.store.messages.get_many([pk for pk, _ in fused])
+        fused = [(pk, sc) for pk, sc in fused if pk in messages]
+        if cfg.session_bm25_weight > 0 or cfg.session_aggregate_weight > 0:
+            by_pk = channel_of_pk(messages, scopes, pks)
+            session_of = {pk: (by_pk[pk], m.session_id) for pk, m in messages.items()}
+            bm25 = (
+                await session_scores(self.engine, question, pks)
+                if cfg.session_bm25_weight > 0
+                else {}
+            )
+            fused = rerank_by_sessions(
+                fused, session_of, bm25=bm25, k0=cfg.rrf_k0,
+                aggregate_top=cfg.session_aggregate_top,
+                aggregate_weight=cfg.session_aggregate_weight,
+                bm25_weight=cfg.session_bm25_weight,
+            )
+        if cfg.context_anchors > 0 and cfg.context_weight > 0 and fused:
+            fused = await self._with_context(fused, messages, channel_of_pk(messages, scopes, pks))
+        pool = [pk for pk, _ in fused][: cfg.pool]
+        order, anchors = await self._select(question, pool, messages, trace)
         if cfg.ask and self.llm is not None:
             top = [messages[pk] for pk in order[: cfg.top_k] if pk in messages]
             data = await self._llm_json(
@@ -228,7 +257,9 @@ class RecallPipeline:
                     window=window, extra_terms=[term],
                 )
                 merged = Rankings({"first": order, **{f"ask_{k}": v for k, v in more.lists.items()}})
-                order = [pk for pk, _ in fuse(merged, k0=k0, weights={"first": 2.0})][: cfg.pool]
+                order = [
+                    pk for pk, _ in fuse(merged, k0=cfg.rrf_k0, weights={"first": 2.0})
+                ][: cfg.pool]
                 messages.update(await self.engine.store.messages.get_many(order))
                 anchors = [pk for pk in anchors if pk in order]
         neighbours: dict[int, list[int]] = {}
@@ -245,9 +276,30 @@ class RecallPipeline:
         final = expand_order(anchors + ordered, neighbours, anchors=len(anchors),
                              top_k=cfg.top_k)
         trace.rankings = {name: len(lst) for name, lst in rankings.lists.items()}
-        trace.pool = [messages[pk].message_id for pk in fused[:10] if pk in messages]
+        trace.pool = [messages[pk].message_id for pk in pool[:10] if pk in messages]
         trace.anchors = [messages[pk].message_id for pk in anchors if pk in messages]
         return [messages[pk] for pk in final if pk in messages]
+
+    async def _with_context(
+        self,
+        fused: list[tuple[int, float]],
+        messages: dict[int, StoredMessage],
+        channel_of: dict[int, int],
+    ) -> list[tuple[int, float]]:
+        """Fuse in the neighbouring turns of the top picks (soft Expand)."""
+        cfg = self.cfg
+        position: dict[int, tuple[int, int, int]] = {}
+        at: dict[tuple[int, int, int], int] = {}
+        for pk, _ in fused[: cfg.context_anchors]:
+            msg = messages[pk]
+            position[pk] = (channel_of[pk], msg.session_id, msg.turn_index)
+            for m in await self.engine.store.messages.neighbours(msg, 1):
+                messages.setdefault(m.pk, m)
+                at[(channel_of[pk], m.session_id, m.turn_index)] = m.pk
+        ctx = context_ranking(fused, position, at, anchors=cfg.context_anchors)
+        if not ctx:
+            return fused
+        return rrf([[pk for pk, _ in fused], ctx], k0=cfg.rrf_k0, weights=[1.0, cfg.context_weight])
 
     # ---- the whole run ------------------------------------------------------------------
 
@@ -264,7 +316,13 @@ class RecallPipeline:
         trace = RecallTrace(projection={})
         with stage("access"):
             scopes = await self.allowed_scopes(req)
-            pks = await self.engine.channel_pks(scopes)
+            known: list[Scope] = []
+            pks: list[int] = []
+            for scope in scopes:
+                pk = await self.engine.store.channels.lookup(scope)
+                if pk is not None:
+                    known.append(scope)
+                    pks.append(pk)
             roster: list[RosterMember] = []
             for scope in scopes:
                 roster.extend(await self.engine.members(scope))
@@ -279,7 +337,11 @@ class RecallPipeline:
             None if window is None else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
         with stage("system1"):
-            s1 = await self.system1(question, projection, pks, window, trace) if pks else []
+            s1 = (
+                await self.system1(question, projection, known, pks, window, trace)
+                if pks
+                else []
+            )
         trace.s1_evidence = [m.message_id for m in s1]
         with stage("system2"):
             qvec = await self.engine.embed_query(projection.issue) if pks else None

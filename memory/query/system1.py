@@ -1,25 +1,42 @@
-"""System 1 path of /recall: recall a pool, Select, Expand, (ASK), top-k.
+"""System 1 path of /recall: the recall pool, its fusion, and session-aware re-ranking.
 
 Recall fuses several rankings of the verbatim track by reciprocal rank: BM25 on the
-issue, BM25 on the issue restricted to the people the question names (speaker-aware),
-BM25 inside a resolved time window, and dense similarity to the whole question.
-The fusion and selection rules are pure functions so they can be tested and tuned
-without a database.
+issue, on the whole question (names included), on adjacent word pairs as phrases, on
+the issue restricted to the people the question names, inside a resolved time window,
+and dense similarity. Conversations answer questions in sessions, so the fused pool is
+re-ranked with two session signals: how much of the pool's weight a session holds,
+and a BM25 score of the whole session for the question's terms (a session matching
+several terms in different messages beats one message matching one term).
+The fusion and re-ranking rules are pure functions, tested without a database.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from typing import TypeVar
 
-from memory.config import RecallConfig, SearchConfig
 from memory.engine import MemoryEngine
-from memory.models import StoredMessage
 from memory.query.projection import Projection
 from memory.query.timewords import TimeWindow
-from memory.search.fts_query import build_match
+from memory.search.fts_query import build_match, query_terms, quote
 from memory.search.fusion import rrf
+
+SessionKey = tuple[int, int]
+"""(channel pk, session id)"""
+
+RANKING_WEIGHTS: dict[str, float] = {
+    "issue": 1.0,
+    "question": 0.5,
+    "phrase": 1.0,
+    "speaker": 1.0,
+    "time": 1.0,
+    "dense": 1.0,
+}
+MAX_SESSION_TERMS = 12
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass
@@ -33,21 +50,92 @@ class Rankings:
             self.lists[name] = list(pks)
 
 
-RANKING_WEIGHTS: dict[str, float] = {
-    "issue": 1.0,
-    "question": 0.5,
-    "speaker": 1.0,
-    "time": 1.0,
-    "dense": 1.0,
-}
-
-
-def fuse(rankings: Rankings, *, k0: int, weights: dict[str, float]) -> list[tuple[int, float]]:
-    """Weighted RRF over whatever rankings were produced."""
+def fuse(
+    rankings: Rankings, *, k0: int, weights: dict[str, float], depth: int | None = None
+) -> list[tuple[int, float]]:
+    """Weighted RRF over whatever rankings were produced (each cut to `depth`)."""
     names = list(rankings.lists)
     return rrf(
-        [rankings.lists[n] for n in names], k0=k0, weights=[weights.get(n, 1.0) for n in names]
+        [rankings.lists[n][:depth] for n in names],
+        k0=k0,
+        weights=[weights.get(n, 1.0) for n in names],
     )
+
+
+def phrase_match(question: str) -> str:
+    """Adjacent content-word pairs as FTS5 phrases ("count faster" OR "faster ross")."""
+    terms = query_terms(question)
+    return " OR ".join(quote(f"{a} {b}") for a, b in zip(terms, terms[1:], strict=False))
+
+
+def session_bm25(
+    term_counts: dict[str, dict[SessionKey, int]], n_sessions: int, *, k1: float = 1.2
+) -> dict[SessionKey, float]:
+    """BM25 of whole sessions: term frequency = matching messages in the session."""
+    scores: dict[SessionKey, float] = defaultdict(float)
+    n = max(n_sessions, 1)
+    for counts in term_counts.values():
+        df = len(counts)
+        if not df:
+            continue
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        for key, tf in counts.items():
+            scores[key] += idf * tf * (k1 + 1) / (tf + k1)
+    return dict(scores)
+
+
+def rerank_by_sessions(
+    fused: Sequence[tuple[int, float]],
+    session_of: dict[int, K],
+    *,
+    bm25: dict[K, float],
+    k0: int,
+    aggregate_top: int,
+    aggregate_weight: float,
+    bm25_weight: float,
+) -> list[tuple[int, float]]:
+    """Fuse the pool's order with two session orders (pool weight held, session BM25)."""
+    base = [pk for pk, _ in fused]
+    lists: list[list[int]] = [base]
+    weights: list[float] = [1.0]
+    score = dict(fused)
+    if aggregate_weight > 0:
+        held: dict[K, float] = defaultdict(float)
+        for pk, sc in fused[:aggregate_top]:
+            held[session_of[pk]] += sc
+        lists.append(sorted(base, key=lambda pk: (-held.get(session_of[pk], 0.0), -score[pk])))
+        weights.append(aggregate_weight)
+    if bm25_weight > 0 and bm25:
+        lists.append(sorted(base, key=lambda pk: (-bm25.get(session_of[pk], 0.0), -score[pk])))
+        weights.append(bm25_weight)
+    if len(lists) == 1:
+        return list(fused)
+    return rrf(lists, k0=k0, weights=weights)
+
+
+def context_ranking(
+    fused: Sequence[tuple[int, float]],
+    position: dict[int, tuple[int, int, int]],
+    at: dict[tuple[int, int, int], int],
+    *,
+    anchors: int,
+) -> list[int]:
+    """The turn after, then the turn before, each of the top `anchors` picks.
+
+    position: pk -> (channel pk, session, turn); at: the reverse map. Answers often sit
+    in the reply to the message that matches the question.
+    """
+    out: list[int] = []
+    for pk, _ in fused[:anchors]:
+        where = position.get(pk)
+        if where is None:
+            continue
+        channel, session, turn = where
+        for delta in (1, -1):
+            n = at.get((channel, session, turn + delta))
+            if n is not None and n not in out:
+                out.append(n)
+    return out
 
 
 def expand_order(
@@ -61,27 +149,16 @@ def expand_order(
     then the rest of the selection; de-duplicated and cut to `top_k`."""
     out: list[int] = []
     seen: set[int] = set()
-
-    def push(pk: int) -> None:
+    for i, pk in enumerate(selected):
         if pk not in seen:
             seen.add(pk)
             out.append(pk)
-
-    for i, pk in enumerate(selected):
-        push(pk)
         if i < anchors:
             for n in neighbours.get(pk, []):
-                push(n)
+                if n not in seen:
+                    seen.add(n)
+                    out.append(n)
     return out[:top_k]
-
-
-@dataclass
-class S1Result:
-    evidence: list[StoredMessage]
-    pool: list[tuple[int, float]]
-    rankings: Rankings
-    anchors: list[int]
-    time_window: TimeWindow | None
 
 
 async def recall_rankings(
@@ -103,6 +180,9 @@ async def recall_rankings(
         rankings.add(
             "question", [pk for pk, _ in await store.lexical(question_match, channel_pks, pool)]
         )
+    phrases = phrase_match(question)
+    if phrases:
+        rankings.add("phrase", [pk for pk, _ in await store.lexical(phrases, channel_pks, pool)])
     people = [p for p in projection.speakers if p not in ("GROUP", "ALL")]
     if people and issue_match:
         rankings.add(
@@ -130,40 +210,13 @@ async def recall_rankings(
     return rankings
 
 
-async def system1(
-    engine: MemoryEngine,
-    question: str,
-    projection: Projection,
-    channel_pks: Sequence[int],
-    cfg: RecallConfig,
-    search_cfg: SearchConfig,
-    *,
-    window: TimeWindow | None = None,
-    weights: dict[str, float] | None = None,
-) -> S1Result:
-    """Recall n candidates, select (fused order), expand ≤ `expand_anchors`, cut to top-k."""
-    rankings = await recall_rankings(
-        engine, question, projection, channel_pks, pool=cfg.pool, window=window
+async def session_scores(
+    engine: MemoryEngine, question: str, channel_pks: Sequence[int]
+) -> dict[SessionKey, float]:
+    terms = query_terms(question)[:MAX_SESSION_TERMS]
+    if not terms:
+        return {}
+    counts = await engine.store.messages.session_term_counts(
+        [quote(t) for t in terms], channel_pks
     )
-    fused = fuse(rankings, k0=search_cfg.rrf_k0, weights=weights or RANKING_WEIGHTS)[: cfg.pool]
-    selected = [pk for pk, _ in fused]
-    anchors = selected[: cfg.expand_anchors]
-    messages = await engine.store.messages.get_many(selected)
-    neighbours: dict[int, list[int]] = {}
-    if cfg.expand_radius > 0:
-        for pk in anchors:
-            msg = messages.get(pk)
-            if msg is None:
-                continue
-            around = await engine.store.messages.neighbours(msg, cfg.expand_radius)
-            for m in around:
-                messages.setdefault(m.pk, m)
-            neighbours[pk] = [m.pk for m in around if m.pk != pk]
-    final = expand_order(selected, neighbours, anchors=cfg.expand_anchors, top_k=cfg.top_k)
-    return S1Result(
-        evidence=[messages[pk] for pk in final if pk in messages],
-        pool=fused,
-        rankings=rankings,
-        anchors=anchors,
-        time_window=window,
-    )
+    return session_bm25(counts, await engine.store.messages.session_total(channel_pks))

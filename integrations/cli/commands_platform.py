@@ -1,0 +1,200 @@
+"""Platform commands: `speakermem discord-sync` and the export half of `speakermem import`.
+
+discord.py and the export readers are imported inside the handlers, so registering
+these commands costs `speakermem --help` nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from integrations.cli.errors import CliError
+from integrations.cli.render import advance, err_console, progress_bar
+from memory.models import Scope
+
+if TYPE_CHECKING:
+    from bot.settings import Settings
+    from memory.engine import MemoryEngine
+    from memory.models import MessageEvent, RosterEvent
+
+_SHOWN_ERRORS = 5
+
+
+def register(sub: argparse._SubParsersAction, common: Callable) -> None:  # type: ignore[type-arg]
+    """Add the platform commands to the `speakermem` parser."""
+    p = sub.add_parser(
+        "discord-sync",
+        help="register the /recall slash command with Discord",
+        description="Log in with SPEAKERMEM_DISCORD_TOKEN and register the application "
+        "commands: globally, or in one guild with --guild (available at once there; handy "
+        "while testing). Run it after installing or upgrading, not on every start.",
+    )
+    common(p)
+    p.add_argument("--guild", default=None, metavar="ID", help="register in this guild only")
+    p.set_defaults(handler="integrations.cli.commands_platform:cmd_discord_sync")
+
+
+async def cmd_discord_sync(settings: Settings, args: argparse.Namespace) -> int:
+    import discord
+
+    from integrations.discord.adapter import sync_commands
+
+    guild = args.guild
+    if guild is not None and not str(guild).isdigit():
+        raise CliError(f"--guild must be a numeric guild id, not {guild!r}")
+    try:
+        names = await sync_commands(settings, guild)
+    except discord.LoginFailure as exc:
+        raise CliError("Discord rejected the token (SPEAKERMEM_DISCORD_TOKEN)") from exc
+    except discord.HTTPException as exc:
+        raise CliError(f"Discord refused the command sync: {exc}") from exc
+    except OSError as exc:  # aiohttp.ClientConnectorError is one
+        raise CliError(f"cannot reach Discord at {settings.discord_api_url}: {exc}") from exc
+    where = f"guild {guild}" if guild else "all guilds (may take a while to appear)"
+    err_console.print(f"registered {', '.join('/' + n for n in names) or 'no commands'} in {where}")
+    return 0
+
+
+# --- platform exports -----------------------------------------------------------------------
+
+
+def _split(
+    events: Iterator[Any], roster: list[RosterEvent], skipped: dict[str, int]
+) -> Iterator[MessageEvent]:
+    """Messages stream on to ingestion; roster events are kept (in order) for afterwards.
+
+    Bot messages are dropped, as the live dispatcher drops them.
+    """
+    from memory.models import MessageEvent, RosterEvent
+
+    for event in events:
+        if isinstance(event, MessageEvent):
+            if event.speaker_is_bot:
+                skipped["bot"] += 1
+                continue
+            yield event
+        elif isinstance(event, RosterEvent):
+            roster.append(event)
+
+
+async def _ingest(
+    engine: MemoryEngine,
+    events: Iterator[Any],
+    total: int,
+    label: str,
+    roster: list[RosterEvent],
+    skipped: dict[str, int],
+) -> tuple[int, int]:
+    from memory.store import IngestStatus
+
+    with progress_bar(label, total) as bar:
+        outcomes = await engine.ingest_many(
+            _split(events, roster, skipped), on_progress=lambda n: advance(bar, n)
+        )
+    stored = sum(o.status is IngestStatus.STORED for o in outcomes)
+    return stored, len(outcomes) - stored
+
+
+async def _apply_roster(engine: MemoryEngine, roster: list[RosterEvent]) -> None:
+    if not roster:
+        return
+    with progress_bar("roster", len(roster)) as bar:
+        for event in roster:
+            await engine.roster(event)
+            advance(bar, 1)
+
+
+def _report_errors(errors: list[str]) -> None:
+    if not errors:
+        return
+    err_console.print(f"skipped {len(errors)} malformed record(s):", markup=False)
+    for line in errors[:_SHOWN_ERRORS]:
+        err_console.print(f"  {line}", markup=False, highlight=False)
+    if len(errors) > _SHOWN_ERRORS:
+        err_console.print(f"  … and {len(errors) - _SHOWN_ERRORS} more (see the log)")
+
+
+@dataclass
+class _Plan:
+    """What an export holds: channel metadata, event streams, and where skips are listed."""
+
+    metas: list[tuple[Scope, str | None, bool | None]] = field(default_factory=list)
+    sources: list[tuple[str, Iterator[Any], int]] = field(default_factory=list)
+    error_lists: list[list[str]] = field(default_factory=list)
+
+
+def _open_export(kind: str, path: Path, workspace: str | None) -> _Plan:
+    """Open (and index) the export; reading is synchronous, like the readers themselves."""
+    plan = _Plan()
+    if kind == "slack-export":
+        from integrations.slack.export import read_slack_export
+
+        export = read_slack_export(path, workspace=workspace or "export")
+        for ch in export.channels:
+            scope = Scope(platform="slack", workspace=export.team_id, channel=ch.id)
+            plan.metas.append((scope, ch.name, ch.is_private))
+        plan.sources.append((f"importing {path.name}", export.events(), len(export)))
+        plan.error_lists.append(export.errors)
+        return plan
+    if kind == "discord-export":
+        from integrations.discord.export import read_discord_export, read_discord_export_dir
+
+        exports = read_discord_export_dir(path) if path.is_dir() else [read_discord_export(path)]
+        if not exports:
+            raise CliError(f"{path}: no *.json DiscordChatExporter files in this folder")
+        for e in exports:
+            if not len(e):
+                continue
+            if e.channel.thread_id is None:  # a thread file's name is the thread's
+                scope = Scope(platform="discord", workspace=e.guild_id, channel=e.channel.channel)
+                plan.metas.append((scope, e.channel.name, None))
+            plan.sources.append((f"importing {e.path.name}", e.events(), len(e)))
+            plan.error_lists.append(e.errors)
+        return plan
+    raise CliError(f"unknown export kind {kind!r}")
+
+
+async def import_platform_export(
+    settings: Settings, kind: str, path: Path, args: argparse.Namespace, *, embed: bool
+) -> int:
+    """`speakermem import slack-export ZIP` / `discord-export FILE-or-FOLDER`.
+
+    Idempotent: messages already stored are counted as duplicates. Channel names and
+    (for Slack) privacy and rosters come from the export; Discord exports carry no
+    membership, so channel rosters fill in when the bot connects to the guild.
+    """
+    from integrations.app import open_engine
+    from integrations.cli.commands_store import embed_all
+
+    plan = _open_export(kind, path, getattr(args, "workspace", None))
+    roster: list[RosterEvent] = []
+    skipped = {"bot": 0}
+    stored = duplicates = 0
+    async with open_engine(settings, with_embedder=embed) as engine:
+        for scope, name, private in plan.metas:
+            await engine.store.channels.set_meta(scope, name=name, is_private=private)
+        for label, events, total in plan.sources:
+            s, d = await _ingest(engine, events, total, label, roster, skipped)
+            stored += s
+            duplicates += d
+        await _apply_roster(engine, roster)
+        embedded = await embed_all(engine) if embed else 0
+    channels = len({scope for scope, _, _ in plan.metas}) or len(plan.sources)
+    err_console.print(
+        f"imported {stored} messages ({duplicates} already present, {skipped['bot']} bot "
+        f"messages skipped) into {channels} channel(s); {len(roster)} roster events; "
+        f"embedded {embedded}",
+        markup=False,
+    )
+    _report_errors([e for errs in plan.error_lists for e in errs])
+    if kind == "discord-export":
+        err_console.print(
+            "note: Discord exports carry no channel membership; rosters (who may recall what) "
+            "fill in when the bot connects to the guild",
+            markup=False,
+        )
+    return 0

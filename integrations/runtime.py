@@ -1,0 +1,103 @@
+"""`speakermem run`: wire the store, embedder, LLM, Writer, scheduler and adapters; drain on stop.
+
+Start order: store -> embedder -> pipeline/dispatcher -> scheduler (resumes pending
+segments) -> adapters. Stop order is the reverse, and SIGTERM/SIGINT trigger it: adapters
+stop taking events, in-flight Writer flushes finish, then the database closes cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Protocol
+
+from bot.dispatch import Dispatcher
+from bot.scheduler import WriterScheduler
+from bot.settings import Settings
+from integrations.app import build_llm, open_engine
+from memory.query.pipeline import RecallPipeline
+from memory.writer.runner import Writer
+
+log = logging.getLogger(__name__)
+
+
+class Adapter(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class NothingToRun(RuntimeError):
+    """No platform is configured."""
+
+
+def configured_platforms(settings: Settings) -> list[str]:
+    platforms = []
+    if settings.slack_bot_token is not None and settings.slack_bot_token.get_secret_value():
+        platforms.append("slack")
+    if settings.discord_token is not None and settings.discord_token.get_secret_value():
+        platforms.append("discord")
+    return platforms
+
+
+def build_adapters(settings: Settings, dispatcher: Dispatcher, engine: object) -> list[Adapter]:
+    adapters: list[Adapter] = []
+    for platform in configured_platforms(settings):
+        if platform == "slack":
+            from integrations.slack.adapter import SlackAdapter  # noqa: PLC0415
+
+            adapters.append(SlackAdapter(settings, dispatcher, engine))  # type: ignore[arg-type]
+        else:
+            from integrations.discord.adapter import DiscordAdapter  # noqa: PLC0415
+
+            adapters.append(DiscordAdapter(settings, dispatcher, engine))  # type: ignore[arg-type]
+    return adapters
+
+
+async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
+    """Run until SIGTERM/SIGINT (or `stop` is set); returns an exit code."""
+    platforms = configured_platforms(settings)
+    if not platforms:
+        raise NothingToRun(
+            "no platform configured: set SPEAKERMEM_SLACK_BOT_TOKEN (+ SIGNING_SECRET or "
+            "APP_TOKEN) and/or SPEAKERMEM_DISCORD_TOKEN"
+        )
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    llm = build_llm(settings)
+    async with open_engine(settings) as engine:
+        writer = Writer(engine, llm) if llm is not None else None
+        scheduler = WriterScheduler(
+            engine, writer, idle_seconds=settings.session_gap_minutes * 60.0
+        )
+        pipeline = RecallPipeline(engine, llm=llm)
+        dispatcher = Dispatcher(engine, pipeline, on_message_stored=scheduler.kick)
+        engine.start_background_embedding()
+        scheduler.start()
+        adapters = build_adapters(settings, dispatcher, engine)
+        started: list[Adapter] = []
+        try:
+            for adapter in adapters:
+                await adapter.start()
+                started.append(adapter)
+            log.info(
+                "speakermem running: %s; writer %s; store %s",
+                ", ".join(platforms), "on" if writer else "off (no LLM)", settings.db_path,
+            )
+            await stop.wait()
+            log.info("stopping: draining in-flight work")
+        finally:
+            for adapter in reversed(started):
+                try:
+                    await adapter.stop()
+                except Exception:
+                    log.exception("adapter stop failed")
+            await scheduler.shutdown()
+            await engine.stop_background_embedding()
+    log.info("stopped cleanly")
+    return 0

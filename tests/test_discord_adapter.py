@@ -1,0 +1,620 @@
+"""The Discord adapter with the real discord.py client against the local gateway stand-in.
+
+A real store, the real /recall pipeline (no LLM) and the real Dispatcher; only Discord
+itself is replaced (tests/standins/discord_gateway.py). `render_embed` is unit-tested
+at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import discord
+import discord.gateway
+import discord.http
+import pytest
+
+from bot.dispatch import Dispatcher
+from bot.settings import Settings
+from integrations.discord.adapter import (
+    DiscordAdapter,
+    DiscordStartError,
+    GuildState,
+    build_intents,
+)
+from integrations.discord.render import (
+    DESCRIPTION_LIMIT,
+    FIELD_LIMIT,
+    FIELD_VALUE_LIMIT,
+    TOTAL_LIMIT,
+    render_embed,
+)
+from memory.config import RecallConfig
+from memory.engine import MemoryEngine
+from memory.models import MessageEvent, Scope
+from memory.query.answer import Citation, RecallAnswer
+from memory.query.pipeline import RecallPipeline
+from tests.conftest import make_config
+from tests.fakes import HashEmbedder
+from tests.standins.discord_gateway import (
+    BOT_ID,
+    EVERYONE,
+    GENERAL,
+    GUILD_ID,
+    OWNER_ID,
+    ROLE_MEMBERS,
+    SECRET,
+    THREAD,
+    VIEW,
+    DiscordStandIn,
+    default_guild,
+    member,
+    user,
+)
+
+ALICE = "700000000000000302"  # no roles: cannot read #secret
+BOB = "700000000000000303"  # role "members": can read #secret
+CARL = "700000000000000304"
+
+
+def scope(channel: str) -> Scope:
+    return Scope(platform="discord", workspace=GUILD_ID, channel=channel)
+
+
+@dataclass
+class Bot:
+    standin: DiscordStandIn
+    engine: MemoryEngine
+    dispatcher: Dispatcher
+    adapter: DiscordAdapter
+
+    async def send(self, event: str, data: Any) -> None:
+        """Dispatch one gateway event and wait until the adapter has handled it."""
+        before = self.adapter.processed
+        await self.standin.dispatch(event, data)
+        await self.adapter.wait_processed(before + 1)
+
+    async def roster(self, channel: str) -> set[str]:
+        return {m.user_id for m in await self.engine.members(scope(channel))}
+
+    async def stored(self, channel: str, message_id: str) -> Any:
+        return await self.engine.store.messages.get(scope(channel), message_id)
+
+    async def recall(
+        self, question: str, *, member_index: int = 1, channel_id: str = GENERAL
+    ) -> dict[str, Any]:
+        """Run /recall through the gateway; return the follow-up's first embed."""
+        before = len(self.standin.followups)
+        payload = self.standin.interaction(
+            "recall",
+            [{"name": "question", "type": 3, "value": question}],
+            member_index=member_index,
+            channel_id=channel_id,
+        )
+        await self.standin.dispatch("INTERACTION_CREATE", payload)
+        await until(lambda: len(self.standin.followups) > before)
+        return self.standin.followups[-1]["embeds"][0]
+
+
+async def until(predicate: Callable[[], object], within: float = 5.0) -> None:
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110 - the stand-in records; nothing to wait on
+            await asyncio.sleep(0.01)
+
+
+def settings_for(standin: DiscordStandIn, tmp_path: Path, **extra: Any) -> Settings:
+    return Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        db_path=tmp_path / "unused.db",
+        embedder="none",
+        discord_token="standin-token",
+        discord_api_url=standin.api_base,
+        discord_gateway_url=standin.gateway_url,
+        **extra,
+    )
+
+
+class ShardedStandIn(DiscordStandIn):
+    """READY for a sharded identify carries ``shard: [id, count]``."""
+
+    async def _send_ready(self, ws: Any) -> None:
+        send = ws.send_str
+
+        async def with_shard(text: str) -> None:
+            if '"t": "READY"' in text:
+                payload = json.loads(text)
+                payload["d"]["shard"] = (self.identify or {}).get("shard", [0, 1])
+                text = json.dumps(payload)
+            await send(text)
+
+        ws.send_str = with_shard
+        try:
+            await super()._send_ready(ws)
+        finally:
+            ws.send_str = send
+
+
+async def start_bot(
+    tmp_path: Path,
+    guild: dict[str, Any] | None = None,
+    standin_cls: type[DiscordStandIn] = DiscordStandIn,
+    **extra: Any,
+) -> tuple[Bot, Callable[[], Any]]:
+    standin = await standin_cls(guild).start()
+    engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
+    dispatcher = Dispatcher(engine, RecallPipeline(engine))
+    adapter = DiscordAdapter(
+        settings_for(standin, tmp_path, **extra),
+        dispatcher,
+        engine,
+        guild_ready_timeout=0.05,
+        ready_timeout=5.0,
+    )
+    await adapter.start()
+    await adapter.wait_processed(1)  # the GUILD_CREATE sent after READY
+
+    async def close() -> None:
+        await adapter.stop()
+        await standin.close()
+        await engine.close()
+
+    return Bot(standin, engine, dispatcher, adapter), close
+
+
+@pytest.fixture
+async def bot(tmp_path: Path) -> AsyncIterator[Bot]:
+    b, close = await start_bot(tmp_path)
+    try:
+        yield b
+    finally:
+        await close()
+
+
+def message(standin: DiscordStandIn, text: str, **kw: Any) -> dict[str, Any]:
+    return standin.message_create(text, **kw)
+
+
+def member_event(uid: str, name: str, roles: list[str], **kw: Any) -> dict[str, Any]:
+    return {**member(user(uid, name), roles=roles, **kw), "guild_id": GUILD_ID}
+
+
+# --- connection, roster -------------------------------------------------------------------------
+
+
+async def test_connects_with_the_intents_and_redirects_only_while_running(bot: Bot, tmp_path):
+    assert bot.standin.identify is not None
+    assert bot.standin.identify["intents"] == build_intents().value
+    assert build_intents().members and build_intents().message_content
+    assert bot.standin.api_base == discord.http.Route.BASE
+    # no command sync on start: that is `speakermem discord-sync`
+    assert not any(path.endswith("/commands") for _, path, _ in bot.standin.requests)
+    await bot.adapter.stop()
+    await bot.adapter.wait_closed()  # returns at once after stop()
+    assert discord.http.Route.BASE == "https://discord.com/api/v10"
+    assert str(discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY) == "wss://gateway.discord.gg/"
+
+
+async def test_start_fails_cleanly_when_discord_is_unreachable(tmp_path: Path):
+    engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
+    try:
+        settings = Settings(
+            _env_file=None,  # type: ignore[call-arg]
+            discord_token="t",
+            discord_api_url="http://127.0.0.1:9/api/v10",
+            discord_gateway_url="ws://127.0.0.1:9/gateway",
+        )
+        adapter = DiscordAdapter(
+            settings, Dispatcher(engine, RecallPipeline(engine)), engine, ready_timeout=5.0
+        )
+        with pytest.raises(DiscordStartError, match="connection failed"):
+            await adapter.start()
+        assert discord.http.Route.BASE == "https://discord.com/api/v10"  # restored
+        no_token = settings.model_copy(update={"discord_token": None})
+        with pytest.raises(ValueError, match="SPEAKERMEM_DISCORD_TOKEN"):
+            await DiscordAdapter(no_token, adapter.dispatcher, engine).start()
+    finally:
+        await engine.close()
+
+
+async def test_guild_create_rosters_follow_channel_permissions(bot: Bot):
+    assert await bot.roster(GENERAL) == {OWNER_ID, ALICE, BOB, BOT_ID}
+    # #secret: @everyone denied, role "members" allowed, the owner sees everything
+    assert await bot.roster(SECRET) == {OWNER_ID, BOB, BOT_ID}
+    assert await bot.roster("700000000000000010") == set()  # the category is no channel
+    channels = {str(c["scope"]): c for c in await bot.engine.store.channels.all()}
+    assert channels[str(scope(GENERAL))]["name"] == "general"
+    assert channels[str(scope(GENERAL))]["is_private"] is False
+    assert channels[str(scope(SECRET))]["is_private"] is True
+    names = {m.user_id: m.display_name for m in await bot.engine.members(scope(GENERAL))}
+    assert names[ALICE] == "Ally"  # nick > global name > username
+
+
+async def test_member_add_update_remove_keep_rosters_live(bot: Bot):
+    await bot.send("GUILD_MEMBER_ADD", member_event(CARL, "carl", []))
+    assert CARL in await bot.roster(GENERAL)
+    assert CARL not in await bot.roster(SECRET)
+
+    # a role that grants #secret → joins it; losing it → leaves it; a nick is a rename
+    await bot.send("GUILD_MEMBER_UPDATE", member_event(CARL, "carl", [ROLE_MEMBERS]))
+    assert CARL in await bot.roster(SECRET)
+    await bot.send("GUILD_MEMBER_UPDATE", member_event(CARL, "carl", [], nick="Carlos"))
+    assert CARL not in await bot.roster(SECRET)
+    assert CARL in await bot.roster(GENERAL)
+    assert await bot.engine.store.channels.find_user("discord", GUILD_ID, "Carlos") == [CARL]
+
+    await bot.send("GUILD_MEMBER_REMOVE", {"guild_id": GUILD_ID, "user": user(CARL, "carl")})
+    assert CARL not in await bot.roster(GENERAL)
+    left = await bot.engine.members(scope(GENERAL), include_left=True)
+    assert any(m.user_id == CARL and m.left_at is not None for m in left)
+
+
+async def test_channel_overwrite_changes_recompute_the_roster(bot: Bot):
+    general = next(c for c in bot.standin.guild["channels"] if c["id"] == GENERAL)
+    locked = {
+        **general,
+        "permission_overwrites": [
+            {"id": EVERYONE, "type": 0, "allow": "0", "deny": str(VIEW)},
+            {"id": ROLE_MEMBERS, "type": 0, "allow": str(VIEW), "deny": "0"},
+        ],
+    }
+    await bot.send("CHANNEL_UPDATE", locked)
+    assert await bot.roster(GENERAL) == {OWNER_ID, BOB, BOT_ID}
+    assert await bot.engine.store.channels.is_private(scope(GENERAL))
+    await bot.send("CHANNEL_UPDATE", general)
+    assert ALICE in await bot.roster(GENERAL)
+    assert not await bot.engine.store.channels.is_private(scope(GENERAL))
+
+    # a role's permissions change: @everyone loses VIEW_CHANNEL everywhere
+    await bot.send(
+        "GUILD_ROLE_UPDATE", {"guild_id": GUILD_ID, "role": {"id": EVERYONE, "permissions": "0"}}
+    )
+    assert await bot.roster(GENERAL) == {OWNER_ID}
+    assert await bot.roster(SECRET) == {OWNER_ID, BOB, BOT_ID}
+    everyone = {"id": EVERYONE, "permissions": str(VIEW)}
+    await bot.send("GUILD_ROLE_UPDATE", {"guild_id": GUILD_ID, "role": everyone})
+    assert await bot.roster(GENERAL) == {OWNER_ID, ALICE, BOB, BOT_ID}
+
+    new = {**general, "id": "700000000000000014", "name": "random", "position": 3}
+    await bot.send("CHANNEL_CREATE", new)
+    assert await bot.roster("700000000000000014") == {OWNER_ID, ALICE, BOB, BOT_ID}
+    await bot.send("CHANNEL_DELETE", new)
+    assert await bot.roster("700000000000000014") == set()
+
+
+async def test_reconnect_reconciles_members_who_left_while_offline(tmp_path: Path):
+    b, close = await start_bot(tmp_path)
+    await close()
+    guild = default_guild()
+    guild["members"] = [m for m in guild["members"] if m["user"]["id"] != BOB]
+    guild["member_count"] = len(guild["members"])
+    b, close = await start_bot(tmp_path, guild)
+    try:
+        assert await b.roster(SECRET) == {OWNER_ID, BOT_ID}
+        assert BOB not in await b.roster(GENERAL)
+    finally:
+        await close()
+
+
+# --- messages -----------------------------------------------------------------------------------
+
+
+async def test_create_update_delete_change_the_store(bot: Bot):
+    m = message(bot.standin, "we booked the cabin near the glacier")
+    await bot.send("MESSAGE_CREATE", m)
+    stored = await bot.stored(GENERAL, m["id"])
+    assert stored is not None and stored.speaker_name == "Ally" and stored.thread_id is None
+
+    edit = {**m, "content": "we booked the lodge by the lake", "edited_timestamp": m["timestamp"]}
+    await bot.send("MESSAGE_UPDATE", edit)
+    hits = await bot.engine.search("lodge lake", [scope(GENERAL)], mode="lexical")
+    assert [h.message.message_id for h in hits] == [m["id"]]
+    assert not await bot.engine.search("glacier", [scope(GENERAL)], mode="lexical")
+
+    await bot.send("MESSAGE_DELETE", {"id": m["id"], "channel_id": GENERAL, "guild_id": GUILD_ID})
+    assert (await bot.stored(GENERAL, m["id"])).deleted
+    assert not await bot.engine.search("lodge", [scope(GENERAL)], mode="lexical")
+
+
+async def test_edit_and_delete_of_messages_discord_py_never_saw(bot: Bot):
+    # stored before this process (an import, an earlier run): not in any client cache
+    old = MessageEvent(
+        scope=scope(GENERAL),
+        message_id="600000000000000001",
+        speaker_id=BOB,
+        speaker_name="bob",
+        text="the ferry leaves at noon",
+        ts=datetime(2024, 1, 2, tzinfo=UTC),
+    )
+    await bot.engine.ingest(old)
+    partial = {
+        "id": old.message_id,
+        "channel_id": GENERAL,
+        "guild_id": GUILD_ID,
+        "content": "the ferry leaves at nine",
+        "edited_timestamp": "2024-01-02T10:00:00+00:00",
+    }
+    await bot.send("MESSAGE_UPDATE", partial)
+    assert (await bot.stored(GENERAL, old.message_id)).text == "the ferry leaves at nine"
+    # an embed unfurl (no edited_timestamp) is not an edit
+    await bot.send("MESSAGE_UPDATE", {**partial, "content": "x", "edited_timestamp": None})
+    assert (await bot.stored(GENERAL, old.message_id)).text == "the ferry leaves at nine"
+    await bot.send(
+        "MESSAGE_DELETE_BULK",
+        {"ids": [old.message_id], "channel_id": GENERAL, "guild_id": GUILD_ID},
+    )
+    assert (await bot.stored(GENERAL, old.message_id)).deleted
+
+
+async def test_thread_messages_map_to_the_parent_channel(bot: Bot):
+    m = message(bot.standin, "thread: we leave friday", channel_id=THREAD)
+    await bot.send("MESSAGE_CREATE", m)
+    stored = await bot.stored(GENERAL, m["id"])
+    assert stored is not None and stored.thread_id == THREAD
+    assert await bot.stored(THREAD, m["id"]) is None
+    # a thread created later, and a private thread (whose readers are not modelled)
+    new_thread = {**bot.standin.guild["threads"][0], "id": "700000000000000020"}
+    private = {**new_thread, "id": "700000000000000021", "type": 12}
+    await bot.send("THREAD_CREATE", new_thread)
+    await bot.send("THREAD_CREATE", private)
+    m2 = message(bot.standin, "later thread", channel_id="700000000000000020")
+    m3 = message(bot.standin, "private thread words", channel_id="700000000000000021")
+    await bot.send("MESSAGE_CREATE", m2)
+    await bot.send("MESSAGE_CREATE", m3)
+    assert (await bot.stored(GENERAL, m2["id"])).thread_id == "700000000000000020"
+    assert await bot.stored(GENERAL, m3["id"]) is None
+    assert bot.adapter.stats["private_thread_skipped"] == 1
+
+
+async def test_bot_messages_are_not_stored(bot: Bot):
+    own = message(bot.standin, "I am the bot", author=bot.standin.bot_user)
+    other = message(bot.standin, "another bot", author=user("700000000000000999", "b", bot=True))
+    hook = message(bot.standin, "webhook post", webhook_id="700000000000000998")
+    for m in (own, other, hook):
+        await bot.send("MESSAGE_CREATE", m)
+        assert await bot.stored(GENERAL, m["id"]) is None
+    assert bot.adapter.stats["bot_message_skipped"] == 3
+
+
+async def test_malformed_payloads_are_skipped_and_the_client_keeps_going(bot: Bot):
+    good = message(bot.standin, "still listening")
+    no_author = {k: v for k, v in message(bot.standin, "x").items() if k != "author"}
+    bad_types = [
+        no_author,
+        {**message(bot.standin, "x"), "content": 12345},
+        {**message(bot.standin, "x"), "id": ["not", "an", "id"]},
+        {**message(bot.standin, "x"), "timestamp": "yesterday"},
+        {**message(bot.standin, "x"), "mentions": "everyone"},
+        message(bot.standin, "y" * 50_000),  # longer than any platform allows
+    ]
+    for payload in bad_types:
+        await bot.send("MESSAGE_CREATE", payload)
+    await bot.send(
+        "MESSAGE_UPDATE",
+        {
+            "id": "1",
+            "channel_id": GENERAL,
+            "content": ["x"],
+            "guild_id": GUILD_ID,
+            "edited_timestamp": "now",
+        },
+    )
+    await bot.send("MESSAGE_DELETE", {"channel_id": GENERAL, "guild_id": GUILD_ID})
+    await bot.send("GUILD_MEMBER_ADD", {"guild_id": GUILD_ID, "user": "carl"})
+    await bot.send(
+        "GUILD_MEMBER_UPDATE", {"guild_id": GUILD_ID, "user": {"id": CARL}, "roles": "admin"}
+    )
+    await bot.send(
+        "CHANNEL_UPDATE",
+        {
+            "id": GENERAL,
+            "guild_id": GUILD_ID,
+            "type": 0,
+            "permission_overwrites": [{"id": "1", "type": 7}],
+        },
+    )
+    await bot.send("MESSAGE_CREATE", [1, 2, 3])
+    assert bot.adapter.stats["malformed"] >= 11
+    assert bot.adapter.client is not None and not bot.adapter.client.is_closed()
+    await bot.send("MESSAGE_CREATE", good)
+    assert (await bot.stored(GENERAL, good["id"])).text == "still listening"
+    assert await bot.roster(GENERAL) == {OWNER_ID, ALICE, BOB, BOT_ID}  # unchanged
+
+
+# --- /recall ------------------------------------------------------------------------------------
+
+
+async def post(bot: Bot, text: str, *, author_index: int = 1, channel_id: str = GENERAL) -> str:
+    m = bot.standin.guild["members"][author_index]
+    member_fields = {k: v for k, v in m.items() if k != "user"}
+    payload = message(
+        bot.standin, text, author=m["user"], channel_id=channel_id, member=member_fields
+    )
+    await bot.send("MESSAGE_CREATE", payload)
+    return str(payload["id"])
+
+
+def linked_ids(embed: dict[str, Any]) -> set[tuple[str, str]]:
+    """(channel, message) of every jump link in the embed."""
+    text = embed.get("description", "") + "".join(f["value"] for f in embed.get("fields", []))
+    return set(re.findall(rf"https://discord\.com/channels/{GUILD_ID}/(\d+)/(\d+)", text))
+
+
+async def test_recall_defers_then_follows_up_with_jump_links(bot: Bot):
+    budget = await post(bot, "the cabin budget is 300 euros per person")
+    mountains = await post(bot, "I prefer the mountains anyway", author_index=2)
+    assert (await bot.stored(GENERAL, mountains)).speaker_name == "bob"
+    thread_msg = await post(bot, "cabin budget confirmed by the host", channel_id=THREAD)
+
+    embed = await bot.recall("what is the cabin budget?")
+    assert bot.adapter.stats["interaction_rebuilt"] == 0  # the raw payload was used
+    assert bot.standin.interaction_callbacks[0]["type"] == 5  # deferred first
+    assert not (bot.standin.interaction_callbacks[0].get("data") or {}).get("flags")
+    assert embed["title"] == "what is the cabin budget?"
+    assert (GENERAL, budget) in linked_ids(embed)
+    assert (THREAD, thread_msg) in linked_ids(embed)  # thread messages jump into the thread
+    assert re.search(
+        rf"\[\[\d+\]\]\(https://discord\.com/channels/{GUILD_ID}/", embed["description"]
+    )
+    assert embed["fields"][0]["name"] == "Sources"
+    assert "Ally" in embed["fields"][0]["value"] and "#general" in embed["fields"][0]["value"]
+
+
+@pytest.mark.parametrize("recall_scope", ["channel", "workspace"])
+async def test_recall_never_cites_a_channel_the_asker_cannot_read(bot: Bot, recall_scope: str):
+    bot.dispatcher.pipeline = RecallPipeline(bot.engine, config=RecallConfig(scope=recall_scope))
+    secret = await post(
+        bot, "the surprise party budget is 900 euros", author_index=2, channel_id=SECRET
+    )
+    await post(bot, "what budget? no idea about any party", author_index=2)
+
+    embed = await bot.recall("what is the surprise party budget?", member_index=1)
+    assert all(channel != SECRET for channel, _ in linked_ids(embed))
+    assert "900" not in str(embed)
+
+    # bob can read #secret, and asking there finds it…
+    embed = await bot.recall(
+        "what is the surprise party budget?", member_index=2, channel_id=SECRET
+    )
+    assert (SECRET, secret) in linked_ids(embed)
+    # …but a private channel's memory never answers in another channel
+    embed = await bot.recall("what is the surprise party budget?", member_index=2)
+    assert all(channel != SECRET for channel, _ in linked_ids(embed))
+
+
+class _Forgetful(dict):  # type: ignore[type-arg]
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+async def test_recall_without_the_raw_payload_rebuilds_it_from_the_interaction(bot: Bot):
+    bot.adapter._interactions = _Forgetful()  # type: ignore[assignment]
+    secret = await post(bot, "the vault code is 4321", author_index=2, channel_id=SECRET)
+    embed = await bot.recall("what is the vault code?", member_index=2, channel_id=SECRET)
+    assert bot.adapter.stats["interaction_rebuilt"] == 1
+    assert (SECRET, secret) in linked_ids(embed)  # bob's role came through
+    embed = await bot.recall("what is the vault code?", member_index=1, channel_id=SECRET)
+    assert not linked_ids(embed) and bot.standin.interaction_callbacks[-1]["data"]["flags"] & 64
+
+
+async def test_recall_where_the_asker_cannot_read_is_refused_privately(bot: Bot):
+    await post(bot, "the secret code is swordfish", author_index=2, channel_id=SECRET)
+    embed = await bot.recall("what is the secret code?", member_index=1, channel_id=SECRET)
+    assert bot.standin.interaction_callbacks[-1]["data"]["flags"] & 64  # ephemeral
+    assert "swordfish" not in str(embed) and not linked_ids(embed)
+    assert "cannot read" in embed["description"]
+
+
+async def test_recall_ephemeral_setting(tmp_path: Path):
+    b, close = await start_bot(tmp_path, recall_ephemeral=True)
+    try:
+        await b.recall("anything?")
+        assert b.standin.interaction_callbacks[-1]["data"]["flags"] & 64
+        assert b.standin.followups[-1]["flags"] & 64
+    finally:
+        await close()
+
+
+async def test_sharded_client(tmp_path: Path):
+    b, close = await start_bot(tmp_path, standin_cls=ShardedStandIn, discord_shard_count=1)
+    try:
+        assert isinstance(b.adapter.client, discord.AutoShardedClient)
+        assert b.standin.identify is not None and b.standin.identify["shard"] == [0, 1]
+        assert await b.roster(SECRET) == {OWNER_ID, BOB, BOT_ID}
+        mid = await post(b, "sharded hello")
+        assert await b.stored(GENERAL, mid) is not None
+    finally:
+        await close()
+
+
+# --- pure parts ---------------------------------------------------------------------------------
+
+
+def test_guild_state_permissions():
+    state = GuildState.from_guild_create(default_guild())
+    assert set(state.text_channels()) == {GENERAL, SECRET}
+    assert state.readable(ALICE) == (GENERAL,)
+    assert set(state.readable(BOB)) == {GENERAL, SECRET}
+    assert set(state.readable(ALICE, roles=[ROLE_MEMBERS])) == {GENERAL, SECRET}
+    assert state.parents() == {THREAD: GENERAL}
+    assert state.is_private(SECRET) and not state.is_private(GENERAL)
+    assert state.complete
+
+
+def _citation(n: int, channel: str = GENERAL, speaker: str = "Ally") -> Citation:
+    return Citation(
+        n=n,
+        scope=scope(channel),
+        message_id=str(800000000000000000 + n),
+        speaker=speaker,
+        time=datetime(2024, 3, 1, 9, 30, tzinfo=UTC),
+    )
+
+
+def _size(embed: dict[str, Any]) -> int:
+    fields = embed.get("fields", [])
+    return (
+        len(embed.get("title", ""))
+        + len(embed.get("description", ""))
+        + sum(len(f["name"]) + len(f["value"]) for f in fields)
+        + len(embed.get("footer", {}).get("text", ""))
+    )
+
+
+def test_render_links_markers_and_lists_sources():
+    answer = RecallAnswer(
+        text="Here is what I found:\n• Ally: “budget 300” [1][2]\n• [9] is unknown",
+        citations=[_citation(1), _citation(2, speaker="b*o*b")],
+    )
+    embed = render_embed(
+        answer, {2: "https://example.invalid/2"}, channel_names={GENERAL: "general"}
+    )
+    url1 = f"https://discord.com/channels/{GUILD_ID}/{GENERAL}/800000000000000001"
+    assert f"[[1]]({url1})[[2]](https://example.invalid/2)" in embed["description"]
+    assert "\\[9\\]" in embed["description"]
+    value = embed["fields"][0]["value"]
+    assert value.splitlines()[0].startswith(f"[[1]]({url1}) Ally · #general · 2024-03-01 09:30")
+    assert "b\\*o\\*b" in value
+    assert discord.Embed.from_dict(embed).description == embed["description"]
+
+
+def test_render_escapes_links_people_wrote():
+    answer = RecallAnswer(text="“[free nitro](https://evil.invalid)” [1]", citations=[_citation(1)])
+    embed = render_embed(answer)
+    assert "](https://evil.invalid)" not in embed["description"].replace("\\]", "")
+    assert "\\[free nitro\\](https://evil.invalid)" in embed["description"]
+
+
+def test_render_respects_discord_limits():
+    citations = [_citation(n, speaker="x" * 200) for n in range(1, 200)]
+    text = " ".join(f"word{i} [{(i % 199) + 1}]" for i in range(3000))
+    embed = render_embed(RecallAnswer(text=text, citations=citations), question="q" * 1000)
+    assert len(embed["title"]) <= 256
+    assert len(embed["description"]) <= DESCRIPTION_LIMIT
+    assert len(embed["fields"]) <= FIELD_LIMIT
+    assert all(len(f["value"]) <= FIELD_VALUE_LIMIT for f in embed["fields"])
+    assert _size(embed) <= TOTAL_LIMIT
+    assert embed["fields"][-1]["value"].endswith("more")
+    # a cut never leaves half a link behind
+    assert not re.search(r"\]\([^)]*$", embed["description"])
+    discord.Embed.from_dict(embed)
+
+
+def test_render_cut_never_leaves_a_dangling_escape():
+    for pad in ("", "x"):
+        embed = render_embed(RecallAnswer(text=pad + "[" * 5000))
+        body = embed["description"].removesuffix("…")
+        assert len(embed["description"]) <= DESCRIPTION_LIMIT
+        assert (len(body) - len(body.rstrip("\\"))) % 2 == 0
+
+
+def test_render_refusal_and_empty_answers():
+    embed = render_embed(RecallAnswer(text="Sorry: you cannot read x.", refused=True))
+    assert embed["color"] == 0xED4245 and "fields" not in embed and "footer" not in embed
+    assert render_embed(RecallAnswer(text=""))["description"] == "(no answer)"
