@@ -1,0 +1,561 @@
+"""The Slack adapter: slack-bolt (async) in front of the platform-neutral dispatcher.
+
+Why it is shaped like this:
+
+- Ack first. Events are acked before any work, and `/recall` is acked with a short
+  "Searching memory…" before the recall runs, so Slack's 3-second deadline never depends
+  on the store or an LLM; the answer goes to ``response_url`` via ``respond()``.
+- Payloads stay pure: `integrations.slack.translate` turns dicts into events, and the
+  dispatcher is the one error funnel that writes them (one transaction each). A malformed
+  payload is acked, logged without its text, and skipped.
+- Slack has no "who can read this channel" in its events, so the roster (store) is the
+  permission: a channel's members are fetched (``conversations.members``) the first time the
+  channel is seen, kept live from member events, re-fetched after a TTL, and re-checked before
+  a `/recall` answers there. Readable channels for `/recall` are then the store's default:
+  the channels whose roster holds the asker.
+- HTTP mode verifies the signature on the raw bytes before anything decodes them, so a signed
+  body that is not UTF-8 is acked and dropped instead of crashing the request handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import re
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import SecretStr
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+from slack_bolt.app.async_app import AsyncApp
+from slack_bolt.middleware.authorization.async_single_team_authorization import (
+    AsyncSingleTeamAuthorization,
+)
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.commands import RECALL
+from bot.dispatch import Dispatcher
+from bot.events import Event, MessageEvent, RosterAction, RosterEvent, Scope
+from bot.settings import Settings
+from integrations.slack.render import fallback_text, render_blocks
+from integrations.slack.translate import (
+    PLATFORM,
+    PayloadError,
+    display_name,
+    translate_command,
+    translate_event,
+)
+from memory.engine import MemoryEngine
+from memory.query.answer import RecallAnswer
+from memory.query.links import default_link
+
+__all__ = ["ACK_TEXT", "SlackAdapter", "SlackConfigError"]
+
+log = logging.getLogger(__name__)
+
+ACK_TEXT = "Searching memory…"
+MAX_SKEW_S = 60 * 5
+"""Slack's replay window for signed requests."""
+MAX_BODY_BYTES = 2 * 1024 * 1024
+_MEMBER_EVENTS = ("member_joined_channel", "member_left_channel")
+_ANY_EVENT = re.compile(r".*")
+
+Respond = Callable[..., Awaitable[Any]]
+
+
+class SlackConfigError(ValueError):
+    """A setting the chosen Slack mode needs is missing."""
+
+
+def _secret(value: SecretStr | None, env: str) -> str:
+    raw = value.get_secret_value() if value is not None else ""
+    if not raw:
+        raise SlackConfigError(f"{env} is not set")
+    return raw
+
+
+def _brief(exc: BaseException) -> str:
+    """An error for the log: its type and a bounded message (payload errors name fields)."""
+    text = str(exc).replace("\n", " ")
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+class _TTLCache:
+    """A small LRU with per-entry expiry (user names, permalinks, roster sync times)."""
+
+    def __init__(self, ttl_s: float, max_items: int = 50_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_items = max_items
+        self._items: OrderedDict[Any, tuple[float, Any]] = OrderedDict()
+
+    def get(self, key: Any, max_age_s: float | None = None) -> Any | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        stored_at, value = item
+        age = time.monotonic() - stored_at
+        if age > (self.ttl_s if max_age_s is None else min(self.ttl_s, max_age_s)):
+            return None
+        self._items.move_to_end(key)
+        return value
+
+    def put(self, key: Any, value: Any) -> None:
+        self._items[key] = (time.monotonic(), value)
+        self._items.move_to_end(key)
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)
+
+    def pop(self, key: Any) -> None:
+        self._items.pop(key, None)
+
+
+class SlackAdapter:
+    """Serve one Slack app (HTTP Events API or Socket Mode) into the dispatcher."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        dispatcher: Dispatcher,
+        engine: MemoryEngine,
+        *,
+        mode: Literal["http", "socket"] | None = None,
+        process_before_response: bool = False,
+        roster_ttl_s: float = 6 * 3600.0,
+        recall_roster_max_age_s: float = 300.0,
+        roster_retry_s: float = 60.0,
+        user_ttl_s: float = 3600.0,
+        lookup_concurrency: int = 4,
+        rate_limit_retries: int = 3,
+    ) -> None:
+        """`process_before_response=True` finishes the work before the HTTP 200 (tests, FaaS);
+        the default acks first and works after, which is what Slack's 3 s deadline wants."""
+        self.settings = settings
+        self.dispatcher = dispatcher
+        self.engine = engine
+        self.mode = mode or settings.slack_mode
+        bot_token = _secret(settings.slack_bot_token, "SPEAKERMEM_SLACK_BOT_TOKEN")
+        if self.mode == "http":
+            self._signing_secret = _secret(
+                settings.slack_signing_secret, "SPEAKERMEM_SLACK_SIGNING_SECRET"
+            ).encode()
+        else:
+            self._signing_secret = b""
+            _secret(settings.slack_app_token, "SPEAKERMEM_SLACK_APP_TOKEN")
+
+        self.client = AsyncWebClient(token=bot_token, base_url=settings.slack_api_url)
+        self.client.retry_handlers.append(
+            AsyncRateLimitErrorRetryHandler(max_retry_count=rate_limit_retries)
+        )
+        self.app = AsyncApp(
+            client=self.client,
+            signing_secret=self._signing_secret.decode() or None,
+            process_before_response=process_before_response,
+            request_verification_enabled=self.mode == "http",
+            logger=logging.getLogger("slack_bolt.speakermem"),
+        )
+        self.app.command(f"/{RECALL.name}")(self._on_recall)
+        self.app.event(_ANY_EVENT)(self._on_event)
+        self.app.error(self._on_bolt_error)
+
+        self.roster_ttl_s = roster_ttl_s
+        self.recall_roster_max_age_s = recall_roster_max_age_s
+        self.roster_retry_s = roster_retry_s
+        self._synced = _TTLCache(roster_ttl_s)
+        self._sync_failed = _TTLCache(roster_retry_s)
+        self._sync_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._users = _TTLCache(user_ttl_s)
+        self._users_missing = _TTLCache(roster_retry_s)
+        self._user_lookups: dict[tuple[str, str], asyncio.Future[tuple[str, bool] | None]] = {}
+        self._permalinks = _TTLCache(24 * 3600.0)
+        self._lookups = asyncio.Semaphore(lookup_concurrency)
+        self.stats: Counter[str] = Counter()
+
+        self.bot_user_id: str | None = None
+        self.bot_id: str | None = None
+        self._runner: web.AppRunner | None = None
+        self._socket: AsyncSocketModeHandler | None = None
+        self.port: int | None = None
+        """The bound HTTP port (useful with SPEAKERMEM_SLACK_HTTP_PORT=0)."""
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Check the token (``auth.test``: also who the bot is), then serve or connect."""
+        auth = await self.client.auth_test()
+        self.bot_user_id = auth.get("user_id")
+        self.bot_id = auth.get("bot_id")
+        # Hand the result to bolt's single-team authorization, which otherwise calls auth.test
+        # once per request until its first call returns (a burst at start-up = a burst of calls).
+        for middleware in getattr(self.app, "_async_middleware_list", []):
+            if isinstance(middleware, AsyncSingleTeamAuthorization):
+                middleware.auth_test_result = auth
+        if self.mode == "socket":
+            app_token = _secret(self.settings.slack_app_token, "SPEAKERMEM_SLACK_APP_TOKEN")
+            self._socket = AsyncSocketModeHandler(self.app, app_token=app_token)
+            await self._socket.connect_async()
+            log.info("slack adapter connected (socket mode)")
+            return
+        web_app = web.Application(client_max_size=MAX_BODY_BYTES)
+        web_app.router.add_post(self.settings.slack_http_path, self._http)
+        self._runner = web.AppRunner(web_app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner, self.settings.slack_http_host, self.settings.slack_http_port
+        )
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self.settings.slack_http_port
+        log.info(
+            "slack adapter listening on %s:%s%s",
+            self.settings.slack_http_host,
+            self.port,
+            self.settings.slack_http_path,
+        )
+
+    async def stop(self) -> None:
+        if self._socket is not None:
+            await self._socket.close_async()
+            self._socket = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def url(self) -> str:
+        """Where the Events API / slash commands are served (HTTP mode, after start())."""
+        host = self.settings.slack_http_host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}{self.settings.slack_http_path}"
+
+    # ---- HTTP ---------------------------------------------------------------------------
+
+    def _signature_ok(self, raw: bytes, headers: Mapping[str, str]) -> bool:
+        stamp = headers.get("X-Slack-Request-Timestamp", "")
+        signature = headers.get("X-Slack-Signature", "")
+        if not stamp.isdigit() or abs(time.time() - int(stamp)) > MAX_SKEW_S:
+            return False
+        base = b"v0:" + stamp.encode() + b":" + raw
+        expected = "v0=" + hmac.new(self._signing_secret, base, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(expected, signature)
+
+    async def _http(self, request: web.Request) -> web.Response:
+        """Verify on raw bytes, drop undecodable bodies, then hand the request to bolt."""
+        raw = await request.read()
+        if not self._signature_ok(raw, request.headers):
+            self.stats["bad_signature"] += 1
+            log.warning("slack request with a bad or stale signature rejected")
+            return web.Response(status=401)
+        try:
+            body = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.stats["malformed"] += 1
+            log.warning("signed slack request body is not valid UTF-8; acked and skipped")
+            return web.Response(status=200)
+        try:
+            bolt_req = AsyncBoltRequest(
+                body=body,
+                query=request.query_string,
+                headers=request.headers,  # type: ignore[arg-type]
+            )
+        except ValueError as exc:  # bolt parses JSON/form bodies eagerly
+            self.stats["malformed"] += 1
+            log.warning("signed slack request body unparsable; acked and skipped (%s)", _brief(exc))
+            return web.Response(status=200)
+        resp = await self.app.async_dispatch(bolt_req)
+        if resp.status == 404 and bolt_req.body.get("type") == "event_callback":
+            # an event no listener matches (no "type"): ack it, or Slack redelivers it
+            self.stats["malformed"] += 1
+            log.warning("slack event without a usable type; acked and skipped")
+            resp = BoltResponse(status=200, body="")
+        return await to_aiohttp_response(resp)
+
+    async def _on_bolt_error(self, error: Exception, request: AsyncBoltRequest) -> BoltResponse:
+        """Bolt's own middleware can choke on odd payloads (an ``event`` that is not an
+        object): log it briefly and ack, so Slack does not redeliver it three times."""
+        self.stats["malformed"] += 1
+        log.warning("slack payload bolt could not process; acked and skipped (%s)", _brief(error))
+        return BoltResponse(status=200, body="")
+
+    # ---- events -------------------------------------------------------------------------
+
+    async def _on_event(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any]) -> None:
+        await ack()
+        await self.handle_event_body(body)
+
+    async def handle_event_body(self, body: Mapping[str, Any]) -> Event | None:
+        """Translate one Events API body and apply it; never raises. Returns what was applied."""
+        try:
+            event = translate_event(body, user_names=self._known_names(body))
+        except PayloadError as exc:
+            self.stats["malformed"] += 1
+            log.warning("malformed slack event skipped (%s)", _brief(exc))
+            return None
+        except Exception as exc:  # the translator is pure; anything else is still a bad payload
+            self.stats["malformed"] += 1
+            log.warning("unreadable slack event skipped (%s)", _brief(exc))
+            return None
+        if event is None:
+            self.stats["ignored"] += 1
+            return None
+        if isinstance(event, MessageEvent) and event.speaker_id in (self.bot_user_id, self.bot_id):
+            # bolt drops self events already; this also covers its middleware being off
+            self.stats["ignored"] += 1
+            return None
+        try:
+            event = await self._enrich(event)
+        except Exception as exc:  # enrichment is best effort; the event still goes in
+            log.warning("slack roster/name lookup failed (%s)", _brief(exc))
+        await self.dispatcher.handle(event)
+        self.stats[f"event_{type(event).__name__}"] += 1
+        if isinstance(event, RosterEvent):
+            self._after_roster_event(event)
+        return event
+
+    def _known_names(self, body: Mapping[str, Any]) -> dict[str, str]:
+        """Cached display names for the user ids a body mentions (no API calls)."""
+        event = body.get("event") if isinstance(body.get("event"), Mapping) else body
+        team = body.get("team_id")
+        out: dict[str, str] = {}
+        if not isinstance(event, Mapping) or not isinstance(team, str):
+            return out
+        uid = event.get("user")
+        if isinstance(uid, str):
+            cached = self._users.get((team, uid))
+            if cached:
+                out[uid] = cached[0]
+        return out
+
+    async def _enrich(self, event: Event) -> Event:
+        """Sync the channel's roster on first sight and fill in names the payload lacked."""
+        if isinstance(event, MessageEvent):
+            if event.speaker_is_bot:
+                return event
+            await self.ensure_roster(event.scope)
+            if event.speaker_name == event.speaker_id:
+                info = await self.user_info(event.scope.workspace, event.speaker_id)
+                if info is not None:
+                    return event.model_copy(update={"speaker_name": info[0]})
+            return event
+        if isinstance(event, RosterEvent) and event.action in (
+            RosterAction.JOIN,
+            RosterAction.LEAVE,
+        ):
+            if event.scope.channel == "*":
+                return event
+            # the bot itself joining: the roster it could not see before is now readable
+            bot_joined = event.action is RosterAction.JOIN and event.user_id == self.bot_user_id
+            await self.ensure_roster(event.scope, force=bot_joined)
+            if event.action is RosterAction.JOIN and not event.name:
+                info = await self.user_info(event.scope.workspace, event.user_id)
+                if info is not None:
+                    return event.model_copy(update={"name": info[0], "is_bot": info[1]})
+        return event
+
+    def _after_roster_event(self, event: RosterEvent) -> None:
+        key = (event.scope.workspace, event.user_id)
+        if event.action is RosterAction.RENAME and event.name:
+            self._users.put(key, (event.name, event.is_bot))
+        if event.action is RosterAction.LEAVE and event.user_id == self.bot_user_id:
+            # without the bot in the channel its roster can no longer be checked
+            self._synced.pop((event.scope.workspace, event.scope.channel))
+
+    # ---- roster -------------------------------------------------------------------------
+
+    async def ensure_roster(
+        self, scope: Scope, *, force: bool = False, max_age_s: float | None = None
+    ) -> bool:
+        """Make sure `scope`'s roster was fetched recently; False when Slack would not say."""
+        key = (scope.workspace, scope.channel)
+        if not force and self._synced.get(key, max_age_s) is not None:
+            return True
+        if not force and self._sync_failed.get(key) is not None:
+            return False
+        lock = self._sync_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if not force and self._synced.get(key, max_age_s) is not None:
+                return True
+            try:
+                await self._sync_roster(scope)
+            except (TimeoutError, SlackApiError, SlackClientError, OSError) as exc:
+                self.stats["roster_sync_failed"] += 1
+                self._sync_failed.put(key, True)
+                log.warning(
+                    "roster sync for slack channel %s failed (%s)", scope.channel, _brief(exc)
+                )
+                return False
+            self._synced.put(key, True)
+            self._sync_failed.pop(key)
+            return True
+
+    async def _channel_members(self, channel: str) -> list[str]:
+        members: list[str] = []
+        cursor: str | None = None
+        while True:
+            page = await self.client.conversations_members(
+                channel=channel, limit=200, cursor=cursor
+            )
+            members.extend(m for m in page.get("members") or [] if isinstance(m, str))
+            cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
+            if not cursor:
+                return list(dict.fromkeys(members))
+
+    async def _channel_meta(self, scope: Scope) -> None:
+        try:
+            info = await self.client.conversations_info(channel=scope.channel)
+        except SlackApiError as exc:
+            log.debug("conversations.info for %s failed (%s)", scope.channel, _brief(exc))
+            return
+        channel = info.get("channel") or {}
+        if not isinstance(channel, Mapping):
+            return
+        name = channel.get("name") if isinstance(channel.get("name"), str) else None
+        private = channel.get("is_private")
+        if channel.get("is_im") or channel.get("is_mpim"):
+            private = True
+        await self.engine.store.channels.set_meta(
+            scope, name=name, is_private=private if isinstance(private, bool) else None
+        )
+
+    async def _sync_roster(self, scope: Scope) -> None:
+        """JOIN everyone Slack lists (with names), LEAVE everyone the store has who is gone."""
+        listed = await self._channel_members(scope.channel)
+        await self._channel_meta(scope)
+        current = {m.user_id: m for m in await self.engine.members(scope)}
+        infos = await asyncio.gather(*(self.user_info(scope.workspace, u) for u in listed))
+        for uid, info in zip(listed, infos, strict=True):
+            name, is_bot = info if info is not None else (None, False)
+            known = current.get(uid)
+            if known is not None and (name is None or known.display_name == name):
+                continue
+            await self.dispatcher.handle(
+                RosterEvent(
+                    scope=scope, action=RosterAction.JOIN, user_id=uid, name=name, is_bot=is_bot
+                )
+            )
+        for uid in current.keys() - set(listed):
+            await self.dispatcher.handle(
+                RosterEvent(scope=scope, action=RosterAction.LEAVE, user_id=uid)
+            )
+        self.stats["roster_synced"] += 1
+        log.debug("slack roster synced for %s: %d members", scope.channel, len(listed))
+
+    async def user_info(self, team: str, user_id: str) -> tuple[str, bool] | None:
+        """(display name, is_bot) from cache or ``users.info``; one call per user at a time."""
+        key = (team, user_id)
+        cached = self._users.get(key)
+        if cached is not None:
+            return cached
+        if self._users_missing.get(key) is not None:
+            return None  # users.info failed recently: do not ask again for every message
+        pending = self._user_lookups.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[tuple[str, bool] | None] = asyncio.get_running_loop().create_future()
+        self._user_lookups[key] = future
+        result: tuple[str, bool] | None = None
+        try:
+            async with self._lookups:
+                resp = await self.client.users_info(user=user_id)
+            user = resp.get("user")
+            if isinstance(user, Mapping):
+                name = display_name(user) or user_id
+                result = (name, bool(user.get("is_bot")))
+                self._users.put(key, result)
+        except (TimeoutError, SlackApiError, SlackClientError, OSError) as exc:
+            self._users_missing.put(key, True)
+            log.debug("users.info failed for a slack user (%s)", _brief(exc))
+        finally:
+            self._user_lookups.pop(key, None)
+            future.set_result(result)
+        return result
+
+    # ---- /recall ------------------------------------------------------------------------
+
+    async def _on_recall(
+        self, ack: Callable[..., Awaitable[Any]], command: dict[str, Any], respond: Respond
+    ) -> None:
+        await ack(ACK_TEXT)
+        await self.answer_recall(command, respond)
+
+    async def answer_recall(self, command: Mapping[str, Any], respond: Respond) -> None:
+        """Run /recall after the ack and post Block Kit to response_url; never raises."""
+        try:
+            inv = translate_command(command)
+        except PayloadError as exc:
+            self.stats["malformed"] += 1
+            log.warning("malformed slack slash command skipped (%s)", _brief(exc))
+            await self._respond(
+                respond,
+                RecallAnswer(text="Sorry, I could not read that command.", refused=True),
+                {},
+            )
+            return
+        try:
+            # The asker's access is their roster membership: check it is current first.
+            await self.ensure_roster(inv.scope, max_age_s=self.recall_roster_max_age_s)
+            answer = await self.dispatcher.recall(inv)
+            links = {} if answer.refused else await self.permalinks(answer)
+        except Exception:
+            self.stats["recall_failed"] += 1
+            log.exception("slack /recall failed in %s", inv.scope)
+            answer = RecallAnswer(
+                text="Sorry, something went wrong while recalling. Please try again.",
+                refused=True,
+            )
+            links = {}
+        self.stats["recall_refused" if answer.refused else "recall_answered"] += 1
+        await self._respond(respond, answer, links)
+
+    async def _respond(self, respond: Respond, answer: RecallAnswer, links: dict[int, str]) -> None:
+        ephemeral = answer.refused or self.settings.recall_ephemeral
+        try:
+            await respond(
+                text=fallback_text(answer),
+                blocks=render_blocks(answer, links),
+                response_type="ephemeral" if ephemeral else "in_channel",
+                replace_original=False,
+                unfurl_links=False,
+                unfurl_media=False,
+            )
+        except Exception as exc:
+            self.stats["respond_failed"] += 1
+            log.warning("could not post the /recall answer to response_url (%s)", _brief(exc))
+
+    async def permalinks(self, answer: RecallAnswer) -> dict[int, str]:
+        """``chat.getPermalink`` for each citation (cached); the derivable link on failure."""
+
+        async def one(c: Any) -> tuple[int, str | None]:
+            key = (c.scope.workspace, c.scope.channel, c.message_id)
+            cached = self._permalinks.get(key)
+            if cached is not None:
+                return c.n, cached
+            if c.scope.platform == PLATFORM:
+                try:
+                    async with self._lookups:
+                        resp = await self.client.chat_getPermalink(
+                            channel=c.scope.channel, message_ts=c.message_id
+                        )
+                    link = resp.get("permalink")
+                    if isinstance(link, str) and link:
+                        self._permalinks.put(key, link)
+                        return c.n, link
+                except (TimeoutError, SlackApiError, SlackClientError, OSError) as exc:
+                    log.debug("chat.getPermalink failed (%s)", _brief(exc))
+            return c.n, c.link or default_link(c.scope, c.message_id)
+
+        pairs: Iterable[tuple[int, str | None]] = await asyncio.gather(
+            *(one(c) for c in answer.citations)
+        )
+        return {n: link for n, link in pairs if link}
