@@ -96,8 +96,9 @@ class Dispatcher:
         """Answer /recall for the invoker; refusals and failures come back as answers."""
         question = (inv.options.get("question") or inv.text or "").strip()[:MAX_QUESTION_CHARS]
         if not question:
-            return RecallAnswer(text="Ask me something, e.g. `/recall what did we decide?`",
-                                refused=True)
+            return RecallAnswer(
+                text="Ask me something, e.g. `/recall what did we decide?`", refused=True
+            )
         readable = (
             None
             if inv.readable_channels is None

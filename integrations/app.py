@@ -18,7 +18,7 @@ def build_embedder(settings: Settings) -> Embedder | None:
     if settings.embedder == "none":
         return None
     if settings.embedder == "openai":
-        from integrations.embeddings.openai_compat import OpenAIEmbedder  # noqa: PLC0415
+        from integrations.embeddings.openai_compat import OpenAIEmbedder
 
         if not settings.embedding_base_url:
             raise ValueError(
@@ -31,7 +31,7 @@ def build_embedder(settings: Settings) -> Embedder | None:
             model=settings.embedding_model,
             dim=settings.embedding_dim,
         )
-    from integrations.embeddings.minilm import MiniLMEmbedder  # noqa: PLC0415
+    from integrations.embeddings.minilm import MiniLMEmbedder
 
     return MiniLMEmbedder(
         cache_dir=settings.model_cache_dir,
@@ -44,7 +44,7 @@ def build_llm(settings: Settings) -> LLM | None:
     """The configured LLM endpoint, or None: then every stage uses its deterministic fallback."""
     if not settings.llm_base_url:
         return None
-    from integrations.llm.openai_compat import OpenAICompatLLM  # noqa: PLC0415
+    from integrations.llm.openai_compat import OpenAICompatLLM
 
     return OpenAICompatLLM(
         base_url=settings.llm_base_url,

@@ -46,11 +46,11 @@ def build_adapters(settings: Settings, dispatcher: Dispatcher, engine: object) -
     adapters: list[Adapter] = []
     for platform in configured_platforms(settings):
         if platform == "slack":
-            from integrations.slack.adapter import SlackAdapter  # noqa: PLC0415
+            from integrations.slack.adapter import SlackAdapter
 
             adapters.append(SlackAdapter(settings, dispatcher, engine))  # type: ignore[arg-type]
         else:
-            from integrations.discord.adapter import DiscordAdapter  # noqa: PLC0415
+            from integrations.discord.adapter import DiscordAdapter
 
             adapters.append(DiscordAdapter(settings, dispatcher, engine))  # type: ignore[arg-type]
     return adapters
@@ -87,7 +87,9 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                 started.append(adapter)
             log.info(
                 "speakermem running: %s; writer %s; store %s",
-                ", ".join(platforms), "on" if writer else "off (no LLM)", settings.db_path,
+                ", ".join(platforms),
+                "on" if writer else "off (no LLM)",
+                settings.db_path,
             )
             await stop.wait()
             log.info("stopping: draining in-flight work")

@@ -38,7 +38,7 @@ class Scope(BaseModel):
 def _check_text(value: str) -> str:
     if len(value) > MAX_TEXT_CHARS:
         raise ValueError(f"text is {len(value)} characters; the limit is {MAX_TEXT_CHARS}")
-    # Lone surrogates come from invalid UTF-8 decoded with surrogateescape; SQLite cannot store them.
+    # Lone surrogates come from invalid UTF-8 decoded with surrogateescape: unstorable.
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -76,7 +76,6 @@ class MessageEvent(BaseModel):
     """Force a new session here (importers whose data marks sessions explicitly)."""
 
 
-
 class EditEvent(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -84,7 +83,6 @@ class EditEvent(BaseModel):
     message_id: NonEmptyId
     text: Text
     edited_at: UtcDatetime
-
 
 
 class DeleteEvent(BaseModel):
@@ -112,7 +110,6 @@ class RosterEvent(BaseModel):
     name: str | None = None
     is_bot: bool = False
     at: UtcDatetime = Field(default_factory=lambda: datetime.now(UTC))
-
 
 
 class StoredMessage(BaseModel):

@@ -32,8 +32,10 @@ class HashEmbedder:
             for word in _WORD.findall(text.casefold()):
                 out[i] += self._word(word)
             norm = np.linalg.norm(out[i])
-            out[i] = out[i] / norm if norm else self._word("<empty>") / np.linalg.norm(
-                self._word("<empty>")
+            out[i] = (
+                out[i] / norm
+                if norm
+                else self._word("<empty>") / np.linalg.norm(self._word("<empty>"))
             )
         return out
 

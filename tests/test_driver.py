@@ -31,7 +31,7 @@ def test_auto_prefers_stdlib_when_it_can(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_missing_fallback_gives_an_actionable_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(driver_mod, "stdlib_can_load_extensions", lambda: False)
     monkeypatch.setattr(driver_mod, "_sqlean", lambda: None)
-    with pytest.raises(DriverUnavailable, match="pip install sqlean.py"):
+    with pytest.raises(DriverUnavailable, match=r"pip install sqlean\.py"):
         pick_driver("auto")
 
 

@@ -33,7 +33,9 @@ HOSTILE = [
 
 def test_query_terms_drop_stopwords_and_duplicates() -> None:
     assert query_terms("What did the Team decide about the team budget?") == [
-        "team", "decide", "budget",
+        "team",
+        "decide",
+        "budget",
     ]
 
 

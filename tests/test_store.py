@@ -47,8 +47,14 @@ async def test_migrations_are_recorded_and_idempotent(tmp_path: Path) -> None:
 
 async def test_message_round_trip_with_all_fields(engine: MemoryEngine, scope: Scope) -> None:
     event = msg(
-        scope, "m1", "Alice", "Lunch at noon? <@bob>", 0,
-        thread_id="t9", reply_to="m0", addressees=("bob",),
+        scope,
+        "m1",
+        "Alice",
+        "Lunch at noon? <@bob>",
+        0,
+        thread_id="t9",
+        reply_to="m0",
+        addressees=("bob",),
     )
     (outcome,) = await engine.ingest_many([event])
     assert outcome.status is IngestStatus.STORED
@@ -69,7 +75,7 @@ async def test_message_round_trip_with_all_fields(engine: MemoryEngine, scope: S
 async def test_replayed_ids_never_duplicate(engine: MemoryEngine, scope: Scope) -> None:
     events = [msg(scope, f"m{i}", "Alice", f"text {i}", i) for i in range(30)]
     first = await engine.ingest_many(events)
-    again = await engine.ingest_many(events + [events[3]])
+    again = await engine.ingest_many([*events, events[3]])
     single = await engine.ingest(events[0])
     assert all(o.status is IngestStatus.STORED for o in first)
     assert all(o.status is IngestStatus.DUPLICATE for o in again)
@@ -105,9 +111,7 @@ async def test_session_break_flag_forces_a_new_session(engine: MemoryEngine, sco
     assert b is not None and (b.session_id, b.turn_index) == (2, 0)
 
 
-async def test_fts_and_vectors_follow_edits_and_deletes(
-    engine: MemoryEngine, scope: Scope
-) -> None:
+async def test_fts_and_vectors_follow_edits_and_deletes(engine: MemoryEngine, scope: Scope) -> None:
     await engine.ingest_many(
         [
             msg(scope, "m1", "Alice", "the marmalade recipe is great", 0),
@@ -123,8 +127,9 @@ async def test_fts_and_vectors_follow_edits_and_deletes(
     )
     assert status is ChangeStatus.APPLIED
     assert await engine.search("marmalade", [scope], mode="lexical") == []
-    assert [h.message.message_id for h in await engine.search("pancake", [scope], mode="lexical")]\
-        == ["m1"]
+    assert [
+        h.message.message_id for h in await engine.search("pancake", [scope], mode="lexical")
+    ] == ["m1"]
     # the edited message lost its vector until re-embedded
     assert await count(engine, "SELECT count(*) FROM messages_vec") == 1
     assert await engine.embed_pending() == 1
@@ -183,7 +188,9 @@ async def test_search_is_restricted_to_given_channels(engine: MemoryEngine, scop
 
 
 async def test_roster_events_round_trip(engine: MemoryEngine, scope: Scope) -> None:
-    await engine.roster(RosterEvent(scope=scope, action=RosterAction.JOIN, user_id="u1", name="Ann"))
+    await engine.roster(
+        RosterEvent(scope=scope, action=RosterAction.JOIN, user_id="u1", name="Ann")
+    )
     await engine.roster(RosterEvent(scope=scope, action=RosterAction.JOIN, user_id="u2", name="Bo"))
     await engine.roster(
         RosterEvent(scope=scope, action=RosterAction.RENAME, user_id="u1", name="Annie")
@@ -237,9 +244,17 @@ async def test_segments_close_at_window_and_idle(tmp_path: Path, scope: Scope) -
 
 def _record(content: str, owner: str = "alice", **kw: object) -> NewRecord:
     base: dict[str, object] = dict(
-        layer=Layer.CORE, record_scope=RecordScope.PERSON, content=content, source=owner,
-        owner=owner, event="diet", time=T0, session_id=1, from_ids=("m1",),
-        writer_model="test", prompt_version="writer-v1",
+        layer=Layer.CORE,
+        record_scope=RecordScope.PERSON,
+        content=content,
+        source=owner,
+        owner=owner,
+        event="diet",
+        time=T0,
+        session_id=1,
+        from_ids=("m1",),
+        writer_model="test",
+        prompt_version="writer-v1",
     )
     base.update(kw)
     return NewRecord(**base)  # type: ignore[arg-type]
@@ -256,8 +271,14 @@ async def test_records_chain_indexes_and_run_log(
     await engine.store.segments.close_channel(scope)
     (segment,) = await engine.store.segments.due(limit=1)
     first = [_record("Alice is vegetarian")]
-    run = WriterRunLog(model="test", prompt_version="writer-v1", started_at=0, proposed=1,
-                       accepted=1, rejected={"ungrounded": 2})
+    run = WriterRunLog(
+        model="test",
+        prompt_version="writer-v1",
+        started_at=0,
+        proposed=1,
+        accepted=1,
+        rejected={"ungrounded": 2},
+    )
     (rid,) = await engine.store.records.commit_segment(
         segment.id, scope, first, embedder.embed_sync(["Alice is vegetarian"]), run
     )
@@ -275,8 +296,12 @@ async def test_records_chain_indexes_and_run_log(
         await engine.store.records.add_records(scope, [_record("x", supersedes=rid)], None)
     pks = await engine.channel_pks([scope])
     assert [r for r, _ in await engine.store.records.lexical('"vegan"', pks, 5)] == [rid2]
-    assert [r for r, _ in await engine.store.records.dense(
-        embedder.embed_sync(["Alice is vegetarian"])[0], pks, 1)] == [rid]
+    assert [
+        r
+        for r, _ in await engine.store.records.dense(
+            embedder.embed_sync(["Alice is vegetarian"])[0], pks, 1
+        )
+    ] == [rid]
     src = await engine.store.db.read("SELECT record_id, message_pk FROM record_sources")
     assert len(src) == 2
     stats = await engine.store.records.writer_stats()

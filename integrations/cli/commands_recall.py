@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
     p.add_argument("--channel", required=True, help="channel id or name")
     p.add_argument("--platform", default=None, help="platform, when the channel is ambiguous")
     p.add_argument(
-        "--as", dest="asker", default=None,
+        "--as",
+        dest="asker",
+        default=None,
         help="ask as this user (id or display name): only channels they can read are used",
     )
     p.add_argument("--explain", action="store_true", help="show projection, evidence, budgets")
@@ -55,7 +57,9 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
     p.add_argument("path", help="dataset file")
     p.add_argument("--out", type=Path, required=True, help="report JSON path (.md beside it)")
     p.add_argument(
-        "--writer", choices=["none", "replay", "llm"], default="none",
+        "--writer",
+        choices=["none", "replay", "llm"],
+        default="none",
         help="System 2 source: none, replayed LoCoMo observations, or the LLM Writer",
     )
     p.add_argument("--k", type=int, default=10, help="evidence budget (default 10)")
@@ -115,7 +119,8 @@ async def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
         console.print(
             f"[{c.n}] {c.speaker}, {c.time:%Y-%m-%d %H:%M}, {c.scope.channel}/{c.message_id}"
             + (f" {c.link}" if c.link else ""),
-            markup=False, highlight=False,
+            markup=False,
+            highlight=False,
         )
     if args.explain:
         explain(result)
@@ -157,7 +162,7 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
         await ingest_events(engine, dataset.messages, f"importing {args.dataset}")
         await embed_all(engine)
         if args.writer == "replay":
-            from memory.writer.replay import replay_observations  # noqa: PLC0415
+            from memory.writer.replay import replay_observations
 
             existing = await engine.store.records.counts()
             if existing["records"] == 0:
@@ -169,7 +174,7 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
                     f"replay: {rep.accepted}/{rep.proposed} accepted; rejected {dict(rep.rejected)}"
                 )
         elif args.writer == "llm":
-            from memory.writer.runner import Writer  # noqa: PLC0415
+            from memory.writer.runner import Writer
 
             assert llm is not None
             for scope in dataset.scopes:
@@ -185,7 +190,9 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
             total = min(total, args.limit)
         with progress_bar(f"evaluating {args.dataset}", total) as bar:
             report = await harness.run(
-                dataset, limit=args.limit, on_progress=lambda n: advance(bar, n),
+                dataset,
+                limit=args.limit,
+                on_progress=lambda n: advance(bar, n),
                 with_s2=args.writer != "none",
             )
     report["writer"] = args.writer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 
@@ -22,9 +23,7 @@ from memory.store import IngestStatus
 DATASET_READERS = {"locomo": read_locomo, "friendsqa": read_friendsqa}
 
 
-async def resolve_channel(
-    engine: MemoryEngine, channel: str, platform: str | None = None
-) -> Scope:
+async def resolve_channel(engine: MemoryEngine, channel: str, platform: str | None = None) -> Scope:
     """A channel by id or name; ambiguity and unknown names are user errors."""
     found = await engine.store.channels.find(channel, platform)
     if not found:
@@ -57,9 +56,7 @@ async def embed_all(engine: MemoryEngine) -> int:
         return await engine.embed_pending(on_progress=lambda n: advance(bar, n))
 
 
-async def import_dataset(
-    settings: Settings, kind: str, path: Path, *, embed: bool
-) -> Dataset:
+async def import_dataset(settings: Settings, kind: str, path: Path, *, embed: bool) -> Dataset:
     dataset = DATASET_READERS[kind](path)
     async with open_engine(settings, with_embedder=embed) as engine:
         stored, dup = await ingest_events(engine, dataset.messages, f"importing {kind}")
@@ -78,7 +75,7 @@ async def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
     if args.kind in DATASET_READERS:
         await import_dataset(settings, args.kind, path, embed=embed)
         return 0
-    from integrations.cli.commands_platform import import_platform_export  # noqa: PLC0415
+    from integrations.cli.commands_platform import import_platform_export
 
     return await import_platform_export(settings, args.kind, path, args, embed=embed)
 
@@ -118,16 +115,15 @@ async def cmd_search(settings: Settings, args: argparse.Namespace) -> int:
     if not hits:
         console.print(f"no matches in {scope}")
         return 0
-    from datetime import UTC, datetime  # noqa: PLC0415
+    from datetime import UTC, datetime
 
     table = Table(title=f"{mode} search in {scope}: {args.query!r}", show_lines=False)
     for col in ("#", "id", "speaker", "session time", "text", "lex", "dense"):
         table.add_column(col, overflow="fold")
     for i, h in enumerate(hits, start=1):
         started = sessions.get(h.message.session_id)
-        session_time = (
-            f"S{h.message.session_id} "
-            + fmt_time(datetime.fromtimestamp(started, UTC) if started else h.message.ts)
+        session_time = f"S{h.message.session_id} " + fmt_time(
+            datetime.fromtimestamp(started, UTC) if started else h.message.ts
         )
         table.add_row(
             str(i),
@@ -143,7 +139,7 @@ async def cmd_search(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_stats(settings: Settings, args: argparse.Namespace) -> int:
-    if not Path(settings.db_path).exists():
+    if not await asyncio.to_thread(Path(settings.db_path).exists):
         raise CliError(f"{settings.db_path}: no database yet; run `speakermem import` first")
     async with open_engine(settings, with_embedder=False) as engine:
         stats = await engine.stats()

@@ -6,8 +6,9 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -15,7 +16,7 @@ from bot.settings import Settings, load_settings
 from integrations.cli.errors import USER_ERRORS, describe
 from integrations.cli.render import err_console
 
-Handler = Callable[[Settings, argparse.Namespace], Awaitable[int]]
+Handler = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
 
 
 def _common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
@@ -30,9 +31,7 @@ def _common(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
         default=default,
         help="SQLite database file (default: $SPEAKERMEM_DB_PATH or ./speakermem.db)",
     )
-    parser.add_argument(
-        "--log-level", default=default, help="DEBUG, INFO, WARNING (default INFO)"
-    )
+    parser.add_argument("--log-level", default=default, help="DEBUG, INFO, WARNING (default INFO)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,7 +96,7 @@ _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction, Callable], None]] = 
 
 def _register_extra() -> None:
     """Command groups live in their own modules; each contributes a `register` function."""
-    from integrations.cli import (  # noqa: PLC0415
+    from integrations.cli import (
         commands_platform,
         commands_recall,
         commands_run,

@@ -51,7 +51,11 @@ class QuestionResult:
 
 
 def _aggregate(
-    results: list[QuestionResult], system: str, k: int, *, ids: Callable[[QuestionResult], list[str]]
+    results: list[QuestionResult],
+    system: str,
+    k: int,
+    *,
+    ids: Callable[[QuestionResult], list[str]],
 ) -> dict[str, Any]:
     def block(items: list[QuestionResult]) -> dict[str, Any]:
         if not items:
@@ -100,9 +104,7 @@ class EvalHarness:
             vectors = None
             if vectors_by_pk and len(vectors_by_pk) == len(corpus):
                 vectors = np.stack([vectors_by_pk[c[0]] for c in corpus])
-            self._indexes[scope] = ChannelIndex.build(
-                [(c[1], c[2], c[3]) for c in corpus], vectors
-            )
+            self._indexes[scope] = ChannelIndex.build([(c[1], c[2], c[3]) for c in corpus], vectors)
         return self._indexes[scope]
 
     async def run_question(self, q: EvalQuestion) -> QuestionResult:
@@ -172,7 +174,10 @@ class EvalHarness:
         systems: dict[str, Any] = {}
         for system in ("speakermem", "bm25", "bm25_speaker", "dense"):
             systems[system] = _aggregate(
-                results, system, k, ids=lambda r, s=system: r.retrieved[s]  # type: ignore[misc]
+                results,
+                system,
+                k,
+                ids=lambda r, s=system: r.retrieved[s],  # type: ignore[misc]
             )
         better = (
             "bm25_speaker"
@@ -189,22 +194,32 @@ class EvalHarness:
             systems["speakermem"]["evidence_coverage_all_hit"] = cov["all_hit"]
             systems["speakermem"]["evidence_coverage_by_category"] = cov["by_category"]
             systems["speakermem"]["s1_only_coverage"] = systems["speakermem"]["evidence_recall"]
-        systems["speakermem"]["pack_messages"] = round(
-            statistics.fmean(r.pack_messages for r in results), 2
-        ) if results else 0.0
+        systems["speakermem"]["pack_messages"] = (
+            round(statistics.fmean(r.pack_messages for r in results), 2) if results else 0.0
+        )
         stage_names = sorted({s for r in results for s in r.latency_ms})
-        latency = {
-            s: {
-                "mean_ms": round(statistics.fmean(r.latency_ms.get(s, 0.0) for r in results), 2),
-                "p95_ms": round(_p95([r.latency_ms.get(s, 0.0) for r in results]), 2),
+        latency = (
+            {
+                s: {
+                    "mean_ms": round(
+                        statistics.fmean(r.latency_ms.get(s, 0.0) for r in results), 2
+                    ),
+                    "p95_ms": round(_p95([r.latency_ms.get(s, 0.0) for r in results]), 2),
+                }
+                for s in stage_names
             }
-            for s in stage_names
-        } if results else {}
+            if results
+            else {}
+        )
         token_names = sorted({t for r in results for t in r.tokens})
-        tokens = {
-            t: round(statistics.fmean(r.tokens.get(t, 0) for r in results), 1)
-            for t in token_names
-        } if results else {}
+        tokens = (
+            {
+                t: round(statistics.fmean(r.tokens.get(t, 0) for r in results), 1)
+                for t in token_names
+            }
+            if results
+            else {}
+        )
         best_control = max(
             (s for s in SYSTEMS if s != "speakermem"),
             key=lambda s: systems[s]["evidence_recall"],
@@ -223,7 +238,8 @@ class EvalHarness:
             "latency_per_question": latency,
             "mean_tokens_per_question": tokens,
             "mean_pack_tokens": round(statistics.fmean(r.pack_tokens for r in results), 1)
-            if results else 0.0,
+            if results
+            else 0.0,
         }
         if self.llm is not None and results:
             f1s = [r.f1 for r in results if r.f1 is not None]
@@ -240,16 +256,18 @@ def _p95(values: list[float]) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
 def markdown_table(report: dict[str, Any]) -> str:
     """The report's headline numbers as a Markdown table (overall and per category)."""
     systems = report["systems"]
     cats = sorted({c for s in systems.values() for c in s.get("by_category", {})})
-    head = "| system | recall@{k} | all-hit | n | ".format(k=report["k"]) + " | ".join(
-        f"{c}" for c in cats
-    ) + " |"
+    head = (
+        "| system | recall@{k} | all-hit | n | ".format(k=report["k"])
+        + " | ".join(f"{c}" for c in cats)
+        + " |"
+    )
     sep = "|" + "---|" * (4 + len(cats))
     lines = [f"### {report['dataset']}: evidence recall@{report['k']}", "", head, sep]
     for name in SYSTEMS:

@@ -96,8 +96,9 @@ def citations_for(pack: EvidencePack, numbers: list[int]) -> list[Citation]:
         e = pack.excerpt(n)
         if e is not None:
             out.append(
-                Citation(n=n, scope=e.scope, message_id=e.message_id, speaker=e.speaker,
-                         time=e.time)
+                Citation(
+                    n=n, scope=e.scope, message_id=e.message_id, speaker=e.speaker, time=e.time
+                )
             )
     return out
 

@@ -2,7 +2,10 @@
 
 Excerpts are numbered once ([1], [2], ...) whichever track brought them; rows list
 records with owner, source, time and state, and the numbers of their supporting
-excerpts, so the answer can cite any claim. The two tracks keep separate budgets.
+excerpts, so the answer can cite any claim. The two tracks keep separate token budgets
+(SPEC §5.4): when a track's rendered text would exceed its budget, its longest texts are
+shortened first (water-filling), so every excerpt and record stays in the pack and keeps
+its number; only wording is cut.
 """
 
 from __future__ import annotations
@@ -17,6 +20,12 @@ from memory.query.system2 import Row
 
 MAX_EXCERPT_CHARS = 600
 MAX_RECORD_CHARS = 400
+S1_BUDGET_TOKENS = 1_500
+"""Verbatim evidence selected by System 1 (top-k excerpts)."""
+S2_BUDGET_TOKENS = 1_300
+"""Rows: record lines, the excerpts that support them, and empty rows' fallback messages."""
+MIN_CLIP_CHARS = 80
+"""Texts are never cut below this; a pack with very many rows can then exceed its budget."""
 
 
 class Excerpt(BaseModel):
@@ -90,6 +99,9 @@ def compose(
     rows: Sequence[Row],
     support: dict[str, StoredMessage],
     names: dict[str, str],
+    *,
+    s1_budget: int = S1_BUDGET_TOKENS,
+    s2_budget: int = S2_BUDGET_TOKENS,
 ) -> EvidencePack:
     """Number S1 excerpts first, then S2 support; attach excerpt numbers to records."""
     excerpts: list[Excerpt] = []
@@ -123,9 +135,9 @@ def compose(
             for node in rr.chain:
                 nums: list[int] = []
                 for mid in node.from_ids:
-                    msg = support.get(f"{node.scope}|{mid}")
-                    if msg is not None:
-                        key = (msg.scope, msg.message_id)
+                    found = support.get(f"{node.scope}|{mid}")
+                    if found is not None:
+                        key = (found.scope, found.message_id)
                         if key in index:
                             nums.append(index[key])
                 # cite the latest supporting message even if S1 did not select it
@@ -151,8 +163,50 @@ def compose(
             prow.fallback_excerpts.append(add(msg, "s2"))
         pack_rows.append(prow)
     pack = EvidencePack(question=question, tense=tense, excerpts=excerpts, rows=pack_rows)
+    fit_budgets(pack, s1_budget, s2_budget)
     pack.tokens = approx_tokens(render_pack(pack))
     return pack
+
+
+def clip_level(lengths: Sequence[int], room: int) -> int | None:
+    """The largest cap c with sum(min(length, c)) <= room, or None when all fit uncut.
+
+    Water-filling: short texts are kept whole and only the longest ones are shortened.
+    """
+    if sum(lengths) <= room:
+        return None
+    ordered = sorted(lengths)
+    used = 0
+    for i, length in enumerate(ordered):
+        left = len(ordered) - i
+        if used + length * left > room:
+            return max((room - used) // left, 0)
+        used += length
+    return None  # pragma: no cover - unreachable: the sum exceeds room
+
+
+def _fit_track(texts: list[tuple[object, str]], fixed_chars: int, budget: int) -> None:
+    """Cut the texts (object, attribute) so the track renders within `budget` tokens."""
+    lengths = [len(getattr(obj, attr)) for obj, attr in texts]
+    cap = clip_level(lengths, budget * 4 - fixed_chars)
+    if cap is None:
+        return
+    cap = max(cap, MIN_CLIP_CHARS)
+    for obj, attr in texts:
+        setattr(obj, attr, _clip(getattr(obj, attr), cap))
+
+
+def fit_budgets(pack: EvidencePack, s1_budget: int, s2_budget: int) -> None:
+    """Apply the two tracks' independent budgets to a pack, in place."""
+    s1 = [e for e in pack.excerpts if e.track == "s1"]
+    s2 = [e for e in pack.excerpts if e.track != "s1"]
+    records = [rec for row in pack.rows for rec in row.records]
+    s1_fixed = sum(len(_excerpt_line(e)) + 1 - len(e.text) for e in s1)
+    s2_fixed = sum(len(_excerpt_line(e)) + 1 - len(e.text) for e in s2)
+    s2_fixed += sum(len(line) + 1 for line in _row_lines(pack))
+    s2_fixed -= sum(len(rec.content) for rec in records)
+    _fit_track([(e, "text") for e in s1], s1_fixed, s1_budget)
+    _fit_track([(e, "text") for e in s2] + [(r, "content") for r in records], s2_fixed, s2_budget)
 
 
 def approx_tokens(text: str) -> int:
@@ -164,16 +218,26 @@ def _when(ts: datetime) -> str:
     return ts.strftime("%Y-%m-%d %H:%M")
 
 
+def _excerpt_line(e: Excerpt) -> str:
+    return f"[{e.n}] {_when(e.time)} #{e.scope.channel} {e.speaker}: {e.text}"
+
+
 def render_pack(pack: EvidencePack) -> str:
     """The pack as prompt text: numbered excerpts, then the PERSON/GROUP rows."""
     lines = ["EXCERPTS (verbatim messages; cite as [n]):"]
     if not pack.excerpts:
         lines.append("(none)")
     for e in pack.excerpts:
-        lines.append(f"[{e.n}] {_when(e.time)} #{e.scope.channel} {e.speaker}: {e.text}")
+        lines.append(_excerpt_line(e))
     lines.append("")
     mode = "full history, oldest first" if pack.tense == "full" else "current state"
     lines.append(f"MEMORY ROWS ({mode}; owner/source/time/state; [n] = supporting excerpt):")
+    lines.extend(_row_lines(pack))
+    return "\n".join(lines)
+
+
+def _row_lines(pack: EvidencePack) -> list[str]:
+    lines: list[str] = []
     for row in pack.rows:
         title = "GROUP" if row.key == GROUP else row.label
         lines.append(f"- {title}:")
@@ -190,4 +254,4 @@ def render_pack(pack: EvidencePack) -> str:
         if row.fallback_excerpts and not row.records:
             nums = "".join(f"[{n}]" for n in row.fallback_excerpts)
             lines.append(f"    (no derived record; see their messages {nums})")
-    return "\n".join(lines)
+    return lines

@@ -62,9 +62,7 @@ def expand_rows(projection: Projection, roster: Sequence[RosterMember]) -> list[
     return [(k, "GROUP" if k == GROUP else names.get(k, k)) for k in seen]
 
 
-def rank_row(
-    lexical: Sequence[int], dense: Sequence[int], owned: set[int], k: int
-) -> list[int]:
+def rank_row(lexical: Sequence[int], dense: Sequence[int], owned: set[int], k: int) -> list[int]:
     """Lexical matches first, then dense matches, among the row's own records; k at most."""
     out: list[int] = []
     for rid in list(lexical) + list(dense):
@@ -106,7 +104,8 @@ async def system2(
             owned = set(lex) | {
                 rid
                 for rid, rec in dense_records.items()
-                if rec.owner == key and rec.state.value == "active"
+                if rec.owner == key
+                and rec.state.value == "active"
                 and (source_filter is None or rec.source == source_filter)
             }
             chosen = rank_row(lex, dense_ids, owned, cfg.s2_k)

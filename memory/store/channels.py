@@ -10,7 +10,6 @@ from memory.models import RosterAction, RosterEvent, RosterMember, Scope
 from memory.store.database import Database, Transaction
 from memory.store.rows import from_ts, to_ts
 
-
 WORKSPACE_WIDE = "*"
 """Channel value of roster events that concern the whole workspace (renames, guild leaves)."""
 
@@ -121,7 +120,10 @@ class ChannelRepo:
             " display_name = excluded.display_name, is_bot = excluded.is_bot,"
             " updated_at = excluded.updated_at"
             " WHERE users.display_name != excluded.display_name OR users.is_bot != excluded.is_bot",
-            [(scope.platform, scope.workspace, uid, name, int(bot), now) for uid, name, bot in users],
+            [
+                (scope.platform, scope.workspace, uid, name, int(bot), now)
+                for uid, name, bot in users
+            ],
         )
 
     async def add_members(
@@ -151,8 +153,14 @@ class ChannelRepo:
                     await tx.execute(
                         "INSERT INTO users (platform, workspace, user_id, display_name, is_bot,"
                         " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                        (scope.platform, scope.workspace, event.user_id, event.user_id,
-                         int(event.is_bot), at),
+                        (
+                            scope.platform,
+                            scope.workspace,
+                            event.user_id,
+                            event.user_id,
+                            int(event.is_bot),
+                            at,
+                        ),
                     )
                 await tx.execute(
                     "INSERT INTO roster (channel_pk, platform, workspace, channel, user_id,"
@@ -176,8 +184,13 @@ class ChannelRepo:
                 await tx.execute(
                     "INSERT INTO user_aliases (platform, workspace, user_id, alias, alias_norm)"
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (scope.platform, scope.workspace, event.user_id, event.name.strip(),
-                     normalise_alias(event.name)),
+                    (
+                        scope.platform,
+                        scope.workspace,
+                        event.user_id,
+                        event.name.strip(),
+                        normalise_alias(event.name),
+                    ),
                 )
 
     async def _apply_workspace(self, event: RosterEvent, at: float) -> None:
@@ -190,8 +203,13 @@ class ChannelRepo:
                 await tx.execute(
                     "INSERT INTO user_aliases (platform, workspace, user_id, alias, alias_norm)"
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (scope.platform, scope.workspace, event.user_id, event.name.strip(),
-                     normalise_alias(event.name)),
+                    (
+                        scope.platform,
+                        scope.workspace,
+                        event.user_id,
+                        event.name.strip(),
+                        normalise_alias(event.name),
+                    ),
                 )
             elif event.action is RosterAction.LEAVE:
                 await tx.execute(

@@ -193,7 +193,7 @@ class Transaction:
 
 def split_statements(script: str) -> list[str]:
     """Split SQL text into complete statements (trigger bodies kept whole)."""
-    import sqlite3  # noqa: PLC0415 - only for the pure complete_statement helper
+    import sqlite3
 
     statements: list[str] = []
     buffer = ""

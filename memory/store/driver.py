@@ -56,7 +56,7 @@ def stdlib_can_load_extensions() -> bool:
 
 def _sqlean() -> ModuleType | None:
     try:
-        import sqlean  # noqa: PLC0415 - optional at import time, required at use
+        import sqlean
     except ImportError:
         return None
     return sqlean
@@ -95,7 +95,9 @@ def connect_sync(path: Path | str, driver: Driver) -> Any:
     return conn
 
 
-async def open_async(path: Path | str, driver: Driver, *, busy_timeout_ms: int) -> aiosqlite.Connection:
+async def open_async(
+    path: Path | str, driver: Driver, *, busy_timeout_ms: int
+) -> aiosqlite.Connection:
     """Open an aiosqlite connection over the chosen driver, in WAL mode."""
 
     def connector() -> Any:

@@ -83,9 +83,7 @@ class MessageRepo:
         pks: dict[Scope, int] = {}
         for scope in by_scope:
             pks[scope] = await self.channels.ensure(tx, scope)
-        known = await self._existing_pairs(
-            tx, [(pks[ev.scope], ev.message_id) for ev in events]
-        )
+        known = await self._existing_pairs(tx, [(pks[ev.scope], ev.message_id) for ev in events])
         states = await self._channel_states(tx, list(pks.values()))
         top = await tx.fetchone(
             "SELECT (SELECT coalesce(max(id), 0) FROM segments),"
@@ -112,9 +110,7 @@ class MessageRepo:
             users = users_by_ws.setdefault(key[:2], (scope, {}))[1]
             members: dict[str, float] = {}
 
-            def save(
-                sid: int, n: int, last: float, close: bool, new_segs: dict = new_segs
-            ) -> None:
+            def save(sid: int, n: int, last: float, close: bool, new_segs: dict = new_segs) -> None:
                 rec = new_segs.get(sid)
                 if rec is None:  # the channel's open segment from an earlier batch
                     seg_updates.append((n, last, int(close), int(close), now, sid))
@@ -152,9 +148,18 @@ class MessageRepo:
                 seg_last = max(seg_last, ts)
                 rows.append(
                     (
-                        pk, *key, ev.message_id, ev.thread_id, ev.speaker_id,
-                        ev.speaker_name, ev.text, ts, place.session_id, place.turn_index,
-                        ev.reply_to, json.dumps(list(ev.addressees)) if ev.addressees else "[]",
+                        pk,
+                        *key,
+                        ev.message_id,
+                        ev.thread_id,
+                        ev.speaker_id,
+                        ev.speaker_name,
+                        ev.text,
+                        ts,
+                        place.session_id,
+                        place.turn_index,
+                        ev.reply_to,
+                        json.dumps(list(ev.addressees)) if ev.addressees else "[]",
                         seg_id,
                     )
                 )
@@ -215,9 +220,7 @@ class MessageRepo:
         return [o for o in outcomes if o is not None]
 
     @staticmethod
-    async def _existing_pairs(
-        tx: Transaction, pairs: list[tuple[int, str]]
-    ) -> dict[int, set[str]]:
+    async def _existing_pairs(tx: Transaction, pairs: list[tuple[int, str]]) -> dict[int, set[str]]:
         """Which (channel pk, message id) pairs are stored already: one query per 5,000."""
         found: dict[int, set[str]] = {}
         for start in range(0, len(pairs), 5_000):
@@ -607,8 +610,8 @@ class MessageRepo:
 
     async def counts(self) -> dict[str, int]:
         rows = await self.db.read(
-            "SELECT count(*), sum(deleted_at IS NOT NULL), sum(embedded = 0 AND deleted_at IS NULL),"
-            " count(DISTINCT channel_pk) FROM messages"
+            "SELECT count(*), sum(deleted_at IS NOT NULL),"
+            " sum(embedded = 0 AND deleted_at IS NULL), count(DISTINCT channel_pk) FROM messages"
         )
         r = rows[0]
         return {
@@ -639,11 +642,15 @@ def _hamming_top_k(rows: Sequence[Any], qbits: bytes, k: int) -> list[int] | Non
     if len(raw) != rowids.size * nbytes:
         return None
     vecs = np.frombuffer(raw, dtype=np.uint8).reshape(rowids.size, nbytes)
-    valid = np.unpackbits(
-        np.frombuffer(b"".join(r[0] for r in rows), dtype=np.uint8).reshape(len(rows), vlen),
-        axis=1,
-        bitorder="little",
-    )[:, :cap].reshape(-1).astype(bool)
+    valid = (
+        np.unpackbits(
+            np.frombuffer(b"".join(r[0] for r in rows), dtype=np.uint8).reshape(len(rows), vlen),
+            axis=1,
+            bitorder="little",
+        )[:, :cap]
+        .reshape(-1)
+        .astype(bool)
+    )
     q = np.frombuffer(qbits, dtype=np.uint8)
     x = np.bitwise_xor(vecs, q)
     if nbytes % 8 == 0 and hasattr(np, "bitwise_count"):
@@ -660,4 +667,3 @@ def _hamming_top_k(rows: Sequence[Any], qbits: bytes, k: int) -> list[int] | Non
 def embed_text(speaker_name: str, text: str) -> str:
     """What the dense index embeds: the speaker's name with the text, so 'who said' matches."""
     return f"{speaker_name}: {text}"
-

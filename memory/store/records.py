@@ -110,10 +110,23 @@ class RecordRepo:
                 " supersedes, chain_root, writer_model, prompt_version, segment_id, created_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    pk, *scope.key(), rec.layer.value, rec.record_scope.value, rec.content,
-                    rec.source, rec.owner, rec.event, to_ts(rec.time), rec.session_id,
-                    json.dumps(list(rec.from_ids)), rec.supersedes, chain_root or 0,
-                    rec.writer_model, rec.prompt_version, segment_id, now,
+                    pk,
+                    *scope.key(),
+                    rec.layer.value,
+                    rec.record_scope.value,
+                    rec.content,
+                    rec.source,
+                    rec.owner,
+                    rec.event,
+                    to_ts(rec.time),
+                    rec.session_id,
+                    json.dumps(list(rec.from_ids)),
+                    rec.supersedes,
+                    chain_root or 0,
+                    rec.writer_model,
+                    rec.prompt_version,
+                    segment_id,
+                    now,
                 ),
             )
             if chain_root is None:
@@ -145,9 +158,20 @@ class RecordRepo:
             " accepted, noops, rejected, outcome, error)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
-                segment_id, *scope.key(), run.started_at, run.latency_ms, run.model,
-                run.prompt_version, run.prompt_tokens, run.completion_tokens, run.proposed,
-                run.accepted, run.noops, json.dumps(run.rejected), run.outcome, run.error,
+                segment_id,
+                *scope.key(),
+                run.started_at,
+                run.latency_ms,
+                run.model,
+                run.prompt_version,
+                run.prompt_tokens,
+                run.completion_tokens,
+                run.proposed,
+                run.accepted,
+                run.noops,
+                json.dumps(run.rejected),
+                run.outcome,
+                run.error,
             ),
         )
 

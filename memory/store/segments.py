@@ -35,8 +35,9 @@ class SegmentRepo:
             )
             return int(cur.rowcount or 0)
 
-    async def due(self, *, limit: int, now: float | None = None, scope: Scope | None = None
-                  ) -> list[Segment]:
+    async def due(
+        self, *, limit: int, now: float | None = None, scope: Scope | None = None
+    ) -> list[Segment]:
         """Pending segments ready for a Writer attempt, oldest first."""
         now = time.time() if now is None else now
         sql = (

@@ -170,8 +170,9 @@ class Writer:
             log.warning(
                 "writer: segment %d of %s deferred %.0fs (%s)", segment.id, scope, delay, exc
             )
-            return FlushOutcome(segment.id, scope, "deferred", error=str(exc),
-                                latency_ms=run.latency_ms)
+            return FlushOutcome(
+                segment.id, scope, "deferred", error=str(exc), latency_ms=run.latency_ms
+            )
         ctx = await self.validation_context(scope, messages, raw, budget)
         by_id = {m.message_id: m for m in messages}
         ctx.ref_map = {ref: by_id[mid] for ref, mid in refs.items() if mid in by_id}
@@ -184,12 +185,23 @@ class Writer:
         log.info(
             "writer: segment %d of %s: %d proposed, %d accepted, rejected %s, %d+%d tokens, "
             "%.0f ms",
-            segment.id, scope, report.proposed, len(report.accepted), report.reason_counts(),
-            run.prompt_tokens, run.completion_tokens, run.latency_ms,
+            segment.id,
+            scope,
+            report.proposed,
+            len(report.accepted),
+            report.reason_counts(),
+            run.prompt_tokens,
+            run.completion_tokens,
+            run.latency_ms,
         )
         return FlushOutcome(
-            segment.id, scope, "committed", proposed=report.proposed,
-            accepted=len(report.accepted), rejected=report.reason_counts(), record_ids=ids,
+            segment.id,
+            scope,
+            "committed",
+            proposed=report.proposed,
+            accepted=len(report.accepted),
+            rejected=report.reason_counts(),
+            record_ids=ids,
             latency_ms=run.latency_ms,
         )
 
