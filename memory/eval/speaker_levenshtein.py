@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from scipy.optimize import linear_sum_assignment
 
 from memory.models import GROUP, DerivedRecord
 
@@ -202,7 +201,7 @@ def _align(matrix: np.ndarray) -> float:
     """Maximum-weight one-to-one matching; returns the matched score sum."""
     if matrix.size == 0:
         return 0.0
-    rows, cols = linear_sum_assignment(matrix, maximize=True)
+    rows, cols = _assignment()(matrix, maximize=True)
     return float(matrix[rows, cols].sum())
 
 
@@ -322,3 +321,14 @@ def format_report(result: SLResult) -> str:
         f"  (macro {result.macro:.4f}, worst {result.worst:.4f})"
     )
     return "\n".join(out)
+
+
+def _assignment() -> Any:
+    """scipy's Hungarian solver; scipy is an evaluation extra, not a runtime dependency."""
+    try:
+        from scipy.optimize import linear_sum_assignment
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError(
+            "SpeakerLevenshtein needs scipy: pip install 'speakermem[eval]'"
+        ) from exc
+    return linear_sum_assignment

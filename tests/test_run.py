@@ -1,0 +1,118 @@
+"""`speakermem run` as a real process: serves Slack over HTTP, then drains on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from memory.config import MemoryConfig, StoreConfig
+from memory.engine import MemoryEngine
+from memory.models import Scope
+from tests.standins.slack_api import SlackApiStandIn, signed_headers
+
+SECRET = "test-signing-secret"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_for_port(port: int, proc: asyncio.subprocess.Process, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            raise AssertionError("speakermem run exited early")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.1)
+    raise AssertionError("speakermem run did not start listening")
+
+
+async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
+    api = await SlackApiStandIn(
+        users={"U1": {"id": "U1", "name": "alice", "real_name": "Alice"}},
+        members={"C1": ["U1"]},
+    ).start()
+    port = free_port()
+    db = tmp_path / "run.db"
+    env = {
+        **os.environ,
+        "SPEAKERMEM_DB_PATH": str(db),
+        "SPEAKERMEM_SLACK_BOT_TOKEN": "xoxb-test-token-do-not-log",
+        "SPEAKERMEM_SLACK_SIGNING_SECRET": SECRET,
+        "SPEAKERMEM_SLACK_MODE": "http",
+        "SPEAKERMEM_SLACK_HTTP_HOST": "127.0.0.1",
+        "SPEAKERMEM_SLACK_HTTP_PORT": str(port),
+        "SPEAKERMEM_SLACK_API_URL": api.base_url,
+        "SPEAKERMEM_EMBEDDER": "none",
+        "SPEAKERMEM_LLM_BASE_URL": "",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "integrations.cli.main",
+        "run",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=str(Path(__file__).resolve().parents[1]),
+    )
+    try:
+        await wait_for_port(port, proc, timeout=30)
+        body = json.dumps(
+            {
+                "type": "event_callback",
+                "team_id": "T0STANDIN",
+                "event_id": "Ev1",
+                "event": {
+                    "type": "message",
+                    "channel": "C1",
+                    "user": "U1",
+                    "text": "the launch moved to friday",
+                    "ts": "1700000000.000100",
+                    "channel_type": "channel",
+                },
+            }
+        )
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(
+                f"http://127.0.0.1:{port}/slack/events",
+                data=body,
+                headers=signed_headers(SECRET, body, content_type="application/json"),
+            )
+            assert resp.status == 200
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await api.close()
+    log = out.decode(errors="replace")
+    assert proc.returncode == 0, log
+    assert "stopped cleanly" in log
+    assert "xoxb-test-token-do-not-log" not in log
+    eng = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=db)))
+    try:
+        stored = await eng.store.messages.get(
+            Scope(platform="slack", workspace="T0STANDIN", channel="C1"), "1700000000.000100"
+        )
+        assert stored is not None and stored.text == "the launch moved to friday"
+    finally:
+        await eng.close()
+    # the WAL was checkpointed and the file closed cleanly: no hot journal left behind
+    assert not Path(str(db) + "-wal").exists() or Path(str(db) + "-wal").stat().st_size == 0
