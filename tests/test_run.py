@@ -19,6 +19,7 @@ from memory.models import Scope
 from tests.standins.slack_api import SlackApiStandIn, signed_headers
 
 SECRET = "test-signing-secret"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -27,8 +28,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def wait_for_port(port: int, proc: asyncio.subprocess.Process, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for_port(port: int, proc: asyncio.subprocess.Process, limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if proc.returncode is not None:
             raise AssertionError("speakermem run exited early")
@@ -68,10 +69,10 @@ async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        cwd=str(Path(__file__).resolve().parents[1]),
+        cwd=str(ROOT),
     )
     try:
-        await wait_for_port(port, proc, timeout=30)
+        await wait_for_port(port, proc, limit_s=30)
         body = json.dumps(
             {
                 "type": "event_callback",
@@ -115,4 +116,9 @@ async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
     finally:
         await eng.close()
     # the WAL was checkpointed and the file closed cleanly: no hot journal left behind
-    assert not Path(str(db) + "-wal").exists() or Path(str(db) + "-wal").stat().st_size == 0
+    wal = Path(str(db) + "-wal")
+    assert wal_is_empty(wal)
+
+
+def wal_is_empty(wal: Path) -> bool:
+    return not wal.exists() or wal.stat().st_size == 0
