@@ -130,12 +130,17 @@ class ChannelRepo:
         self, tx: Transaction, scope: Scope, pk: int, members: list[tuple[str, float]]
     ) -> None:
         """Ensure (user_id, first seen) are members; a returning member is re-joined."""
+        await self.add_member_rows(tx, [(pk, *scope.key(), uid, ts) for uid, ts in members])
+
+    @staticmethod
+    async def add_member_rows(tx: Transaction, rows: list[tuple[object, ...]]) -> None:
+        """add_members for many channels at once: rows of (pk, platform, ws, channel, uid, ts)."""
         await tx.executemany(
             "INSERT INTO roster (channel_pk, platform, workspace, channel, user_id, joined_at)"
             " VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (channel_pk, user_id) DO UPDATE SET left_at = NULL"
             " WHERE roster.left_at IS NOT NULL AND roster.left_at < excluded.joined_at",
-            [(pk, *scope.key(), uid, ts) for uid, ts in members],
+            rows,
         )
 
     async def apply(self, event: RosterEvent) -> None:

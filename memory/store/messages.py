@@ -98,6 +98,7 @@ class MessageRepo:
         seg_inserts: list[list[Any]] = []
         channel_updates: list[tuple[Any, ...]] = []
         users_by_ws: dict[tuple[str, str], tuple[Scope, dict[str, tuple[str, str, bool]]]] = {}
+        member_rows: list[tuple[Any, ...]] = []
         for scope, idxs in by_scope.items():
             pk = pks[scope]
             key = scope.key()
@@ -172,8 +173,8 @@ class MessageRepo:
             if seg_id is not None and seg_n > 0:
                 save(seg_id, seg_n, seg_last, False)
             channel_updates.append((cursor.last_ts, cursor.session_id, cursor.next_turn, pk))
-            if members:
-                await self.channels.add_members(tx, scope, pk, list(members.items()))
+            member_rows.extend((pk, *key, uid, ts) for uid, ts in members.items())
+        await self.channels.add_member_rows(tx, member_rows)
         # Users are per workspace: one upsert per workspace, not per channel (the last
         # sighting of a user in the batch wins, as before).
         for scope, users in users_by_ws.values():
