@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,10 @@ from memory.store.driver import Driver, open_async, pick_driver
 from memory.store.schema import migrations
 
 log = logging.getLogger(__name__)
+
+
+IN_CHUNK = 500
+"""Values per IN (...) list: well under SQLite's default 32,766 bound variables."""
 
 
 class StoreError(RuntimeError):
@@ -150,6 +154,25 @@ class Database:
     async def read(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
         async with self.reader() as conn, conn.execute(sql, params) as cur:
             return list(await cur.fetchall())
+
+    async def read_in(
+        self,
+        sql: str,
+        values: Sequence[Any],
+        *,
+        before: tuple[Any, ...] = (),
+        chunk: int = IN_CHUNK,
+    ) -> list[Any]:
+        """Rows of `sql` whose `{marks}` placeholder is an IN list over `values`, chunked so
+        no statement exceeds SQLite's variable limit; `before` binds the parameters that
+        precede the list."""
+        rows: list[Any] = []
+        values = list(values)
+        for start in range(0, len(values), chunk):
+            part = values[start : start + chunk]
+            marks = ",".join("?" * len(part))
+            rows.extend(await self.read(sql.format(marks=marks), (*before, *part)))
+        return rows
 
 
 class Transaction:

@@ -356,35 +356,22 @@ class MessageRepo:
     # ---- reads --------------------------------------------------------------------------
 
     async def get_many(self, pks: Sequence[int]) -> dict[int, StoredMessage]:
-        out: dict[int, StoredMessage] = {}
-        pks = list(pks)
-        for start in range(0, len(pks), _CHUNK):
-            chunk = pks[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for row in await self.db.read(
-                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id IN ({marks})", chunk
-            ):
-                msg = message_from_row(row)
-                out[msg.pk] = msg
-        return out
+        rows = await self.db.read_in(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE id IN ({{marks}})", pks
+        )
+        return {msg.pk: msg for msg in map(message_from_row, rows)}
 
     async def by_ids(self, scope: Scope, message_ids: Sequence[str]) -> dict[str, StoredMessage]:
         pk = await self.channels.lookup(scope)
         if pk is None or not message_ids:
             return {}
-        out: dict[str, StoredMessage] = {}
-        ids = list(message_ids)
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for row in await self.db.read(
-                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE channel_pk = ?"
-                f" AND message_id IN ({marks})",
-                (pk, *chunk),
-            ):
-                msg = message_from_row(row)
-                out[msg.message_id] = msg
-        return out
+        rows = await self.db.read_in(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE channel_pk = ?"
+            " AND message_id IN ({marks})",
+            message_ids,
+            before=(pk,),
+        )
+        return {msg.message_id: msg for msg in map(message_from_row, rows)}
 
     async def get(self, scope: Scope, message_id: str) -> StoredMessage | None:
         return (await self.by_ids(scope, [message_id])).get(message_id)
@@ -557,16 +544,10 @@ class MessageRepo:
         return [(r[0], r[1], r[2], r[3]) for r in rows]
 
     async def vectors(self, pks: Sequence[int]) -> dict[int, np.ndarray]:
-        out: dict[int, np.ndarray] = {}
-        pks = list(pks)
-        for start in range(0, len(pks), _CHUNK):
-            chunk = pks[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for r in await self.db.read(
-                f"SELECT id, embedding FROM message_vectors WHERE id IN ({marks})", chunk
-            ):
-                out[r[0]] = np.frombuffer(r[1], dtype=np.float32)
-        return out
+        rows = await self.db.read_in(
+            "SELECT id, embedding FROM message_vectors WHERE id IN ({marks})", pks
+        )
+        return {r[0]: np.frombuffer(r[1], dtype=np.float32) for r in rows}
 
     async def session_term_counts(
         self, terms: Sequence[str], channel_pks: Sequence[int], *, cap: int = 5000
@@ -599,6 +580,30 @@ class MessageRepo:
             list(channel_pks),
         )
         return int(rows[0][0])
+
+    async def session_sizes(
+        self, sessions: Sequence[tuple[int, int]]
+    ) -> dict[tuple[int, int], int]:
+        """Messages per (channel pk, session): the document length of session-level BM25.
+
+        Counted on the (channel_pk, session_id, turn_index) index alone, so deleted
+        messages still count (a negligible bias for a length normaliser).
+        """
+        out: dict[tuple[int, int], int] = {}
+        by_channel: dict[int, list[int]] = {}
+        for channel_pk, session_id in dict.fromkeys(sessions):
+            by_channel.setdefault(channel_pk, []).append(session_id)
+        for channel_pk, ids in by_channel.items():
+            for start in range(0, len(ids), _CHUNK):
+                chunk = ids[start : start + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = await self.db.read(
+                    "SELECT session_id, count(*) FROM messages WHERE channel_pk = ?"
+                    f" AND session_id IN ({marks}) GROUP BY session_id",
+                    (channel_pk, *chunk),
+                )
+                out.update({(channel_pk, r[0]): r[1] for r in rows})
+        return out
 
     async def latest_ts(self, channel_pks: Sequence[int]) -> float | None:
         if not channel_pks:

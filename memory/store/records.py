@@ -14,8 +14,6 @@ from memory.store.channels import ChannelRepo
 from memory.store.database import Database, StoreError, Transaction
 from memory.store.rows import RECORD_COLUMNS, record_from_row, to_ts
 
-_CHUNK = 500
-
 
 class ChainConflict(StoreError):
     """An update targeted a record that is no longer the active head of its chain."""
@@ -182,17 +180,10 @@ class RecordRepo:
     # ---- reads --------------------------------------------------------------------------
 
     async def get_many(self, ids: Sequence[int]) -> dict[int, DerivedRecord]:
-        out: dict[int, DerivedRecord] = {}
-        ids = list(ids)
-        for start in range(0, len(ids), _CHUNK):
-            chunk = ids[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
-            for row in await self.db.read(
-                f"SELECT {RECORD_COLUMNS} FROM records WHERE id IN ({marks})", chunk
-            ):
-                rec = record_from_row(row)
-                out[rec.id] = rec
-        return out
+        rows = await self.db.read_in(
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE id IN ({{marks}})", ids
+        )
+        return {rec.id: rec for rec in map(record_from_row, rows)}
 
     async def heads(
         self,
