@@ -47,6 +47,15 @@ class RecallConfig(BaseModel):
     session_aggregate_top: int = Field(default=10, ge=1)
     session_aggregate_weight: float = Field(default=2.0, ge=0)
     session_bm25_weight: float = Field(default=2.0, ge=0)
+    session_length_norm: float = Field(default=0.5, ge=0, le=1)
+    """BM25 `b` of session scoring: normalise by session length (messages) against the
+    mean over the pool's sessions (measured: +1.4 FriendsQA, flat LoCoMo)."""
+    focus_margin: float = Field(default=1.5, ge=1)
+    """A session whose BM25 is at least this factor above the runner-up is dominant."""
+    focus_weight: float = Field(default=1.0, ge=0)
+    """Weight of the dominant session's turns as one more ranking (0 = off)."""
+    focus_radius: int = Field(default=20, ge=1, le=200)
+    """Turns fetched around the dominant session's best pick (bounds the cost)."""
     context_anchors: int = Field(default=3, ge=0, le=20)
     """Soft Expand: the turns around the top picks join the fusion as one more ranking."""
     context_weight: float = Field(default=0.5, ge=0)

@@ -49,16 +49,18 @@ from memory.query.select import (
 from memory.query.system1 import (
     RANKING_WEIGHTS,
     Rankings,
+    context_ranking,
+    dominant_session,
     expand_order,
+    focus_ranking,
     fuse,
     recall_rankings,
-    context_ranking,
     rerank_by_sessions,
     session_scores,
 )
-from memory.search.fusion import rrf
 from memory.query.system2 import Row, system2
 from memory.query.timewords import TimeWindow, resolve_time
+from memory.search.fusion import rrf
 
 log = logging.getLogger(__name__)
 
@@ -149,23 +151,32 @@ class RecallPipeline:
             return [req.scope]
         out = [req.scope]
         for scope in readable:
-            if scope != req.scope and scope.platform == req.scope.platform \
-                    and scope.workspace == req.scope.workspace \
-                    and not await self.engine.store.channels.is_private(scope):
+            if (
+                scope != req.scope
+                and scope.platform == req.scope.platform
+                and scope.workspace == req.scope.workspace
+                and not await self.engine.store.channels.is_private(scope)
+            ):
                 out.append(scope)
         return out
 
     # ---- stages -------------------------------------------------------------------------
 
     async def _llm_json(
-        self, trace: RecallTrace, stage: str, messages: list[dict[str, str]],
-        schema: dict[str, Any], max_tokens: int = 512,
+        self,
+        trace: RecallTrace,
+        stage: str,
+        messages: list[dict[str, str]],
+        schema: dict[str, Any],
+        max_tokens: int = 512,
     ) -> dict[str, Any] | None:
         if self.llm is None:
             return None
         try:
             result = await self.llm.complete_json(
-                [ChatMessage(**m) for m in messages], schema, schema_name=stage,
+                [ChatMessage(**m) for m in messages],
+                schema,
+                schema_name=stage,
                 max_tokens=max_tokens,
             )
         except LLMError as exc:
@@ -190,7 +201,10 @@ class RecallPipeline:
         return fallback_projection(question, roster)
 
     async def _select(
-        self, question: str, fused: list[int], messages: dict[int, StoredMessage],
+        self,
+        question: str,
+        fused: list[int],
+        messages: dict[int, StoredMessage],
         trace: RecallTrace,
     ) -> tuple[list[int], list[int]]:
         """(ordered pks, anchor pks): the LLM's necessity ranking or the fused order."""
@@ -225,41 +239,60 @@ class RecallPipeline:
         fused = fuse(rankings, k0=cfg.rrf_k0, weights=RANKING_WEIGHTS)
         messages = await self.engine.store.messages.get_many([pk for pk, _ in fused])
         fused = [(pk, sc) for pk, sc in fused if pk in messages]
-        if cfg.session_bm25_weight > 0 or cfg.session_aggregate_weight > 0:
-            by_pk = channel_of_pk(messages, scopes, pks)
-            session_of = {pk: (by_pk[pk], m.session_id) for pk, m in messages.items()}
-            bm25 = (
-                await session_scores(self.engine, question, pks)
-                if cfg.session_bm25_weight > 0
-                else {}
+        channel_of = channel_of_pk(messages, scopes, pks)
+        session_of = {pk: (channel_of[pk], m.session_id) for pk, m in messages.items()}
+        bm25: dict[tuple[int, int], float] = {}
+        if cfg.session_bm25_weight > 0 or cfg.focus_weight > 0:
+            bm25 = await session_scores(
+                self.engine,
+                question,
+                pks,
+                sorted(set(session_of.values())),
+                length_norm=cfg.session_length_norm,
             )
+        if cfg.session_bm25_weight > 0 or cfg.session_aggregate_weight > 0:
             fused = rerank_by_sessions(
-                fused, session_of, bm25=bm25, k0=cfg.rrf_k0,
+                fused,
+                session_of,
+                bm25=bm25 if cfg.session_bm25_weight > 0 else {},
+                k0=cfg.rrf_k0,
                 aggregate_top=cfg.session_aggregate_top,
                 aggregate_weight=cfg.session_aggregate_weight,
                 bm25_weight=cfg.session_bm25_weight,
             )
         if cfg.context_anchors > 0 and cfg.context_weight > 0 and fused:
-            fused = await self._with_context(fused, messages, channel_of_pk(messages, scopes, pks))
+            fused = await self._with_context(fused, messages, channel_of)
+        if cfg.focus_weight > 0 and fused:
+            fused = await self._with_focus(fused, messages, channel_of, bm25)
         pool = [pk for pk, _ in fused][: cfg.pool]
         order, anchors = await self._select(question, pool, messages, trace)
         if cfg.ask and self.llm is not None:
             top = [messages[pk] for pk in order[: cfg.top_k] if pk in messages]
             data = await self._llm_json(
-                trace, "sufficiency", render_sufficiency_messages(question, top),
-                SUFFICIENCY_SCHEMA, 128,
+                trace,
+                "sufficiency",
+                render_sufficiency_messages(question, top),
+                SUFFICIENCY_SCHEMA,
+                128,
             )
             term = parse_sufficiency(data)
             if term:
                 trace.ask = term
                 more = await recall_rankings(
-                    self.engine, f"{question} {term}", projection, pks, pool=cfg.pool,
-                    window=window, extra_terms=[term],
+                    self.engine,
+                    f"{question} {term}",
+                    projection,
+                    pks,
+                    pool=cfg.pool,
+                    window=window,
+                    extra_terms=[term],
                 )
-                merged = Rankings({"first": order, **{f"ask_{k}": v for k, v in more.lists.items()}})
-                order = [
-                    pk for pk, _ in fuse(merged, k0=cfg.rrf_k0, weights={"first": 2.0})
-                ][: cfg.pool]
+                merged = Rankings(
+                    {"first": order, **{f"ask_{k}": v for k, v in more.lists.items()}}
+                )
+                order = [pk for pk, _ in fuse(merged, k0=cfg.rrf_k0, weights={"first": 2.0})][
+                    : cfg.pool
+                ]
                 messages.update(await self.engine.store.messages.get_many(order))
                 anchors = [pk for pk in anchors if pk in order]
         neighbours: dict[int, list[int]] = {}
@@ -273,8 +306,7 @@ class RecallPipeline:
                     messages.setdefault(m.pk, m)
                 neighbours[pk] = [m.pk for m in around if m.pk != pk]
         ordered = [pk for pk in order if pk not in anchors]
-        final = expand_order(anchors + ordered, neighbours, anchors=len(anchors),
-                             top_k=cfg.top_k)
+        final = expand_order(anchors + ordered, neighbours, anchors=len(anchors), top_k=cfg.top_k)
         trace.rankings = {name: len(lst) for name, lst in rankings.lists.items()}
         trace.pool = [messages[pk].message_id for pk in pool[:10] if pk in messages]
         trace.anchors = [messages[pk].message_id for pk in anchors if pk in messages]
@@ -300,6 +332,40 @@ class RecallPipeline:
         if not ctx:
             return fused
         return rrf([[pk for pk, _ in fused], ctx], k0=cfg.rrf_k0, weights=[1.0, cfg.context_weight])
+
+    async def _with_focus(
+        self,
+        fused: list[tuple[int, float]],
+        messages: dict[int, StoredMessage],
+        channel_of: dict[int, int],
+        session_bm25: dict[tuple[int, int], float],
+    ) -> list[tuple[int, float]]:
+        """Fuse in the turns of a clearly dominant session (by session BM25) as one more
+        ranking: the right session known, most answers are within `focus_radius` turns of
+        its best pick, but a wrong guess must not crowd the other sessions out."""
+        cfg = self.cfg
+        dominant = dominant_session(session_bm25, margin=cfg.focus_margin)
+        if dominant is None:
+            return fused
+        best = next(
+            (
+                messages[pk]
+                for pk, _ in fused
+                if pk in messages and (channel_of.get(pk), messages[pk].session_id) == dominant
+            ),
+            None,
+        )
+        if best is None:
+            return fused
+        members: dict[int, int] = {}
+        for m in await self.engine.store.messages.neighbours(best, cfg.focus_radius):
+            messages.setdefault(m.pk, m)
+            channel_of.setdefault(m.pk, dominant[0])
+            members[m.pk] = m.turn_index
+        focus = focus_ranking(fused, members)
+        if not focus:
+            return fused
+        return rrf([[pk for pk, _ in fused], focus], k0=cfg.rrf_k0, weights=[1.0, cfg.focus_weight])
 
     # ---- the whole run ------------------------------------------------------------------
 
@@ -334,22 +400,21 @@ class RecallPipeline:
             window = resolve_time(question, anchor)
         trace.projection = projection.model_dump()
         trace.time_window = (
-            None if window is None else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
+            None
+            if window is None
+            else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
         with stage("system1"):
-            s1 = (
-                await self.system1(question, projection, known, pks, window, trace)
-                if pks
-                else []
-            )
+            s1 = await self.system1(question, projection, known, pks, window, trace) if pks else []
         trace.s1_evidence = [m.message_id for m in s1]
         with stage("system2"):
             qvec = await self.engine.embed_query(projection.issue) if pks else None
             rows = await system2(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
             support = await self._support(rows)
         trace.s2_rows = {
-            r.label: [rr.record.content[:80] for rr in r.records] or
-            [f"(fallback) {m.message_id}" for m in r.fallback] or ["(none)"]
+            r.label: [rr.record.content[:80] for rr in r.records]
+            or [f"(fallback) {m.message_id}" for m in r.fallback]
+            or ["(none)"]
             for r in rows
         }
         with stage("compose"):
@@ -357,9 +422,14 @@ class RecallPipeline:
             pack = compose(question, projection.tense, s1, rows, support, names)
         trace.tokens["pack"] = pack.tokens
         trace.budgets = {
-            "pool": self.cfg.pool, "top_k": self.cfg.top_k, "expand_anchors": self.cfg.expand_anchors,
-            "expand_radius": self.cfg.expand_radius, "ask": self.cfg.ask, "s2_k": self.cfg.s2_k,
-            "s2_source_k": self.cfg.s2_source_k, "scope": self.cfg.scope,
+            "pool": self.cfg.pool,
+            "top_k": self.cfg.top_k,
+            "expand_anchors": self.cfg.expand_anchors,
+            "expand_radius": self.cfg.expand_radius,
+            "ask": self.cfg.ask,
+            "s2_k": self.cfg.s2_k,
+            "s2_source_k": self.cfg.s2_source_k,
+            "scope": self.cfg.scope,
         }
         with stage("answer"):
             result = await self._answer(pack, trace) if answer else RecallAnswer(text="")
