@@ -4,8 +4,11 @@ Excerpts are numbered once ([1], [2], ...) whichever track brought them; rows li
 records with owner, source, time and state, and the numbers of their supporting
 excerpts, so the answer can cite any claim. The two tracks keep separate token budgets
 (SPEC §5.4): when a track's rendered text would exceed its budget, its longest texts are
-shortened first (water-filling), so every excerpt and record stays in the pack and keeps
-its number; only wording is cut.
+shortened first (water-filling), so every excerpt keeps its number and only wording is cut.
+Only when even the shortest wording cannot fit (an ALL question over a large roster) are
+the least important records left out: source-k extras first, then each row's later
+records, never a row's first one. The rows may use what the excerpts leave unused of their
+budget (never the other way round: System 1 evidence is never shortened for the rows).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from memory.models import GROUP, Scope, StoredMessage
-from memory.query.system2 import Row
+from memory.query.system2 import Row, RowRecord
 
 MAX_EXCERPT_CHARS = 600
 MAX_RECORD_CHARS = 400
@@ -104,6 +107,15 @@ def compose(
     s2_budget: int = S2_BUDGET_TOKENS,
 ) -> EvidencePack:
     """Number S1 excerpts first, then S2 support; attach excerpt numbers to records."""
+    s1_chars = sum(
+        _EXCERPT_LINE_CHARS
+        + len(m.scope.channel)
+        + len(m.speaker_name)
+        + min(len(m.text), MAX_EXCERPT_CHARS)
+        for m in s1
+    )
+    s2_budget += max(0, s1_budget - s1_chars // 4)
+    rows = _trim_rows(rows, {(m.scope, m.message_id) for m in s1}, support, names, s2_budget)
     excerpts: list[Excerpt] = []
     index: dict[tuple[Scope, str], int] = {}
 
@@ -166,6 +178,76 @@ def compose(
     fit_budgets(pack, s1_budget, s2_budget)
     pack.tokens = approx_tokens(render_pack(pack))
     return pack
+
+
+_RECORD_LINE_CHARS = 80
+"""A record line without its content and names: '    * ... | profile; owner=; ...' etc."""
+_EXCERPT_LINE_CHARS = 30
+"""An excerpt line without its text, speaker and channel: '[12] 2024-03-01 09:00 #: '."""
+
+
+def _record_cost(
+    rr: RowRecord,
+    s1: set[tuple[Scope, str]],
+    support: dict[str, StoredMessage],
+    names: dict[str, str],
+) -> int:
+    """Characters a row record takes at the shortest wording, with its support excerpt."""
+    chars = 0
+    for node in rr.chain:
+        chars += _RECORD_LINE_CHARS + min(len(node.content), MIN_CLIP_CHARS)
+        chars += len(names.get(node.owner, node.owner)) + len(names.get(node.source, node.source))
+        msg = support.get(f"{node.scope}|{node.from_ids[-1]}") if node.from_ids else None
+        if msg is not None and (msg.scope, msg.message_id) not in s1:
+            chars += _EXCERPT_LINE_CHARS + len(msg.scope.channel) + len(msg.speaker_name)
+            chars += min(len(msg.text), MIN_CLIP_CHARS)
+    return chars
+
+
+def _trim_rows(
+    rows: Sequence[Row],
+    s1: set[tuple[Scope, str]],
+    support: dict[str, StoredMessage],
+    names: dict[str, str],
+    budget: int,
+) -> list[Row]:
+    """Rows whose records fit the S2 budget at the shortest wording (usually all of them)."""
+    room = budget * 4
+    for row in rows:
+        room -= len(row.label) + 8
+        if not row.records and row.fallback:  # "(no derived record; see ...)" + excerpts
+            room -= 50 + sum(
+                _EXCERPT_LINE_CHARS
+                + len(m.scope.channel)
+                + len(m.speaker_name)
+                + min(len(m.text), MIN_CLIP_CHARS)
+                for m in row.fallback
+            )
+    # a row's first record always stays; then by rank within the row, source-k extras last
+    order = sorted(
+        (
+            (rr.via_source, rank, i)
+            for i, row in enumerate(rows)
+            for rank, rr in enumerate(row.records)
+        ),
+    )
+    keep: set[tuple[int, int]] = set()
+    for _, rank, i in order:
+        cost = _record_cost(rows[i].records[rank], s1, support, names)
+        if rank == 0 or cost <= room:
+            keep.add((i, rank))
+            room -= cost
+    if len(keep) == sum(len(r.records) for r in rows):
+        return list(rows)
+    return [
+        Row(
+            key=row.key,
+            label=row.label,
+            fallback=row.fallback,
+            records=[rr for rank, rr in enumerate(row.records) if (i, rank) in keep],
+        )
+        for i, row in enumerate(rows)
+    ]
 
 
 def clip_level(lengths: Sequence[int], room: int) -> int | None:

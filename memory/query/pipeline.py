@@ -408,7 +408,9 @@ class RecallPipeline:
             s1 = await self.system1(question, projection, known, pks, window, trace) if pks else []
         trace.s1_evidence = [m.message_id for m in s1]
         with stage("system2"):
-            qvec = await self.engine.embed_query(projection.issue) if pks else None
+            # embedded only if some row runs short of lexical matches (rarely): saves a model call
+            issue = projection.issue
+            qvec = (lambda: self.engine.embed_query(issue)) if pks else None
             rows = await system2(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
             support = await self._support(rows)
         trace.s2_rows = {

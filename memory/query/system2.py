@@ -10,7 +10,7 @@ the person's best verbatim messages on the issue; a row with nothing is kept as
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +22,9 @@ from memory.query.projection import ALL, Projection
 from memory.search.fts_query import build_match
 
 DENSE_RECORD_POOL = 100
+
+QueryVector = np.ndarray | Callable[[], Awaitable[np.ndarray | None]] | None
+"""The issue's embedding, or a function that computes it: called only if a row needs it."""
 
 
 @dataclass
@@ -80,16 +83,25 @@ async def system2(
     channel_pks: Sequence[int],
     cfg: RecallConfig,
     *,
-    query_vector: np.ndarray | None,
+    query_vector: QueryVector,
 ) -> list[Row]:
     records = engine.store.records
     match = build_match(projection.issue)
-    dense_ids: list[int] = []
-    if query_vector is not None and cfg.s2_k > 0:
-        dense_ids = [
-            rid for rid, _ in await records.dense(query_vector, channel_pks, DENSE_RECORD_POOL)
-        ]
-    dense_records = await records.get_many(dense_ids)
+    dense: tuple[list[int], dict[int, DerivedRecord]] | None = None
+
+    async def dense_pool() -> tuple[list[int], dict[int, DerivedRecord]]:
+        """The dense record pool, fetched once and only when a row needs filling: lexical
+        matches come first in every row, so a row with k of them never looks at it."""
+        nonlocal dense
+        if dense is None:
+            ids: list[int] = []
+            vector = await query_vector() if callable(query_vector) else query_vector
+            if vector is not None:
+                found = await records.dense(vector, channel_pks, DENSE_RECORD_POOL)
+                ids = [rid for rid, _ in found]
+            dense = (ids, await records.get_many(ids))
+        return dense
+
     rows: list[Row] = []
     for key, label in expand_rows(projection, roster):
         row = Row(key=key, label=label)
@@ -101,13 +113,17 @@ async def system2(
                     match, channel_pks, cfg.s2_k * 4, owner=key, source=source_filter
                 )
             ]
-            owned = set(lex) | {
-                rid
-                for rid, rec in dense_records.items()
-                if rec.owner == key
-                and rec.state.value == "active"
-                and (source_filter is None or rec.source == source_filter)
-            }
+            dense_ids: list[int] = []
+            owned = set(lex)
+            if len(lex) < cfg.s2_k:
+                dense_ids, dense_records = await dense_pool()
+                owned |= {
+                    rid
+                    for rid, rec in dense_records.items()
+                    if rec.owner == key
+                    and rec.state.value == "active"
+                    and (source_filter is None or rec.source == source_filter)
+                }
             chosen = rank_row(lex, dense_ids, owned, cfg.s2_k)
             if key != GROUP and cfg.s2_source_k > 0:
                 about_others = [
