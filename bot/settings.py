@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     # storage
     db_path: Path = Path("speakermem.db")
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = "auto"
-    db_readers: int = Field(default=2, ge=1, le=16)
+    db_readers: int = Field(default=4, ge=1, le=16)
 
     # ingestion and the Writer's segments
     session_gap_minutes: float = Field(default=30.0, gt=0)

@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 class StoreConfig(BaseModel):
     db_path: Path = Path("speakermem.db")
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = "auto"
-    readers: int = Field(default=2, ge=1, le=16)
+    readers: int = Field(default=4, ge=1, le=16)
+    """Reader connections: /recall runs its rankings concurrently, one per connection."""
     busy_timeout_ms: int = Field(default=5_000, ge=0)
     vec_chunk_size: int = Field(default=64, ge=8, le=4096)
     dense_oversample: int = Field(default=800, ge=10, le=4096)

@@ -8,6 +8,7 @@ channel's memory never answers in another channel.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -54,9 +55,11 @@ from memory.query.system1 import (
     expand_order,
     focus_ranking,
     fuse,
+    name_terms,
     recall_rankings,
     rerank_by_sessions,
     session_scores,
+    session_term_counts,
 )
 from memory.query.system2 import Row, system2
 from memory.query.timewords import TimeWindow, resolve_time
@@ -231,10 +234,25 @@ class RecallPipeline:
         pks: list[int],
         window: TimeWindow | None,
         trace: RecallTrace,
+        names: frozenset[str] = frozenset(),
+        display: dict[str, str] | None = None,
     ) -> list[StoredMessage]:
         cfg = self.cfg
+        want_sessions = cfg.session_bm25_weight > 0 or cfg.focus_weight > 0
+        counts_task = (
+            asyncio.create_task(session_term_counts(self.engine, question, pks))
+            if want_sessions
+            else None
+        )
         rankings = await recall_rankings(
-            self.engine, question, projection, pks, pool=cfg.pool, window=window
+            self.engine,
+            question,
+            projection,
+            pks,
+            pool=cfg.pool,
+            window=window,
+            name_terms=names,
+            display_names=display,
         )
         fused = fuse(rankings, k0=cfg.rrf_k0, weights=RANKING_WEIGHTS)
         messages = await self.engine.store.messages.get_many([pk for pk, _ in fused])
@@ -242,13 +260,14 @@ class RecallPipeline:
         channel_of = channel_of_pk(messages, scopes, pks)
         session_of = {pk: (channel_of[pk], m.session_id) for pk, m in messages.items()}
         bm25: dict[tuple[int, int], float] = {}
-        if cfg.session_bm25_weight > 0 or cfg.focus_weight > 0:
+        if counts_task is not None:
             bm25 = await session_scores(
                 self.engine,
                 question,
                 pks,
                 sorted(set(session_of.values())),
                 length_norm=cfg.session_length_norm,
+                counts=await counts_task,
             )
         if cfg.session_bm25_weight > 0 or cfg.session_aggregate_weight > 0:
             fused = rerank_by_sessions(
@@ -286,6 +305,7 @@ class RecallPipeline:
                     pool=cfg.pool,
                     window=window,
                     extra_terms=[term],
+                    name_terms=names,
                 )
                 merged = Rankings(
                     {"first": order, **{f"ask_{k}": v for k, v in more.lists.items()}}
@@ -405,7 +425,21 @@ class RecallPipeline:
             else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
         with stage("system1"):
-            s1 = await self.system1(question, projection, known, pks, window, trace) if pks else []
+            names = name_terms(n for m in roster for n in (m.display_name, *m.aliases))
+            s1 = (
+                await self.system1(
+                    question,
+                    projection,
+                    known,
+                    pks,
+                    window,
+                    trace,
+                    names,
+                    {m.user_id: m.display_name for m in roster},
+                )
+                if pks
+                else []
+            )
         trace.s1_evidence = [m.message_id for m in s1]
         with stage("system2"):
             # embedded only if some row runs short of lexical matches (rarely): saves a model call

@@ -15,9 +15,10 @@ without a database.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import defaultdict
-from collections.abc import Hashable, Sequence
+from collections.abc import Awaitable, Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TypeVar
@@ -64,6 +65,11 @@ def fuse(
         k0=k0,
         weights=[weights.get(n, 1.0) for n in names],
     )
+
+
+def name_terms(names: Iterable[str]) -> frozenset[str]:
+    """The search terms of people's display names and aliases."""
+    return frozenset(t for name in names for t in query_terms(name))
 
 
 def phrase_match(question: str) -> str:
@@ -224,44 +230,70 @@ async def recall_rankings(
     pool: int,
     window: TimeWindow | None,
     extra_terms: list[str] | None = None,
+    name_terms: Collection[str] = (),
+    display_names: dict[str, str] | None = None,
 ) -> Rankings:
+    """Every ranking of the pool, queried concurrently (each on its own reader connection).
+
+    `name_terms` (words of roster names) match message text only in the question ranking;
+    who spoke is the speaker ranking's job.
+    """
     store = engine.store.messages
-    rankings = Rankings()
     issue_match = build_match(projection.issue, extra=extra_terms)
-    question_match = build_match(question)
-    rankings.add("issue", [pk for pk, _ in await store.lexical(issue_match, channel_pks, pool)])
+    question_match = build_match(question, text_only=name_terms)
+    people = [p for p in projection.speakers if p not in ("GROUP", "ALL")]
+    queries: dict[str, Awaitable[list[tuple[int, float]]]] = {
+        "issue": store.lexical(issue_match, channel_pks, pool),
+    }
     if question_match and question_match != issue_match:
-        rankings.add(
-            "question", [pk for pk, _ in await store.lexical(question_match, channel_pks, pool)]
-        )
+        queries["question"] = store.lexical(question_match, channel_pks, pool)
     phrases = phrase_match(question)
     if phrases:
-        rankings.add("phrase", [pk for pk, _ in await store.lexical(phrases, channel_pks, pool)])
-    people = [p for p in projection.speakers if p not in ("GROUP", "ALL")]
+        queries["phrase"] = store.lexical(phrases, channel_pks, pool)
     if people and issue_match:
-        rankings.add(
-            "speaker",
-            [pk for pk, _ in await store.lexical(issue_match, channel_pks, pool, speakers=people)],
+        queries["speaker"] = store.lexical(
+            issue_match,
+            channel_pks,
+            pool,
+            speakers=people,
+            speaker_names=[display_names[p] for p in people if p in (display_names or {})],
         )
     if window is not None:
-        rankings.add(
-            "time",
-            [
-                pk
-                for pk, _ in await store.lexical(
-                    issue_match or question_match,
-                    channel_pks,
-                    pool,
-                    since=window.start.timestamp(),
-                    until=window.end.timestamp(),
-                )
-            ],
+        queries["time"] = store.lexical(
+            issue_match or question_match,
+            channel_pks,
+            pool,
+            since=window.start.timestamp(),
+            until=window.end.timestamp(),
         )
-    vector = await engine.embed_query(question)
-    if vector is not None:
-        dense = await store.dense(vector, channel_pks, pool, engine.config.store.dense_oversample)
-        rankings.add("dense", [pk for pk, _ in dense])
+    queries["dense"] = _dense(engine, question, channel_pks, pool)
+    results = await asyncio.gather(*queries.values())
+    rankings = Rankings()
+    for name, hits in zip(queries, results, strict=True):
+        rankings.add(name, [pk for pk, _ in hits])
     return rankings
+
+
+async def _dense(
+    engine: MemoryEngine, question: str, channel_pks: Sequence[int], pool: int
+) -> list[tuple[int, float]]:
+    vector = await engine.embed_query(question)
+    if vector is None:
+        return []
+    return await engine.store.messages.dense(
+        vector, channel_pks, pool, engine.config.store.dense_oversample
+    )
+
+
+async def session_term_counts(
+    engine: MemoryEngine, question: str, channel_pks: Sequence[int]
+) -> dict[str, dict[SessionKey, int]]:
+    """Per question term, matching messages per session (independent of the pool, so it
+    can run while the rankings are queried)."""
+    terms = query_terms(question)[:MAX_SESSION_TERMS]
+    if not terms:
+        return {}
+    return await engine.store.messages.session_term_counts([quote(t) for t in terms], channel_pks)
 
 
 async def session_scores(
@@ -271,14 +303,16 @@ async def session_scores(
     sessions: Sequence[SessionKey] | None = None,
     *,
     length_norm: float = 0.0,
+    counts: dict[str, dict[SessionKey, int]] | None = None,
 ) -> dict[SessionKey, float]:
     """Session BM25 for the question's terms; with `sessions`, only those are scored
-    (the pool's sessions: one cheap size lookup, then length normalisation `length_norm`)."""
-    terms = query_terms(question)[:MAX_SESSION_TERMS]
-    if not terms:
+    (the pool's sessions: one cheap size lookup, then length normalisation `length_norm`).
+    `counts` may come from `session_term_counts` started earlier."""
+    if counts is None:
+        counts = await session_term_counts(engine, question, channel_pks)
+    if not counts:
         return {}
     store = engine.store.messages
-    counts = await store.session_term_counts([quote(t) for t in terms], channel_pks)
     lengths = await store.session_sizes(list(sessions)) if sessions is not None else None
     return session_bm25(
         counts, await store.session_total(channel_pks), lengths=lengths, b=length_norm

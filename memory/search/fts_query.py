@@ -9,6 +9,7 @@ scans most of the index (about 400 ms at 300k messages, measured).
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 from memory.search.stopwords import STOPWORDS
 
@@ -35,11 +36,21 @@ def quote(term: str) -> str:
     return '"' + term.replace('"', '""') + '"'
 
 
-def build_match(text: str, *, max_terms: int = MAX_TERMS, extra: list[str] | None = None) -> str:
-    """An OR-query of the quoted content words of `text` (plus `extra` terms); '' if none."""
+def build_match(
+    text: str,
+    *,
+    max_terms: int = MAX_TERMS,
+    extra: list[str] | None = None,
+    text_only: Collection[str] = (),
+) -> str:
+    """An OR-query of the quoted content words of `text` (plus `extra` terms); '' if none.
+
+    Terms in `text_only` (people's names) match the message text only, not the speaker
+    column: a name there would match every message its owner wrote.
+    """
     terms = query_terms(text, max_terms=max_terms)
     for term in extra or []:
         for t in query_terms(term):
             if t not in terms:
                 terms.append(t)
-    return " OR ".join(quote(t) for t in terms)
+    return " OR ".join("{text} : " + quote(t) if t in text_only else quote(t) for t in terms)
