@@ -425,7 +425,7 @@ class RecallPipeline:
             else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
         with stage("system1"):
-            names = name_terms(n for m in roster for n in (m.display_name, *m.aliases))
+            terms = name_terms(n for m in roster for n in (m.display_name, *m.aliases))
             s1 = (
                 await self.system1(
                     question,
@@ -434,7 +434,7 @@ class RecallPipeline:
                     pks,
                     window,
                     trace,
-                    names,
+                    terms,
                     {m.user_id: m.display_name for m in roster},
                 )
                 if pks

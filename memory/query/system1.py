@@ -256,7 +256,7 @@ async def recall_rankings(
             channel_pks,
             pool,
             speakers=people,
-            speaker_names=[display_names[p] for p in people if p in (display_names or {})],
+            speaker_names=[(display_names or {})[p] for p in people if p in (display_names or {})],
         )
     if window is not None:
         queries["time"] = store.lexical(
