@@ -30,14 +30,13 @@ import asyncio
 import json
 import logging
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from benchlib import machine, pct
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -118,36 +117,6 @@ def event_bodies(n: int, channels: int, team: str) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def pct(values: list[float]) -> dict[str, float]:
-    arr = np.array(values or [0.0])
-    return {
-        "p50": float(np.percentile(arr, 50)),
-        "p95": float(np.percentile(arr, 95)),
-        "p99": float(np.percentile(arr, 99)),
-        "max": float(arr.max()),
-        "n": int(arr.size),
-    }
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for row in Path("/proc/cpuinfo").read_text().splitlines():
-            if row.startswith("model name"):
-                cpu = row.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        load = "load avg " + " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        load = "load avg n/a"
-    return (
-        f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}, {load}"
-    )
 
 
 # ---------------------------------------------------------------- the client (subprocess)

@@ -32,8 +32,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
-import platform
 import random
 import subprocess
 import sys
@@ -47,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchlib import machine, pct
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -188,31 +187,6 @@ class Ticker:
 
     def between(self, start: float, end: float) -> np.ndarray:
         return np.array([lag for t, lag in self.samples if start <= t <= end] or [0.0])
-
-
-def pct(values: np.ndarray) -> dict[str, float]:
-    return {
-        "p50": float(np.percentile(values, 50)),
-        "p95": float(np.percentile(values, 95)),
-        "p99": float(np.percentile(values, 99)),
-        "max": float(values.max()),
-        "n": int(values.size),
-    }
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for row in Path("/proc/cpuinfo").read_text().splitlines():
-            if row.startswith("model name"):
-                cpu = row.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{cpu}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}"
-    )
 
 
 def make_embedder(kind: str) -> Any:

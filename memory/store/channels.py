@@ -186,17 +186,15 @@ class ChannelRepo:
             elif event.action is RosterAction.ALIAS:
                 if not event.name:
                     raise ValueError("an alias event needs the alias")
-                await tx.execute(
-                    "INSERT INTO user_aliases (platform, workspace, user_id, alias, alias_norm)"
-                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (
-                        scope.platform,
-                        scope.workspace,
-                        event.user_id,
-                        event.name.strip(),
-                        normalise_alias(event.name),
-                    ),
-                )
+                await self._add_alias(tx, scope, event.user_id, event.name)
+
+    @staticmethod
+    async def _add_alias(tx: Transaction, scope: Scope, user_id: str, alias: str) -> None:
+        await tx.execute(
+            "INSERT INTO user_aliases (platform, workspace, user_id, alias, alias_norm)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+            (scope.platform, scope.workspace, user_id, alias.strip(), normalise_alias(alias)),
+        )
 
     async def _apply_workspace(self, event: RosterEvent, at: float) -> None:
         """Renames and aliases are per user; a workspace leave leaves every channel."""
@@ -205,17 +203,7 @@ class ChannelRepo:
             if event.action in (RosterAction.RENAME, RosterAction.JOIN) and event.name:
                 await self.upsert_users(tx, scope, [(event.user_id, event.name, event.is_bot)])
             elif event.action is RosterAction.ALIAS and event.name:
-                await tx.execute(
-                    "INSERT INTO user_aliases (platform, workspace, user_id, alias, alias_norm)"
-                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                    (
-                        scope.platform,
-                        scope.workspace,
-                        event.user_id,
-                        event.name.strip(),
-                        normalise_alias(event.name),
-                    ),
-                )
+                await self._add_alias(tx, scope, event.user_id, event.name)
             elif event.action is RosterAction.LEAVE:
                 await tx.execute(
                     "UPDATE roster SET left_at = ? WHERE platform = ? AND workspace = ?"
