@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     # embeddings
     embedder: Literal["minilm", "openai", "none"] = "minilm"
     embed_quantize: bool = False
-    embed_threads: int = Field(default=1, ge=1, le=64)
+    embed_threads: int = Field(default=2, ge=1, le=64)
     model_cache_dir: Path = Path.home() / ".cache" / "speakermem" / "models"
     embedding_base_url: str | None = None
     embedding_api_key: SecretStr = SecretStr("")

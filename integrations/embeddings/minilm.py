@@ -425,7 +425,7 @@ class MiniLMEmbedder:
         quantize: bool = False,
         fused: bool = True,
         intra_op_num_threads: int = 1,
-        batch_size: int = 64,
+        batch_size: int = 32,
         max_seq_length: int | None = None,
         model_dir: Path | None = None,
     ) -> None:
