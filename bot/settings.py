@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     recall_s2_k: int = Field(default=2, ge=0, le=20)
     recall_s2_source_k: int = Field(default=1, ge=0, le=20)
     recall_scope: Literal["channel", "workspace"] = "channel"
+    recall_s1_pack_tokens: int = Field(default=1_500, ge=100)
+    recall_s2_pack_tokens: int = Field(default=1_300, ge=100)
+    recall_answer_max_tokens: int = Field(default=400, ge=16)
     recall_ephemeral: bool = False
 
     # Slack
@@ -113,6 +116,9 @@ class Settings(BaseSettings):
                 s2_k=self.recall_s2_k,
                 s2_source_k=self.recall_s2_source_k,
                 scope=self.recall_scope,
+                s1_pack_tokens=self.recall_s1_pack_tokens,
+                s2_pack_tokens=self.recall_s2_pack_tokens,
+                answer_max_tokens=self.recall_answer_max_tokens,
             ),
             writer=WriterConfig(
                 budget_per_message=self.writer_budget_per_message,

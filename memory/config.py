@@ -73,6 +73,10 @@ class RecallConfig(BaseModel):
     time_boost: float = Field(default=1.0, ge=0)
     scope: Literal["channel", "workspace"] = "channel"
     answer_max_tokens: int = Field(default=400, ge=16)
+    s1_pack_tokens: int = Field(default=1_500, ge=100)
+    """Budget of the verbatim excerpts in the evidence pack (longest texts are shortened)."""
+    s2_pack_tokens: int = Field(default=1_300, ge=100)
+    """Budget of the PERSON/GROUP rows in the evidence pack (plus what S1 leaves unused)."""
 
 
 class WriterConfig(BaseModel):

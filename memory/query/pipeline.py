@@ -455,7 +455,16 @@ class RecallPipeline:
         }
         with stage("compose"):
             names = {m.user_id: m.display_name for m in roster}
-            pack = compose(question, projection.tense, s1, rows, support, names)
+            pack = compose(
+                question,
+                projection.tense,
+                s1,
+                rows,
+                support,
+                names,
+                s1_budget=self.cfg.s1_pack_tokens,
+                s2_budget=self.cfg.s2_pack_tokens,
+            )
         trace.tokens["pack"] = pack.tokens
         trace.budgets = {
             "pool": self.cfg.pool,
@@ -466,6 +475,8 @@ class RecallPipeline:
             "s2_k": self.cfg.s2_k,
             "s2_source_k": self.cfg.s2_source_k,
             "scope": self.cfg.scope,
+            "s1_pack_tokens": self.cfg.s1_pack_tokens,
+            "s2_pack_tokens": self.cfg.s2_pack_tokens,
         }
         with stage("answer"):
             result = await self._answer(pack, trace) if answer else RecallAnswer(text="")
