@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memory.store.messages import hamming_top_k, pack_chunks, quantize_bits
+from memory.store.vectors import hamming_top_k, pack_chunks, quantize_bits
 
 
 def chunk_rows(bits: np.ndarray, rowids: np.ndarray, live: np.ndarray, chunk: int) -> list:
