@@ -396,7 +396,7 @@ def make_minilm(args: argparse.Namespace) -> Any:
     params = inspect.signature(MiniLMEmbedder).parameters
     kwargs: dict[str, Any] = {}
     if "quantize" in params:
-        kwargs["quantize"] = not args.embed_fp32
+        kwargs["quantize"] = args.embed_int8
     for name in ("intra_op_num_threads", "threads"):
         if name in params:
             kwargs[name] = args.embed_threads
@@ -1162,13 +1162,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--embed-threads",
         type=int,
-        default=1,
-        help="MiniLM intra-op threads (the bot's default is 1)",
+        default=2,
+        help="MiniLM intra-op threads (the bot's default is 2)",
     )
     p.add_argument(
-        "--embed-fp32",
+        "--embed-int8",
         action="store_true",
-        help="use the fp32 MiniLM instead of the int8 one (the bot's default)",
+        help="use the dynamically quantised int8 MiniLM instead of fp32 (the bot's default)",
     )
     p.add_argument(
         "--in-process",
