@@ -841,7 +841,7 @@ async def stage_100k(args: argparse.Namespace) -> dict[str, Any]:
         name="100k",
         total=100_000,
         n_channels_used=1,
-        real=False,
+        real=args.real_100k,
         recall_n=args.recall_queries,
         oversamples=(400, 800, 1600, 3200),
     )
@@ -1164,6 +1164,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=2,
         help="MiniLM intra-op threads (the bot's default is 2)",
+    )
+    p.add_argument(
+        "--real-100k",
+        action="store_true",
+        help="embed the 100k scale with real MiniLM too (about 6 minutes) for its dense recall",
     )
     p.add_argument(
         "--embed-int8",
