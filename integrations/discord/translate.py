@@ -139,6 +139,20 @@ def _user_ids(items: Any, where: str) -> list[str]:
     return out
 
 
+def _message_head(
+    d: Mapping[str, Any], guild_id: str | None, where: str
+) -> tuple[str, str, str] | None:
+    """(message id, channel id, guild id) of a message payload; None outside a guild."""
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    message_id = req_str(d, "id", where)
+    channel_id = req_str(d, "channel_id", where)
+    guild = _guild(d, guild_id, where)
+    if guild is None:
+        return None
+    return message_id, channel_id, guild
+
+
 def message_create(
     d: Mapping[str, Any],
     *,
@@ -147,13 +161,10 @@ def message_create(
 ) -> MessageEvent | None:
     """MESSAGE_CREATE → MessageEvent; None for DMs and system message types."""
     where = "discord MESSAGE_CREATE"
-    if not isinstance(d, Mapping):
-        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
-    message_id = req_str(d, "id", where)
-    channel_id = req_str(d, "channel_id", where)
-    guild = _guild(d, guild_id, where)
-    if guild is None:
+    head = _message_head(d, guild_id, where)
+    if head is None:
         return None
+    message_id, channel_id, guild = head
     kind = d.get("type", 0)
     if not isinstance(kind, int) or isinstance(kind, bool):
         raise PayloadError(f"{where}: type must be an integer")
@@ -242,13 +253,10 @@ def message_delete(
 ) -> DeleteEvent | None:
     """MESSAGE_DELETE → DeleteEvent (None in DMs)."""
     where = "discord MESSAGE_DELETE"
-    if not isinstance(d, Mapping):
-        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
-    message_id = req_str(d, "id", where)
-    channel_id = req_str(d, "channel_id", where)
-    guild = _guild(d, guild_id, where)
-    if guild is None:
+    head = _message_head(d, guild_id, where)
+    if head is None:
         return None
+    message_id, channel_id, guild = head
     scope, _thread = _place(guild, channel_id, channel_parent)
     return build(DeleteEvent, where, scope=scope, message_id=message_id)
 
