@@ -199,7 +199,11 @@ class MemoryEngine:
             vec = query_vector if query_vector is not None else await self.embed_query(query)
             if vec is not None:
                 dense = await self.store.messages.dense(
-                    vec, channel_pks, pool, self.config.store.dense_oversample
+                    vec,
+                    channel_pks,
+                    pool,
+                    self.config.store.dense_oversample,
+                    self.config.store.dense_oversample_fraction,
                 )
         return RankedLists(lexical, dense)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -481,12 +482,18 @@ class MessageRepo:
         return [(r[0], r[1]) for r in await self.db.read(sql, params)]
 
     async def dense(
-        self, query: np.ndarray, channel_pks: Sequence[int], limit: int, oversample: int
+        self,
+        query: np.ndarray,
+        channel_pks: Sequence[int],
+        limit: int,
+        oversample: int,
+        oversample_fraction: float = 0.0,
     ) -> list[tuple[int, float]]:
         """Vector KNN over the given channels: [(pk, cosine similarity)] best first.
 
         A coarse Hamming KNN on binary-quantised vectors (per channel partition) picks
-        `oversample` candidates; exact cosine on their float vectors ranks them.
+        `oversample` candidates (or `oversample_fraction` of a large partition's rows);
+        exact cosine on their float vectors ranks them.
         """
         if not channel_pks:
             return []
@@ -496,7 +503,9 @@ class MessageRepo:
         candidates: list[int] = []
         async with self.db.reader() as conn:
             for pk in channel_pks:
-                candidates.extend(await self._coarse_knn(conn, qbits, min(k, 4096), pk))
+                candidates.extend(
+                    await self._coarse_knn(conn, qbits, k, pk, fraction=oversample_fraction)
+                )
             if not candidates:
                 return []
             blobs: list[tuple[int, bytes]] = []
@@ -511,7 +520,9 @@ class MessageRepo:
             return []
         return await asyncio.to_thread(rescore, blobs, q, limit)
 
-    async def _coarse_knn(self, conn: Any, qbits: bytes, k: int, pk: int) -> list[int]:
+    async def _coarse_knn(
+        self, conn: Any, qbits: bytes, k: int, pk: int, *, fraction: float = 0.0
+    ) -> list[int]:
         """The `k` nearest rows of one channel partition by Hamming distance.
 
         Fast path: read the partition's packed chunks straight from vec0's shadow tables and
@@ -522,12 +533,13 @@ class MessageRepo:
         if self._shadow_knn:
             packed = await self._packed_partition(conn, pk, len(qbits))
             if packed is not None:
+                k = max(k, math.ceil(fraction * packed.valid.size))
                 return await asyncio.to_thread(hamming_top_k, packed, qbits, k)
             self._shadow_knn = False
         async with conn.execute(
             "SELECT rowid FROM messages_vec WHERE embedding MATCH vec_bit(?)"
             " AND k = ? AND channel_pk = ?",
-            (qbits, k, pk),
+            (qbits, min(k, 4096), pk),
         ) as cur:
             return [r[0] for r in await cur.fetchall()]
 
