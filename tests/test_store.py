@@ -373,3 +373,28 @@ async def test_dense_search_ranks_by_exact_cosine(engine: MemoryEngine, scope: S
         dtype=np.float32,
     )
     assert vec.shape == (384,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-4
+
+
+async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
+    """SPEC §3: every row carries platform/workspace/channel (users are per workspace)."""
+    tables = [
+        r[0]
+        for r in await engine.store.db.read(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE '%VIRTUAL%'"
+            " AND name NOT LIKE 'messages_fts%' AND name NOT LIKE 'records_fts%'"
+            " AND name NOT LIKE '%_vec_%' AND name NOT LIKE 'sqlite_%'"
+            # message_vectors is the float payload of a messages row, keyed by its id
+            " AND name NOT IN ('schema_migrations', 'message_vectors')"
+        )
+    ]
+    assert {"messages", "records", "record_sources", "roster", "segments", "writer_runs"} <= set(
+        tables
+    )
+    for table in tables:
+        cols = {r[1] for r in await engine.store.db.read(f"PRAGMA table_info({table})")}
+        needed = (
+            {"platform", "workspace"}
+            if table in ("users", "user_aliases")
+            else {"platform", "workspace", "channel"}
+        )
+        assert needed <= cols, table

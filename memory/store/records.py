@@ -136,8 +136,9 @@ class RecordRepo:
                 )
             marks = ",".join("?" * len(rec.from_ids))
             await tx.execute(
-                "INSERT OR IGNORE INTO record_sources (record_id, message_pk)"
-                f" SELECT ?, id FROM messages WHERE channel_pk = ? AND message_id IN ({marks})",
+                "INSERT OR IGNORE INTO record_sources (record_id, message_pk, platform,"
+                " workspace, channel) SELECT ?, id, platform, workspace, channel FROM messages"
+                f" WHERE channel_pk = ? AND message_id IN ({marks})",
                 (rid, pk, *rec.from_ids),
             )
             if vectors is not None:

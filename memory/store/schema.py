@@ -196,6 +196,9 @@ CREATE INDEX records_segment ON records (segment_id);
 CREATE TABLE record_sources (
     record_id  INTEGER NOT NULL REFERENCES records(id),
     message_pk INTEGER NOT NULL REFERENCES messages(id),
+    platform   TEXT NOT NULL,
+    workspace  TEXT NOT NULL,
+    channel    TEXT NOT NULL,
     PRIMARY KEY (record_id, message_pk)
 ) WITHOUT ROWID;
 CREATE INDEX record_sources_message ON record_sources (message_pk);
