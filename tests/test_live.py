@@ -1,0 +1,68 @@
+"""Live checks against a real OpenAI-compatible endpoint (vLLM, Ollama, OpenAI).
+
+Marked `live`: excluded by default (pyproject addopts) and from CI. Run with
+    SPEAKERMEM_LIVE_LLM_BASE_URL=http://host:8000/v1 SPEAKERMEM_LIVE_LLM_MODEL=... \\
+    pytest -m live tests/test_live.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from integrations.llm.openai_compat import OpenAICompatLLM
+from memory.engine import MemoryEngine
+from memory.models import Scope
+from memory.query.pipeline import RecallPipeline, RecallRequest
+from memory.writer.runner import Writer
+from tests.conftest import make_config, msg
+from tests.fakes import HashEmbedder
+
+pytestmark = pytest.mark.live
+
+BASE_URL = os.environ.get("SPEAKERMEM_LIVE_LLM_BASE_URL")
+MODEL = os.environ.get("SPEAKERMEM_LIVE_LLM_MODEL", "default")
+MODE = os.environ.get("SPEAKERMEM_LIVE_LLM_STRUCTURED_MODE", "json_schema")
+
+
+@pytest.fixture
+def live_llm() -> OpenAICompatLLM:
+    if not BASE_URL:
+        pytest.skip("set SPEAKERMEM_LIVE_LLM_BASE_URL to run live checks")
+    return OpenAICompatLLM(
+        BASE_URL,
+        os.environ.get("SPEAKERMEM_LIVE_LLM_API_KEY", "not-needed"),
+        MODEL,
+        120.0,
+        MODE,  # type: ignore[arg-type]
+    )
+
+
+async def test_writer_and_recall_with_a_real_model(
+    tmp_path: Path, live_llm: OpenAICompatLLM
+) -> None:
+    scope = Scope(platform="live", workspace="w", channel="team")
+    lines = [
+        ("Alice", "I'm vegetarian, so please no meat at the offsite."),
+        ("Bob", "Noted. I booked the Lakeside venue for March 14."),
+        ("Carol", "I think Bob agreed to handle the catering too."),
+        ("Bob", "Yes, I'll handle catering. Vegetarian options for Alice."),
+        ("Alice", "Actually I'm vegan now, since January."),
+    ]
+    engine = await MemoryEngine.open(make_config(tmp_path, segment_window=5), HashEmbedder())
+    try:
+        await engine.ingest_many(
+            [msg(scope, f"m{i}", who, text, i) for i, (who, text) in enumerate(lines)]
+        )
+        outcomes = await Writer(engine, live_llm).flush_due()
+        assert [o.status for o in outcomes] == ["committed"]
+        assert outcomes[0].accepted >= 1, outcomes[0].rejected
+        result = await RecallPipeline(engine, llm=live_llm).run(
+            RecallRequest("What does Alice eat now?", scope)
+        )
+        assert result.answer.used_llm and result.answer.citations
+        assert "vegan" in result.answer.text.lower()
+    finally:
+        await engine.close()
