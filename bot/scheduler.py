@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -22,8 +22,6 @@ from memory.engine import MemoryEngine
 from memory.writer.runner import Writer
 
 log = logging.getLogger(__name__)
-
-Job = Callable[[], Awaitable[object]]
 
 
 class WriterScheduler:

@@ -72,8 +72,6 @@ class RecallConfig(BaseModel):
     s2_k: int = Field(default=2, ge=0, le=20)
     s2_source_k: int = Field(default=1, ge=0, le=20)
     s2_fallback_messages: int = Field(default=2, ge=0, le=20)
-    speaker_boost: float = Field(default=1.0, ge=0)
-    time_boost: float = Field(default=1.0, ge=0)
     scope: Literal["channel", "workspace"] = "channel"
     answer_max_tokens: int = Field(default=400, ge=16)
     dense_oversample_fraction: float = Field(default=0.0, ge=0, le=1)

@@ -20,9 +20,16 @@ from integrations.cli.commands_store import (
 from integrations.cli.errors import CliError
 from integrations.cli.render import advance, console, err_console, progress_bar
 from memory.engine import MemoryEngine
+from memory.eval.answer_metrics import JUDGE_PROMPT_VERSION
 from memory.eval.harness import EvalHarness, markdown_table
 from memory.models import Scope
-from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest, RecallResult
+from memory.query.pipeline import (
+    PROMPT_VERSIONS,
+    AccessDenied,
+    RecallPipeline,
+    RecallRequest,
+    RecallResult,
+)
 
 
 def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ignore[type-arg]
@@ -197,6 +204,7 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
             )
     report["writer"] = args.writer
     report["llm"] = None if llm is None else llm.model
+    report["prompts"] = {**PROMPT_VERSIONS, "judge": JUDGE_PROMPT_VERSION}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     md = markdown_table(report)

@@ -24,6 +24,7 @@ from memory.engine import MemoryEngine
 from memory.models import RosterMember, Scope, StoredMessage
 from memory.ports import LLM, ChatMessage, LLMError
 from memory.query.answer import (
+    ANSWER_PROMPT_VERSION,
     RecallAnswer,
     check_citations,
     citations_for,
@@ -33,6 +34,7 @@ from memory.query.answer import (
 from memory.query.compose import EvidencePack, compose
 from memory.query.links import LinkResolver, default_link
 from memory.query.projection import (
+    PROJECT_PROMPT_VERSION,
     PROJECT_SCHEMA,
     Projection,
     fallback_projection,
@@ -40,7 +42,9 @@ from memory.query.projection import (
     render_project_messages,
 )
 from memory.query.select import (
+    SELECT_PROMPT_VERSION,
     SELECT_SCHEMA,
+    SUFFICIENCY_PROMPT_VERSION,
     SUFFICIENCY_SCHEMA,
     parse_select,
     parse_sufficiency,
@@ -68,6 +72,13 @@ from memory.search.fusion import rrf
 log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 4_000
+PROMPT_VERSIONS = {
+    "project": PROJECT_PROMPT_VERSION,
+    "select": SELECT_PROMPT_VERSION,
+    "sufficiency": SUFFICIENCY_PROMPT_VERSION,
+    "answer": ANSWER_PROMPT_VERSION,
+}
+"""Recorded in every trace, so an evaluation says which prompts produced it."""
 
 
 def channel_of_pk(
@@ -477,6 +488,7 @@ class RecallPipeline:
             "scope": self.cfg.scope,
             "s1_pack_tokens": self.cfg.s1_pack_tokens,
             "s2_pack_tokens": self.cfg.s2_pack_tokens,
+            "prompts": PROMPT_VERSIONS,
         }
         with stage("answer"):
             result = await self._answer(pack, trace) if answer else RecallAnswer(text="")
