@@ -167,13 +167,17 @@ class MemoryEngine:
 
     # ---- search -------------------------------------------------------------------------
 
-    async def channel_pks(self, scopes: Sequence[Scope]) -> list[int]:
-        pks = []
+    async def known_channels(self, scopes: Sequence[Scope]) -> list[tuple[Scope, int]]:
+        """(scope, channel pk) of the scopes the store knows, in order."""
+        known = []
         for scope in scopes:
             pk = await self.store.channels.lookup(scope)
             if pk is not None:
-                pks.append(pk)
-        return pks
+                known.append((scope, pk))
+        return known
+
+    async def channel_pks(self, scopes: Sequence[Scope]) -> list[int]:
+        return [pk for _, pk in await self.known_channels(scopes)]
 
     async def embed_query(self, text: str) -> np.ndarray | None:
         if self.embedder is None:

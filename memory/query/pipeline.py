@@ -413,13 +413,9 @@ class RecallPipeline:
         trace = RecallTrace(projection={})
         with stage("access"):
             scopes = await self.allowed_scopes(req)
-            known: list[Scope] = []
-            pks: list[int] = []
-            for scope in scopes:
-                pk = await self.engine.store.channels.lookup(scope)
-                if pk is not None:
-                    known.append(scope)
-                    pks.append(pk)
+            pairs = await self.engine.known_channels(scopes)
+            known = [scope for scope, _ in pairs]
+            pks = [pk for _, pk in pairs]
             roster: list[RosterMember] = []
             for scope in scopes:
                 roster.extend(await self.engine.members(scope))

@@ -126,15 +126,10 @@ class ChannelRepo:
             ],
         )
 
-    async def add_members(
-        self, tx: Transaction, scope: Scope, pk: int, members: list[tuple[str, float]]
-    ) -> None:
-        """Ensure (user_id, first seen) are members; a returning member is re-joined."""
-        await self.add_member_rows(tx, [(pk, *scope.key(), uid, ts) for uid, ts in members])
-
     @staticmethod
     async def add_member_rows(tx: Transaction, rows: list[tuple[object, ...]]) -> None:
-        """add_members for many channels at once: rows of (pk, platform, ws, channel, uid, ts)."""
+        """Ensure members for many channels at once: rows of (pk, platform, ws, channel, uid,
+        first seen); a member who had left and speaks again is re-joined."""
         await tx.executemany(
             "INSERT INTO roster (channel_pk, platform, workspace, channel, user_id, joined_at)"
             " VALUES (?, ?, ?, ?, ?, ?)"

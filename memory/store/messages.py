@@ -413,17 +413,6 @@ class MessageRepo:
         )
         return {r[0]: r[1] for r in rows}
 
-    async def by_speaker(
-        self, channel_pks: Sequence[int], speaker_id: str, limit: int
-    ) -> list[StoredMessage]:
-        marks = ",".join("?" * len(channel_pks))
-        rows = await self.db.read(
-            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE channel_pk IN ({marks})"
-            " AND speaker_id = ? AND deleted_at IS NULL ORDER BY ts DESC LIMIT ?",
-            (*channel_pks, speaker_id, limit),
-        )
-        return [message_from_row(r) for r in rows]
-
     async def lexical(
         self,
         match: str,

@@ -269,17 +269,6 @@ class RecordRepo:
         params.append(limit)
         return [(r[0], r[1]) for r in await self.db.read(sql, params)]
 
-    async def count_for(self, channel_pks: Sequence[int], *, owner: str) -> int:
-        if not channel_pks:
-            return 0
-        marks = ",".join("?" * len(channel_pks))
-        rows = await self.db.read(
-            f"SELECT count(*) FROM records WHERE channel_pk IN ({marks}) AND owner = ?"
-            " AND state = 'active'",
-            (*channel_pks, owner),
-        )
-        return int(rows[0][0])
-
     async def dense(
         self, query: np.ndarray, channel_pks: Sequence[int], limit: int
     ) -> list[tuple[int, float]]:
