@@ -5,10 +5,11 @@ Secrets are `SecretStr`: they print as '**********' in logs, reprs and `speakerm
 
 from __future__ import annotations
 
+from copy import copy
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memory.config import (
@@ -21,29 +22,34 @@ from memory.config import (
 )
 
 
+def inherit(model: type[BaseModel], name: str) -> Any:
+    """A memory config field (default and bounds) reused as a setting: written once, there."""
+    return copy(model.model_fields[name])
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="SPEAKERMEM_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
     )
 
     # storage
-    db_path: Path = Path("speakermem.db")
-    sqlite_driver: Literal["auto", "stdlib", "sqlean"] = "auto"
-    db_readers: int = Field(default=4, ge=1, le=16)
+    db_path: Path = inherit(StoreConfig, "db_path")
+    sqlite_driver: Literal["auto", "stdlib", "sqlean"] = inherit(StoreConfig, "sqlite_driver")
+    db_readers: int = inherit(StoreConfig, "readers")
 
     # ingestion and the Writer's segments
-    session_gap_minutes: float = Field(default=30.0, gt=0)
-    writer_window: int = Field(default=25, ge=1, le=500)
-    writer_concurrency: int = Field(default=2, ge=1, le=64)
-    writer_budget_per_message: int = Field(default=2, ge=1)
-    writer_budget_cap: int = Field(default=40, ge=1)
-    writer_retry_base_s: float = Field(default=30.0, gt=0)
-    writer_retry_max_s: float = Field(default=1800.0, gt=0)
-    writer_heads_tokens: int = Field(default=1500, ge=0)
-    gate_mode: Literal["lexical", "dense", "either", "both"] = "lexical"
-    # defaults = WriterConfig's, calibrated on LoCoMo by bench/calibrate_gate.py
-    gate_lexical_threshold: float = Field(default=0.25, ge=0, le=1)
-    gate_dense_threshold: float = Field(default=0.6, ge=-1, le=1)
+    session_gap_minutes: float = inherit(IngestConfig, "session_gap_minutes")
+    writer_window: int = inherit(IngestConfig, "segment_window")
+    writer_concurrency: int = inherit(WriterConfig, "concurrency")
+    writer_budget_per_message: int = inherit(WriterConfig, "budget_per_message")
+    writer_budget_cap: int = inherit(WriterConfig, "budget_cap")
+    writer_retry_base_s: float = inherit(WriterConfig, "retry_base_s")
+    writer_retry_max_s: float = inherit(WriterConfig, "retry_max_s")
+    writer_heads_tokens: int = inherit(WriterConfig, "heads_token_budget")
+    gate_mode: Literal["lexical", "dense", "either", "both"] = inherit(WriterConfig, "gate_mode")
+    # calibrated on LoCoMo by bench/calibrate_gate.py
+    gate_lexical_threshold: float = inherit(WriterConfig, "gate_lexical_threshold")
+    gate_dense_threshold: float = inherit(WriterConfig, "gate_dense_threshold")
 
     # embeddings
     embedder: Literal["minilm", "openai", "none"] = "minilm"
@@ -64,19 +70,19 @@ class Settings(BaseSettings):
     llm_structured_mode: Literal["json_schema", "json_object", "none"] = "json_schema"
 
     # search and /recall budgets (SPEC §5 defaults)
-    rrf_k0: int = Field(default=60, ge=1)
-    recall_pool: int = Field(default=40, ge=1, le=1000)
-    recall_top_k: int = Field(default=10, ge=1, le=100)
-    recall_rrf_k0: int = Field(default=20, ge=1)
-    recall_expand_anchors: int = Field(default=2, ge=0, le=10)
-    recall_expand_radius: int = Field(default=1, ge=0, le=10)
-    recall_ask: bool = False
-    recall_s2_k: int = Field(default=2, ge=0, le=20)
-    recall_s2_source_k: int = Field(default=1, ge=0, le=20)
-    recall_scope: Literal["channel", "workspace"] = "channel"
-    recall_s1_pack_tokens: int = Field(default=1_500, ge=100)
-    recall_s2_pack_tokens: int = Field(default=1_300, ge=100)
-    recall_answer_max_tokens: int = Field(default=400, ge=16)
+    rrf_k0: int = inherit(SearchConfig, "rrf_k0")
+    recall_pool: int = inherit(RecallConfig, "pool")
+    recall_top_k: int = inherit(RecallConfig, "top_k")
+    recall_rrf_k0: int = inherit(RecallConfig, "rrf_k0")
+    recall_expand_anchors: int = inherit(RecallConfig, "expand_anchors")
+    recall_expand_radius: int = inherit(RecallConfig, "expand_radius")
+    recall_ask: bool = inherit(RecallConfig, "ask")
+    recall_s2_k: int = inherit(RecallConfig, "s2_k")
+    recall_s2_source_k: int = inherit(RecallConfig, "s2_source_k")
+    recall_scope: Literal["channel", "workspace"] = inherit(RecallConfig, "scope")
+    recall_s1_pack_tokens: int = inherit(RecallConfig, "s1_pack_tokens")
+    recall_s2_pack_tokens: int = inherit(RecallConfig, "s2_pack_tokens")
+    recall_answer_max_tokens: int = inherit(RecallConfig, "answer_max_tokens")
     recall_ephemeral: bool = False
 
     # Slack
