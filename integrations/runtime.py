@@ -29,6 +29,39 @@ class Adapter(Protocol):
     async def stop(self) -> None: ...
 
 
+async def wait_for_death(adapters: list[Adapter]) -> str:
+    """Return (with the adapter's name) when an adapter that can end by itself ends.
+
+    The caller then exits non-zero so a supervisor restarts the process instead of leaving a
+    bot that is up but deaf.
+
+    Adapters with a `wait_closed()` (the Discord gateway client) end only after `stop()` or a
+    fatal error; those without one (Slack's HTTP server) never end on their own.
+    """
+    watchers: dict[asyncio.Task[object], str] = {}
+    for adapter in adapters:
+        wait_closed = getattr(adapter, "wait_closed", None)
+        if wait_closed is not None:
+            watchers[asyncio.ensure_future(wait_closed())] = type(adapter).__name__
+    if not watchers:
+        await asyncio.Event().wait()  # never: cancelled by the caller
+    try:
+        done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in watchers:
+            task.cancel()
+    task = next(iter(done))
+    name = watchers[task]
+    if task.cancelled():
+        return name
+    error = task.exception()
+    if error is not None:
+        log.error("%s: the platform connection ended: %r", name, error)
+    else:
+        log.error("%s: the platform connection ended without an error", name)
+    return name
+
+
 class NothingToRun(RuntimeError):
     """No platform is configured."""
 
@@ -70,6 +103,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     llm = build_llm(settings)
+    exit_code = 0
     async with open_engine(settings) as engine:
         writer = Writer(engine, llm) if llm is not None else None
         scheduler = WriterScheduler(
@@ -91,7 +125,16 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                 "on" if writer else "off (no LLM)",
                 settings.db_path,
             )
-            await stop.wait()
+            stopper = asyncio.ensure_future(stop.wait())
+            death = asyncio.ensure_future(wait_for_death(started))
+            try:
+                await asyncio.wait({stopper, death}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopper.cancel()
+                death.cancel()
+            if not stop.is_set() and death.done() and not death.cancelled():
+                exit_code = 1
+                log.error("stopping: %s died; exiting with status 1", death.result())
             log.info("stopping: draining in-flight work")
         finally:
             for adapter in reversed(started):
@@ -101,5 +144,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                     log.exception("adapter stop failed")
             await scheduler.shutdown()
             await engine.stop_background_embedding()
+    if exit_code:
+        log.error("stopped after a platform connection failed (exit %d)", exit_code)
+        return exit_code
     log.info("stopped cleanly")
     return 0

@@ -46,6 +46,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.commands import RECALL
 from bot.dispatch import Dispatcher
 from bot.events import Event, MessageEvent, RosterAction, RosterEvent, Scope
+from bot.inflight import InFlight
 from bot.settings import Settings
 from integrations.slack.render import fallback_text, render_blocks
 from integrations.slack.translate import (
@@ -136,6 +137,7 @@ class SlackAdapter:
         user_ttl_s: float = 3600.0,
         lookup_concurrency: int = 4,
         rate_limit_retries: int = 3,
+        drain_timeout_s: float = 30.0,
     ) -> None:
         """`process_before_response=True` finishes the work before the HTTP 200 (tests, FaaS);
         the default acks first and works after, which is what Slack's 3 s deadline wants."""
@@ -179,6 +181,9 @@ class SlackAdapter:
         self._permalinks = _TTLCache(24 * 3600.0)
         self._lookups = asyncio.Semaphore(lookup_concurrency)
         self.stats: Counter[str] = Counter()
+        self.inflight = InFlight("slack")
+        """Listener tasks bolt started after the ack; `stop()` waits for them."""
+        self.drain_timeout_s = drain_timeout_s
 
         self.bot_user_id: str | None = None
         self.bot_id: str | None = None
@@ -224,12 +229,16 @@ class SlackAdapter:
         )
 
     async def stop(self) -> None:
+        """Stop taking requests, then let acked work finish (bounded) before the store closes."""
         if self._socket is not None:
             await self._socket.close_async()
             self._socket = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        left = await self.inflight.drain(self.drain_timeout_s)
+        if left:
+            self.stats["drain_cancelled"] += left
 
     @property
     def url(self) -> str:
@@ -246,9 +255,11 @@ class SlackAdapter:
         signature = headers.get("X-Slack-Signature", "")
         if not stamp.isdigit() or abs(time.time() - int(stamp)) > MAX_SKEW_S:
             return False
+        if not stamp.isascii() or not signature.isascii():
+            return False  # compare_digest raises on non-ASCII str; a forged header is a 401
         base = b"v0:" + stamp.encode() + b":" + raw
         expected = "v0=" + hmac.new(self._signing_secret, base, hashlib.sha256).hexdigest()
-        return hmac.compare_digest(expected, signature)
+        return hmac.compare_digest(expected.encode(), signature.encode())
 
     async def _http(self, request: web.Request) -> web.Response:
         """Verify on raw bytes, drop undecodable bodies, then hand the request to bolt."""
@@ -291,8 +302,9 @@ class SlackAdapter:
     # ---- events -------------------------------------------------------------------------
 
     async def _on_event(self, ack: Callable[[], Awaitable[Any]], body: dict[str, Any]) -> None:
-        await ack()
-        await self.handle_event_body(body)
+        with self.inflight.track():
+            await ack()
+            await self.handle_event_body(body)
 
     async def handle_event_body(self, body: Mapping[str, Any]) -> Event | None:
         """Translate one Events API body and apply it; never raises. Returns what was applied."""
@@ -486,8 +498,9 @@ class SlackAdapter:
     async def _on_recall(
         self, ack: Callable[..., Awaitable[Any]], command: dict[str, Any], respond: Respond
     ) -> None:
-        await ack(ACK_TEXT)
-        await self.answer_recall(command, respond)
+        with self.inflight.track():
+            await ack(ACK_TEXT)
+            await self.answer_recall(command, respond)
 
     async def answer_recall(self, command: Mapping[str, Any], respond: Respond) -> None:
         """Run /recall after the ack and post Block Kit to response_url; never raises."""

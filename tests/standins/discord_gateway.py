@@ -222,6 +222,14 @@ class DiscordStandIn:
         assert self._ws is not None
         await self._ws.send_str(json.dumps({"op": 0, "t": event, "s": next(self._seq), "d": data}))
 
+    async def close_gateway(self, code: int) -> None:
+        """Close the client's gateway connection with a close code (4004 and 4014 are fatal
+        for discord.py; 4000 or 1001 make it reconnect)."""
+        await self.identified.wait()
+        assert self._ws is not None
+        self.identified.clear()
+        await self._ws.close(code=code)
+
     async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)

@@ -69,6 +69,7 @@ class SlackApiStandIn:
         self.acks: list[dict[str, Any]] = []
         self.socket_connections = 0
         self._rate_limits: dict[str, list[int]] = {}
+        self._holds: dict[str, tuple[asyncio.Event, asyncio.Event]] = {}
         self._envelopes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._ack_event = asyncio.Condition()
         self._hello_sent = asyncio.Event()
@@ -108,6 +109,14 @@ class SlackApiStandIn:
         """Answer the next `times` calls of `method` with 429 and ``Retry-After``."""
         self._rate_limits.setdefault(method, []).extend([retry_after] * times)
 
+    def hold(self, method: str) -> tuple[asyncio.Event, asyncio.Event]:
+        """Hold calls of `method` until released: returns (entered, release) events; a call
+        sets `entered` and waits for `release` (so a test can act while a handler is in
+        flight)."""
+        pair = (asyncio.Event(), asyncio.Event())
+        self._holds[method] = pair
+        return pair
+
     def method_calls(self, method: str) -> list[dict[str, Any]]:
         return [args for name, args in self.calls if name == method]
 
@@ -128,6 +137,10 @@ class SlackApiStandIn:
         method = request.match_info["method"]
         args = await self._args(request)
         self.calls.append((method, args))
+        held = self._holds.get(method)
+        if held is not None:
+            held[0].set()
+            await held[1].wait()
         pending = self._rate_limits.get(method)
         if pending:
             retry_after = pending.pop(0)
