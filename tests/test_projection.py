@@ -14,6 +14,7 @@ from memory.query.projection import (
     PROJECT_SCHEMA,
     Projection,
     fallback_projection,
+    name_keys,
     projection_from_llm,
     render_project_messages,
 )
@@ -204,7 +205,10 @@ def test_issue_keeps_content_words_in_order(
 
 
 def test_issue_never_empty() -> None:
-    assert _p("What is Alice's view of Bob?").issue == "Alice Smith Bob Jones"
+    # all content words are stop-words: the question's own words, never the display names
+    assert _p("What is Alice's view of Bob?").issue == "view"
+    assert _p("What did Alice tell Bob?").issue == "tell"
+    assert "Alice" not in _p("What did Alice say?").issue
     assert _p("What do you think?").issue
     assert _p("").issue
     assert _p("?!?...").issue
@@ -334,3 +338,69 @@ def test_llm_issue_is_capped_and_flattened() -> None:
     p = projection_from_llm({"rows": ["U1"], "issue": "a\x00b\n" * 500}, "q", ROSTER)
     assert p is not None
     assert len(p.issue) <= MAX_ISSUE_CHARS and "\n" not in p.issue and "\x00" not in p.issue
+
+
+# ---- issue 11: relations, handles, names that are ordinary words -------------------------
+
+HANDLES = [
+    RosterMember(user_id="Z", display_name="zed_42"),
+    RosterMember(user_id="N", display_name="Night-Owl"),
+    RosterMember(user_id="R", display_name="Ross"),
+    RosterMember(user_id="M", display_name="Man"),
+    RosterMember(user_id="G", display_name="Girl's Voice"),
+]
+
+
+@pytest.mark.parametrize(
+    ("question", "who"),
+    [
+        ("What did zed_42 say about the build?", "Z"),
+        ("What did Zed 42 say about the build?", "Z"),
+        ("what did zed42 say about the build", "Z"),
+        ("What did ZED-42 say about the build?", "Z"),
+        ("What did night owl say about the build?", "N"),
+        ("What did NightOwl say about the build?", "N"),
+        ("What did Night_Owl say about the build?", "N"),
+        ("What did @night-owl say about the build?", "N"),
+    ],
+)
+def test_nickname_handles_match_across_case_and_separators(question: str, who: str) -> None:
+    p = _p(question, HANDLES)
+    assert p.speakers == [who]
+    assert p.issue == "build"
+
+
+def test_handle_variants_do_not_match_inside_other_words() -> None:
+    assert _p("What did zed420 say?", HANDLES).speakers == []
+    assert _p("Is the nightowls club open?", HANDLES).speakers == []
+
+
+@pytest.mark.parametrize(
+    ("question", "speakers", "addressee"),
+    [
+        ("Who asked Ross about the ring?", ["R"], "R"),
+        ("who told Ross about the party", ["R"], "R"),
+        ("Did zed_42 reply to Ross's idea?", ["Z"], "R"),
+        ("What did Night-Owl tell Ross?", ["N"], "R"),
+    ],
+)
+def test_communication_relations(question: str, speakers: list[str], addressee: str) -> None:
+    p = _p(question, HANDLES)
+    assert (p.speakers, p.addressee) == (speakers, addressee)
+
+
+def test_who_asked_keeps_the_topic_and_reads_the_addressee_row() -> None:
+    p = _p("Who asked Ross about the ring?", HANDLES)
+    assert p.issue == "ring"
+    assert p.rows == ["R"] and p.source is None
+
+
+def test_name_the_channel_uses_as_a_word_is_not_a_person_in_lower_case() -> None:
+    q = "What did the man at the door want?"
+    assert _p(q, HANDLES).speakers == ["M"]  # without the corpus check: taken as a person
+    p = fallback_projection(q, HANDLES, common=frozenset({"man"}))
+    assert p.speakers == [] and "man" in p.issue.split()
+    # capitalised mid-sentence it still names the person
+    assert fallback_projection("What did Man want?", HANDLES, common={"man"}).speakers == ["M"]
+    assert name_keys(q, HANDLES) == ["man"]
+    assert name_keys("What did Ross want?", HANDLES) == []

@@ -11,6 +11,7 @@ an LLM or when its answer is unusable. Both are pure: no I/O, same input, same o
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memory.models import GROUP, RosterMember, Tense
 from memory.query.timewords import resolve_time
+from memory.search.stopwords import STOPWORDS as FUNCTION_WORDS
 
 ALL = "ALL"
 """Row value meaning every roster member plus GROUP."""
@@ -169,12 +171,28 @@ class _Index:
     caps_only: frozenset[str]
     name_re: re.Pattern[str] | None
     id_re: re.Pattern[str] | None
+    common: frozenset[str]
+    """Name keys the channel uses as ordinary words: people only when capitalised mid-sentence."""
+    squashed: dict[str, frozenset[str]]
+    """Names without separators or case ('night-owl', 'Night Owl' -> 'nightowl') -> ids."""
 
     def lookup(self, key: str) -> frozenset[str]:
-        """Ids a name key refers to: full names and aliases win over name tokens."""
+        """Ids a name key refers to: full names and aliases win over name tokens, and an
+        exact spelling over a handle written with other separators."""
         if key in self.strong:
             return self.strong[key]
-        return self.weak.get(key, frozenset())
+        if key in self.weak:
+            return self.weak[key]
+        return self.squashed.get(_squash(key), frozenset())
+
+
+_SEPARATORS = re.compile(r"[\s_.\-]+")
+_CHUNK_RE = re.compile(r"[^\W\d_]+|\d+|[^\w\s.\-]+", re.UNICODE)
+
+
+def _squash(key: str) -> str:
+    """A handle's comparison form: case, spaces, '_', '.', '-' and apostrophes ignored."""
+    return _SEPARATORS.sub("", key.replace("'", ""))
 
 
 def _variants(name: str) -> set[str]:
@@ -185,13 +203,24 @@ def _variants(name: str) -> set[str]:
     return out
 
 
+def _key_pattern(key: str) -> str:
+    """A name key as a regex where separators are optional and interchangeable, so a handle
+    matches however it is typed: 'zed_42' ~ 'Zed 42', 'zed42'; 'night-owl' ~ 'Night Owl'."""
+    chunks = _CHUNK_RE.findall(key)
+    if len(chunks) <= 1 or "".join(chunks) != _squash(key):
+        return r"\s+".join(re.escape(part) for part in key.split(" "))
+    return r"[\s_.\-]*".join(re.escape(c) for c in chunks)
+
+
 def _alternation(keys: list[str]) -> str:
     keys = sorted(keys, key=lambda k: (-len(k), k))
-    return "|".join(r"\s+".join(re.escape(part) for part in k.split(" ")) for k in keys)
+    return "|".join(_key_pattern(k) for k in keys)
 
 
 @lru_cache(maxsize=64)
-def _build_index(sig: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _Index:
+def _build_index(
+    sig: tuple[tuple[str, str, tuple[str, ...]], ...], common: frozenset[str] = frozenset()
+) -> _Index:
     names: dict[str, str] = {}
     strong: dict[str, set[str]] = {}
     weak: dict[str, set[str]] = {}
@@ -208,7 +237,13 @@ def _build_index(sig: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _Index:
                         weak.setdefault(v, set()).add(uid)
     weak = {k: v for k, v in weak.items() if k not in strong}
     keys = [k for k in (*strong, *weak) if len(k) >= 2 or not k.isascii()]
-    caps_only = frozenset(k for k in keys if k in _STOPWORDS or k in _NAME_LIKE_WORDS)
+    caps_only = frozenset(
+        k for k in keys if k in _STOPWORDS or k in _NAME_LIKE_WORDS or k in common
+    )
+    squashed: dict[str, set[str]] = {}
+    for k in keys:
+        if k not in caps_only and len(_squash(k)) >= 3:
+            squashed.setdefault(_squash(k), set()).update(strong.get(k) or weak.get(k) or ())
     name_re = None
     if keys:
         name_re = re.compile(
@@ -227,12 +262,30 @@ def _build_index(sig: tuple[tuple[str, str, tuple[str, ...]], ...]) -> _Index:
         caps_only=caps_only,
         name_re=name_re,
         id_re=id_re,
+        common=common,
+        squashed={k: frozenset(v) for k, v in squashed.items()},
     )
 
 
-def _index(roster: list[RosterMember]) -> _Index:
+def _index(roster: list[RosterMember], common: frozenset[str] = frozenset()) -> _Index:
     sig = tuple((m.user_id, m.display_name, tuple(m.aliases)) for m in roster if m.user_id.strip())
-    return _build_index(sig)
+    return _build_index(sig, frozenset(_key(c) for c in common))
+
+
+def name_keys(question: str, roster: list[RosterMember]) -> list[str]:
+    """Roster name keys the question matches in lower case: candidates for the check that
+    the channel uses them as ordinary words (`common` of `fallback_projection`)."""
+    idx = _index(roster)
+    text = (question or "")[:_MAX_QUESTION_CHARS].translate(_APOS)
+    out: list[str] = []
+    if idx.name_re is not None:
+        for m in idx.name_re.finditer(text):
+            name = m["name"]
+            if any(c.isalpha() for c in name) and (
+                name == name.lower() or _sentence_start(text, m.start())
+            ):
+                out.append(_key(name))
+    return list(dict.fromkeys(out))
 
 
 def _resolve_value(value: Any, idx: _Index) -> str | None:
@@ -300,7 +353,8 @@ def _find_refs(text: str, idx: _Index) -> list[_Ref]:
             name = m["name"]
             key = _key(name)
             if key in idx.caps_only and (
-                not name[:1].isupper() or (key in _STOPWORDS and _sentence_start(text, m.start()))
+                not name[:1].isupper()
+                or ((key in _STOPWORDS or key in idx.common) and _sentence_start(text, m.start()))
             ):
                 continue
             ids = idx.lookup(key)
@@ -325,6 +379,8 @@ _COMM_VERBS = (
     r"|reached\s+out\s+to|talk\s+to|talked\s+to|speak\s+to|spoke\s+to)"
 )
 _COMM_RE = re.compile(rf"{_P}\s+{_FILL}?{_COMM_VERBS}\s+{_P}")
+_WHO_COMM_RE = re.compile(rf"\bwho\s+(?:else\s+)?{_FILL}?{_COMM_VERBS}\s+{_P}")
+""""who asked X about...": the addressee is known, the speaker is what is asked for."""
 _HEAR_RE = re.compile(
     rf"{_P}\s+(?:hear|hears|heard|learn|learns|learned|learnt)\s+{_FILL}{{0,3}}?from\s+{_P}"
 )
@@ -371,7 +427,8 @@ _VIEW_RES: list[tuple[re.Pattern[str], bool]] = [
 @dataclass(frozen=True)
 class _Relation:
     kind: Literal["view", "comm"]
-    speaker: str
+    speaker: str | None
+    """None when the question asks who spoke ("who asked X ...")."""
     other: str
 
 
@@ -395,6 +452,9 @@ def _find_relation(mt: str, refs: list[_Ref]) -> _Relation | None:
         x, y = one(m.group(1)), one(m.group(2))
         if x and y and x != y:
             return _Relation("comm", x, y)
+    for m in _WHO_COMM_RE.finditer(mt):
+        if y := one(m.group(1)):
+            return _Relation("comm", None, y)
     for m in _HEAR_RE.finditer(mt):
         hearer, teller = one(m.group(1)), one(m.group(2))
         if hearer and teller and hearer != teller:
@@ -422,7 +482,12 @@ def _is_past_time(text: str) -> tuple[bool, str | None]:
 
 
 def _issue(text: str, refs: list[_Ref], time_phrase: str | None, idx: _Index) -> str:
-    """Content words in order; never empty (falls back to names, then any words, then text)."""
+    """Content words in order; never empty.
+
+    When every word is a stop-word the issue keeps the question's own non-name words that
+    are not function words ("what did Ann tell Bo" -> "tell"), then any non-name word:
+    never the people's names, which would make the speaker ranking search for the names.
+    """
     spans = [(r.start, r.end) for r in refs]
     if time_phrase:
         at = text.find(time_phrase)
@@ -446,10 +511,11 @@ def _issue(text: str, refs: list[_Ref], time_phrase: str | None, idx: _Index) ->
         seen.add(k)
         out.append(w)
     if not out:
-        named = [idx.names[next(iter(r.ids))] for r in refs if len(r.ids) == 1]
-        out = list(dict.fromkeys(named)) or list(dict.fromkeys(_WORD_RE.findall(rest)))
+        rest_words = [re.sub(r"(?:'s|')$", "", w) for w in words]
+        out = [w for w in rest_words if w.casefold() not in FUNCTION_WORDS and len(w) > 1]
+        out = list(dict.fromkeys(out or rest_words))
     issue = " ".join(out[:MAX_ISSUE_WORDS])[:MAX_ISSUE_CHARS].strip()
-    if not issue:
+    if not issue and not refs:
         issue = " ".join(text.split())[:MAX_ISSUE_CHARS].strip()
     return issue or "?"
 
@@ -488,11 +554,20 @@ def _analyse(question: str, idx: _Index) -> _Analysis:
     group = bool(_GROUP_RE.search(mt)) or (not named and bool(_GROUP_IF_NOBODY_RE.search(mt)))
 
     source = owner = addressee = None
+    if rel and rel.speaker is None:
+        # "who asked X": X took part in the exchange (their reply often repeats the topic),
+        # so X stays a speaker as well as the addressee
+        addressee = rel.other
+        rows = [*named, *ambiguous] + ([GROUP] if group else [])
+        speakers = list(named)
+        return _Analysis(issue, rows, tense, None, None, speakers, addressee)
     if rel and rel.kind == "view":
+        assert rel.speaker is not None
         others = [p for p in named if p not in (rel.speaker, rel.other)]
         rows = [rel.other, *others]
         source, owner = rel.speaker, (rel.other if not others else None)
     elif rel:
+        assert rel.speaker is not None
         addressee, source = rel.other, rel.speaker
         rows = [rel.speaker, *[p for p in named if p not in (rel.speaker, rel.other)]]
         rows += [GROUP] if group else []
@@ -512,9 +587,15 @@ def _analyse(question: str, idx: _Index) -> _Analysis:
     return _Analysis(issue, rows, tense, source, owner, speakers, addressee)
 
 
-def fallback_projection(question: str, roster: list[RosterMember]) -> Projection:
-    """Deterministic projection from roster-name matching and keyword rules (no LLM)."""
-    a = _analyse(question, _index(roster))
+def fallback_projection(
+    question: str, roster: list[RosterMember], *, common: Collection[str] = frozenset()
+) -> Projection:
+    """Deterministic projection from roster-name matching and keyword rules (no LLM).
+
+    `common`: name keys the channel's own messages use as ordinary lower-case words (see
+    `name_keys`); they name a person only when capitalised mid-sentence.
+    """
+    a = _analyse(question, _index(roster, frozenset(common)))
     return Projection(
         issue=a.issue,
         rows=a.rows,
