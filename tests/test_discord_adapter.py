@@ -48,6 +48,7 @@ from tests.standins.discord_gateway import (
     EVERYONE,
     GENERAL,
     GUILD_ID,
+    HISTORY,
     OWNER_ID,
     ROLE_MEMBERS,
     SECRET,
@@ -273,11 +274,12 @@ async def test_channel_overwrite_changes_recompute_the_roster(bot: Bot):
 
     # a role's permissions change: @everyone loses VIEW_CHANNEL everywhere
     await bot.send(
-        "GUILD_ROLE_UPDATE", {"guild_id": GUILD_ID, "role": {"id": EVERYONE, "permissions": "0"}}
+        "GUILD_ROLE_UPDATE",
+        {"guild_id": GUILD_ID, "role": {"id": EVERYONE, "permissions": str(HISTORY)}},
     )
     assert await bot.roster(GENERAL) == {OWNER_ID}
     assert await bot.roster(SECRET) == {OWNER_ID, BOB, BOT_ID}
-    everyone = {"id": EVERYONE, "permissions": str(VIEW)}
+    everyone = {"id": EVERYONE, "permissions": str(VIEW | HISTORY)}
     await bot.send("GUILD_ROLE_UPDATE", {"guild_id": GUILD_ID, "role": everyone})
     assert await bot.roster(GENERAL) == {OWNER_ID, ALICE, BOB, BOT_ID}
 

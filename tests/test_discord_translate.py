@@ -18,6 +18,7 @@ from bot.events import (
 )
 from integrations.discord.translate import (
     ADMINISTRATOR,
+    READ_CHANNEL,
     VIEW_CHANNEL,
     ChannelPerms,
     GuildPerms,
@@ -327,7 +328,7 @@ ROLE_A, ROLE_B = "201", "202"
 MEMBER = "301"
 
 
-def guild(everyone: int = VIEW_CHANNEL, **roles: int) -> GuildPerms:
+def guild(everyone: int = READ_CHANNEL, **roles: int) -> GuildPerms:
     return GuildPerms(
         guild_id=G,
         owner_id="999",
@@ -346,7 +347,7 @@ def deny_everyone() -> Overwrite:
 def test_no_overwrites_uses_base_permissions():
     assert can_read_channel(set(), MEMBER, guild(), channel())
     assert not can_read_channel(set(), MEMBER, guild(everyone=0), channel())
-    assert can_read_channel({ROLE_A}, MEMBER, guild(everyone=0, a=VIEW_CHANNEL), channel())
+    assert can_read_channel({ROLE_A}, MEMBER, guild(everyone=0, a=READ_CHANNEL), channel())
 
 
 def test_everyone_denied_role_allowed():

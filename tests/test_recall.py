@@ -844,6 +844,8 @@ async def _privacy_setup(engine: MemoryEngine) -> tuple[Scope, Scope, Scope]:
     )
     await engine.embed_pending()
     await engine.store.channels.set_meta(b, name="b", is_private=True)
+    for public in (a, c):  # channels nobody declared public count as private
+        await engine.store.channels.set_meta(public, name=public.channel, is_private=False)
     await add(
         engine,
         b,

@@ -52,8 +52,11 @@ from integrations.payload import (
 __all__ = [
     "ADMINISTRATOR",
     "GUILD_CHANNEL",
+    "MANAGE_GUILD",
     "MESSAGE_TYPES",
     "PLATFORM",
+    "READ_CHANNEL",
+    "READ_MESSAGE_HISTORY",
     "THREAD_TYPES",
     "VIEW_CHANNEL",
     "ChannelPerms",
@@ -63,6 +66,7 @@ __all__ = [
     "can_read_channel",
     "display_name",
     "interaction_recall",
+    "is_guild_admin",
     "member_add",
     "member_remove",
     "member_roles",
@@ -82,7 +86,11 @@ GUILD_CHANNEL = "*"
 """Channel value of a scope that means 'the whole guild'."""
 
 VIEW_CHANNEL = 1 << 10
+READ_MESSAGE_HISTORY = 1 << 16
+READ_CHANNEL = VIEW_CHANNEL | READ_MESSAGE_HISTORY
+"""Reading a channel's memory needs both: seeing the channel and reading its past."""
 ADMINISTRATOR = 1 << 3
+MANAGE_GUILD = 1 << 5
 
 MESSAGE_TYPES = frozenset({0, 19, 20, 23})
 """DEFAULT, REPLY, CHAT_INPUT_COMMAND, CONTEXT_MENU_COMMAND: types that carry someone's words."""
@@ -438,13 +446,14 @@ def can_read_channel(
     guild: GuildPerms,
     channel: ChannelPerms,
 ) -> bool:
-    """Discord's VIEW_CHANNEL computation for one member and channel.
+    """Whether a member may read a channel's history: VIEW_CHANNEL and READ_MESSAGE_HISTORY.
 
-    base = @everyone | the member's roles; owner or ADMINISTRATOR sees all; then
-    the @everyone overwrite, the union of role overwrites (deny then allow), and
-    the member overwrite (deny then allow). For a thread pass its parent's
-    overwrites (as `perms_from_guild_create` does); private-thread membership is
-    not modelled.
+    Discord's computation: base = @everyone | the member's roles; owner or
+    ADMINISTRATOR sees all; then the @everyone overwrite, the union of role
+    overwrites (deny then allow), and the member overwrite (deny then allow). A
+    member who can see a channel but not its history sees nothing said before they
+    looked, so neither may its memory. For a thread pass its parent's overwrites
+    (as `perms_from_guild_create` does); private-thread membership is not modelled.
     """
     if member_id == guild.owner_id:
         return True
@@ -469,7 +478,23 @@ def can_read_channel(
         if o.type == 1 and o.id == member_id:
             perms &= ~o.deny
             perms |= o.allow
-    return bool(perms & VIEW_CHANNEL)
+    return perms & READ_CHANNEL == READ_CHANNEL
+
+
+def is_guild_admin(
+    member_roles: set[str] | frozenset[str], member_id: str, guild: GuildPerms
+) -> bool:
+    """Owner, or a role (with @everyone) granting Administrator or Manage Server.
+
+    Computed from the guild's role permissions as the bot last saw them, never from
+    what the client claims; both are guild-wide (channel overwrites cannot grant them).
+    """
+    if member_id == guild.owner_id:
+        return True
+    perms = guild.roles.get(guild.guild_id, 0)
+    for role in member_roles:
+        perms |= guild.roles.get(role, 0)
+    return bool(perms & (ADMINISTRATOR | MANAGE_GUILD))
 
 
 def member_roles(member: Mapping[str, Any]) -> set[str]:

@@ -30,9 +30,11 @@ class ChannelRepo:
         pk = self._pk_cache.get(key)
         if pk is not None:
             return pk
+        # A new channel is private until an adapter (or import) says otherwise: privacy
+        # that nobody reported must not let the channel answer elsewhere (fail closed).
         await tx.execute(
-            "INSERT INTO channels (platform, workspace, channel, created_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (platform, workspace, channel) DO NOTHING",
+            "INSERT INTO channels (platform, workspace, channel, created_at, is_private)"
+            " VALUES (?, ?, ?, ?, 1) ON CONFLICT (platform, workspace, channel) DO NOTHING",
             (*key, time.time()),
         )
         row = await tx.fetchone(
@@ -100,11 +102,12 @@ class ChannelRepo:
             )
 
     async def is_private(self, scope: Scope) -> bool:
+        """Unknown channels count as private (fail closed)."""
         rows = await self.db.read(
             "SELECT is_private FROM channels WHERE platform = ? AND workspace = ? AND channel = ?",
             scope.key(),
         )
-        return bool(rows and rows[0][0])
+        return not rows or bool(rows[0][0])
 
     # ---- roster -------------------------------------------------------------------------
 

@@ -36,6 +36,10 @@ SECRET = "700000000000000012"
 THREAD = "700000000000000013"
 VIEW = 1 << 10
 SEND = 1 << 11
+HISTORY = 1 << 16
+"""READ_MESSAGE_HISTORY: with VIEW, what reading a channel's memory needs."""
+ADMINISTRATOR = 1 << 3
+MANAGE_GUILD = 1 << 5
 
 
 def user(uid: str, username: str, *, global_name: str | None = None, bot: bool = False) -> dict:
@@ -85,9 +89,21 @@ def default_guild() -> dict[str, Any]:
         "large": False,
         "features": [],
         "roles": [
-            {**role, "id": EVERYONE, "name": "@everyone", "position": 0, "permissions": str(VIEW)},
+            {
+                **role,
+                "id": EVERYONE,
+                "name": "@everyone",
+                "position": 0,
+                "permissions": str(VIEW | HISTORY | SEND),
+            },
             {**role, "id": ROLE_MEMBERS, "name": "members", "position": 1, "permissions": "0"},
-            {**role, "id": ROLE_ADMIN, "name": "admins", "position": 2, "permissions": str(1 << 3)},
+            {
+                **role,
+                "id": ROLE_ADMIN,
+                "name": "admins",
+                "position": 2,
+                "permissions": str(ADMINISTRATOR),
+            },
         ],
         "channels": [
             {
