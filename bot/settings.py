@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     db_path: Path = inherit(StoreConfig, "db_path")
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = inherit(StoreConfig, "sqlite_driver")
     db_readers: int = inherit(StoreConfig, "readers")
+    db_lock_wait_s: float = inherit(StoreConfig, "lock_wait_s")
 
     # ingestion and the Writer's segments
     session_gap_minutes: float = inherit(IngestConfig, "session_gap_minutes")
@@ -106,7 +107,10 @@ class Settings(BaseSettings):
     def memory_config(self) -> MemoryConfig:
         return MemoryConfig(
             store=StoreConfig(
-                db_path=self.db_path, sqlite_driver=self.sqlite_driver, readers=self.db_readers
+                db_path=self.db_path,
+                sqlite_driver=self.sqlite_driver,
+                readers=self.db_readers,
+                lock_wait_s=self.db_lock_wait_s,
             ),
             ingest=IngestConfig(
                 session_gap_minutes=self.session_gap_minutes, segment_window=self.writer_window

@@ -18,6 +18,9 @@ class StoreConfig(BaseModel):
     readers: int = Field(default=4, ge=1, le=16)
     """Reader connections: /recall runs its rankings concurrently, one per connection."""
     busy_timeout_ms: int = Field(default=5_000, ge=0)
+    lock_wait_s: float = Field(default=60.0, gt=0, le=3600)
+    """How long a write waits for another process's write lock (a backup, a CLI import)
+    before it fails with StoreBusy; each attempt also waits up to `busy_timeout_ms`."""
     vec_chunk_size: int = Field(default=64, ge=8, le=4096)
     dense_oversample: int = Field(default=800, ge=10, le=4096)
     """Candidates taken from the binary-quantised index before exact re-scoring.

@@ -128,19 +128,31 @@ class Database:
                 raise StoreError(f"commit failed: {exc}") from exc
 
     async def _begin(self, conn: aiosqlite.Connection) -> None:
+        """BEGIN IMMEDIATE, retried while another process holds the write lock.
+
+        Each attempt waits up to `busy_timeout_ms` inside SQLite; between attempts we sleep
+        (capped backoff) until `lock_wait_s` has passed, then give up with StoreBusy.
+        """
+        deadline = time.monotonic() + self.config.lock_wait_s
         delay = 0.05
-        for attempt in range(6):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 await conn.execute("BEGIN IMMEDIATE")
                 return
             except self.driver.operational_error as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc):
+                if not _is_busy(exc):
                     raise StoreError(str(exc)) from exc
-                log.warning("database locked (attempt %d); retrying", attempt + 1)
-                await asyncio.sleep(delay)
-                delay *= 2
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                log.warning("database locked (attempt %d, %.1f s left); retrying", attempt, left)
+                await asyncio.sleep(min(delay, left))
+                delay = min(delay * 2, 0.5)
         raise StoreBusy(
-            f"{self.path} stayed locked by another process; stop the other writer and retry"
+            f"{self.path} stayed locked by another process for {self.config.lock_wait_s:g} s; "
+            "stop the other writer (or raise SPEAKERMEM_DB_LOCK_WAIT_S) and retry"
         )
 
     @contextlib.asynccontextmanager
@@ -212,6 +224,14 @@ class Transaction:
         """
         for statement in split_statements(script):
             await self.conn.execute(statement)
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """SQLITE_BUSY / SQLITE_LOCKED (by code where the driver gives one, else by message)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in (5, 6)
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def split_statements(script: str) -> list[str]:
