@@ -80,6 +80,7 @@ class Settings(BaseSettings):
     recall_ask: bool = inherit(RecallConfig, "ask")
     recall_s2_k: int = inherit(RecallConfig, "s2_k")
     recall_s2_source_k: int = inherit(RecallConfig, "s2_source_k")
+    recall_s2_max_people: int = inherit(RecallConfig, "s2_max_people")
     recall_scope: Literal["channel", "workspace"] = inherit(RecallConfig, "scope")
     recall_s1_pack_tokens: int = inherit(RecallConfig, "s1_pack_tokens")
     recall_s2_pack_tokens: int = inherit(RecallConfig, "s2_pack_tokens")
@@ -125,6 +126,7 @@ class Settings(BaseSettings):
                 ask=self.recall_ask,
                 s2_k=self.recall_s2_k,
                 s2_source_k=self.recall_s2_source_k,
+                s2_max_people=self.recall_s2_max_people,
                 scope=self.recall_scope,
                 s1_pack_tokens=self.recall_s1_pack_tokens,
                 s2_pack_tokens=self.recall_s2_pack_tokens,

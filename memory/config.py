@@ -75,6 +75,10 @@ class RecallConfig(BaseModel):
     s2_k: int = Field(default=2, ge=0, le=20)
     s2_source_k: int = Field(default=1, ge=0, le=20)
     s2_fallback_messages: int = Field(default=2, ge=0, le=20)
+    s2_max_people: int = Field(default=5, ge=1, le=50)
+    """PERSON rows read for one question: an ALL question reads the people most relevant to
+    it (speakers of the top evidence, people it mentions, owners of matching records), never
+    the whole roster; named people beyond this are left out (and --explain says so)."""
     scope: Literal["channel", "workspace"] = "channel"
     answer_max_tokens: int = Field(default=400, ge=16)
     dense_oversample_fraction: float = Field(default=0.0, ge=0, le=1)

@@ -9,6 +9,12 @@ Only when even the shortest wording cannot fit (an ALL question over a large ros
 the least important records left out: source-k extras first, then each row's later
 records, never a row's first one. The rows may use what the excerpts leave unused of their
 budget (never the other way round: System 1 evidence is never shortened for the rows).
+
+The sum of the two budgets is a hard cap, whatever the data: if the pack still exceeds it
+(texts are never cut below MIN_CLIP_CHARS, chains can be long, names can be long), whole
+items are left out, least important first: records provided about someone else, then rows'
+later records, older chain nodes, fallback messages, the last rows, and finally the last
+System 1 excerpts. `EvidencePack.cut` says what was cut, for --explain.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ S1_BUDGET_TOKENS = 1_500
 S2_BUDGET_TOKENS = 1_300
 """Rows: record lines, the excerpts that support them, and empty rows' fallback messages."""
 MIN_CLIP_CHARS = 80
-"""Texts are never cut below this; a pack with very many rows can then exceed its budget."""
+"""Texts are never cut below this; past that, whole items are left out (see `enforce_cap`)."""
+MAX_NAME_CHARS = 60
+"""Speaker, owner and row names are shortened to this in the pack (display names are free text)."""
 
 
 class Excerpt(BaseModel):
@@ -74,6 +82,8 @@ class EvidencePack(BaseModel):
     excerpts: list[Excerpt]
     rows: list[PackRow]
     tokens: int = 0
+    cut: list[str] = Field(default_factory=list)
+    """What was shortened or left out to keep within the budgets (empty when all fit)."""
 
     def excerpt(self, n: int) -> Excerpt | None:
         return self.excerpts[n - 1] if 0 < n <= len(self.excerpts) else None
@@ -106,7 +116,86 @@ def compose(
     s1_budget: int = S1_BUDGET_TOKENS,
     s2_budget: int = S2_BUDGET_TOKENS,
 ) -> EvidencePack:
-    """Number S1 excerpts first, then S2 support; attach excerpt numbers to records."""
+    """Number S1 excerpts first, then S2 support; attach excerpt numbers to records.
+
+    The rendered pack never exceeds `s1_budget + s2_budget` tokens (see `enforce_cap`).
+    """
+    cap = s1_budget + s2_budget
+    s1_kept = list(s1)
+    rows_kept = [_copy_row(r) for r in rows]
+    cut: list[str] = []
+    while True:
+        pack = _compose_once(
+            question, tense, s1_kept, rows_kept, support, names, s1_budget, s2_budget
+        )
+        if pack.tokens <= cap:
+            break
+        note = _cut_one(s1_kept, rows_kept)
+        if note is None:  # pragma: no cover - an empty pack is far below the smallest cap
+            break
+        cut.append(note)
+    pack.cut = pack.cut + _summarise(cut)
+    return pack
+
+
+def _copy_row(row: Row) -> Row:
+    return Row(
+        key=row.key,
+        label=row.label,
+        records=[RowRecord(rr.record, list(rr.chain), rr.via_source) for rr in row.records],
+        fallback=list(row.fallback),
+    )
+
+
+def _cut_one(s1: list[StoredMessage], rows: list[Row]) -> str | None:
+    """Leave out the least important item still in the pack; say what it was."""
+    for row in reversed(rows):
+        for i in range(len(row.records) - 1, -1, -1):
+            if row.records[i].via_source:
+                del row.records[i]
+                return f"a record provided about someone else ({row.label})"
+    for row in reversed(rows):
+        if len(row.records) > 1:
+            row.records.pop()
+            return f"a lower-ranked record ({row.label})"
+    for row in reversed(rows):
+        for rr in row.records:
+            if len(rr.chain) > 1:
+                rr.chain.pop(0)
+                return f"an older update of a record ({row.label})"
+    for row in reversed(rows):
+        if row.fallback:
+            row.fallback.pop()
+            return f"a fallback message ({row.label})"
+    if rows:
+        row = rows.pop()
+        return f"the row {row.label}"
+    if s1:
+        msg = s1.pop()
+        return f"excerpt {msg.message_id}"
+    return None
+
+
+def _summarise(cut: list[str]) -> list[str]:
+    """'left out: 3 x a lower-ranked record (Alice)' lines, in the order they were cut."""
+    counts: dict[str, int] = {}
+    for note in cut:
+        counts[note] = counts.get(note, 0) + 1
+    return [f"left out {n} x {note}" if n > 1 else f"left out {note}" for note, n in counts.items()]
+
+
+def _compose_once(
+    question: str,
+    tense: str,
+    s1: Sequence[StoredMessage],
+    rows: Sequence[Row],
+    support: dict[str, StoredMessage],
+    names: dict[str, str],
+    s1_budget: int,
+    s2_budget: int,
+) -> EvidencePack:
+    """One composition at the given inputs: trim rows, number excerpts, shorten texts."""
+    total = s1_budget + s2_budget
     s1_chars = sum(
         _EXCERPT_LINE_CHARS
         + len(m.scope.channel)
@@ -115,7 +204,9 @@ def compose(
         for m in s1
     )
     s2_budget += max(0, s1_budget - s1_chars // 4)
+    n_records = sum(len(r.records) for r in rows)
     rows = _trim_rows(rows, {(m.scope, m.message_id) for m in s1}, support, names, s2_budget)
+    dropped = n_records - sum(len(r.records) for r in rows)
     excerpts: list[Excerpt] = []
     index: dict[tuple[Scope, str], int] = {}
 
@@ -129,7 +220,7 @@ def compose(
                     message_id=msg.message_id,
                     thread_id=msg.thread_id,
                     speaker_id=msg.speaker_id,
-                    speaker=msg.speaker_name,
+                    speaker=_clip(msg.speaker_name, MAX_NAME_CHARS),
                     time=msg.ts,
                     text=_clip(msg.text, MAX_EXCERPT_CHARS),
                     track=track,
@@ -142,7 +233,7 @@ def compose(
         add(msg, "s1")
     pack_rows: list[PackRow] = []
     for row in rows:
-        prow = PackRow(key=row.key, label=row.label)
+        prow = PackRow(key=row.key, label=_clip(row.label, MAX_NAME_CHARS))
         for rr in row.records:
             for node in rr.chain:
                 nums: list[int] = []
@@ -162,8 +253,8 @@ def compose(
                         record_id=node.id,
                         layer=node.layer.value,
                         content=_clip(node.content, MAX_RECORD_CHARS),
-                        owner=names.get(node.owner, node.owner),
-                        source=names.get(node.source, node.source),
+                        owner=_clip(names.get(node.owner, node.owner), MAX_NAME_CHARS),
+                        source=_clip(names.get(node.source, node.source), MAX_NAME_CHARS),
                         time=node.time,
                         state=node.state.value,
                         excerpts=sorted(set(nums)),
@@ -175,13 +266,17 @@ def compose(
             prow.fallback_excerpts.append(add(msg, "s2"))
         pack_rows.append(prow)
     pack = EvidencePack(question=question, tense=tense, excerpts=excerpts, rows=pack_rows)
-    fit_budgets(pack, s1_budget, s2_budget)
+    if dropped:
+        pack.cut.append(f"left out {dropped} lower-ranked records to fit the rows' budget")
+    pack.cut.extend(fit_budgets(pack, s1_budget, s2_budget, total))
     pack.tokens = approx_tokens(render_pack(pack))
     return pack
 
 
 _RECORD_LINE_CHARS = 80
 """A record line without its content and names: '    * ... | profile; owner=; ...' etc."""
+_HEADINGS_CHARS = 150
+"""The pack's two headings, blank line and "(none)" (`render_pack`), with room to spare."""
 _EXCERPT_LINE_CHARS = 30
 """An excerpt line without its text, speaker and channel: '[12] 2024-03-01 09:00 #: '."""
 
@@ -267,19 +362,26 @@ def clip_level(lengths: Sequence[int], room: int) -> int | None:
     return None  # pragma: no cover - unreachable: the sum exceeds room
 
 
-def _fit_track(texts: list[tuple[object, str]], fixed_chars: int, budget: int) -> None:
-    """Cut the texts (object, attribute) so the track renders within `budget` tokens."""
+def _fit_track(texts: list[tuple[object, str]], fixed_chars: int, budget: int) -> int:
+    """Cut the texts (object, attribute) so the track renders within `budget` tokens;
+    returns how many were shortened."""
     lengths = [len(getattr(obj, attr)) for obj, attr in texts]
     cap = clip_level(lengths, budget * 4 - fixed_chars)
     if cap is None:
-        return
+        return 0
     cap = max(cap, MIN_CLIP_CHARS)
     for obj, attr in texts:
         setattr(obj, attr, _clip(getattr(obj, attr), cap))
+    return sum(length > cap for length in lengths)
 
 
-def fit_budgets(pack: EvidencePack, s1_budget: int, s2_budget: int) -> None:
-    """Apply the two tracks' independent budgets to a pack, in place."""
+def fit_budgets(
+    pack: EvidencePack, s1_budget: int, s2_budget: int, total: int | None = None
+) -> list[str]:
+    """Apply the two tracks' independent budgets to a pack, in place; say what was cut.
+
+    With `total`, the rows also get no more than what the excerpts and headings leave of it.
+    """
     s1 = [e for e in pack.excerpts if e.track == "s1"]
     s2 = [e for e in pack.excerpts if e.track != "s1"]
     records = [rec for row in pack.rows for rec in row.records]
@@ -287,8 +389,17 @@ def fit_budgets(pack: EvidencePack, s1_budget: int, s2_budget: int) -> None:
     s2_fixed = sum(len(_excerpt_line(e)) + 1 - len(e.text) for e in s2)
     s2_fixed += sum(len(line) + 1 for line in _row_lines(pack))
     s2_fixed -= sum(len(rec.content) for rec in records)
-    _fit_track([(e, "text") for e in s1], s1_fixed, s1_budget)
-    _fit_track([(e, "text") for e in s2] + [(r, "content") for r in records], s2_fixed, s2_budget)
+    notes: list[str] = []
+    if n := _fit_track([(e, "text") for e in s1], s1_fixed, s1_budget):
+        notes.append(f"shortened {n} excerpts to fit the excerpts' budget")
+    texts: list[tuple[object, str]] = [(e, "text") for e in s2]
+    texts += [(r, "content") for r in records]
+    if total is not None:
+        s1_chars = sum(len(_excerpt_line(e)) + 1 for e in s1) + _HEADINGS_CHARS
+        s2_budget = min(s2_budget, (total * 4 - s1_chars) // 4)
+    if n := _fit_track(texts, s2_fixed, s2_budget):
+        notes.append(f"shortened {n} record or support texts to fit the rows' budget")
+    return notes
 
 
 def approx_tokens(text: str) -> int:

@@ -65,7 +65,7 @@ from memory.query.system1 import (
     session_scores,
     session_term_counts,
 )
-from memory.query.system2 import Row, system2
+from memory.query.system2 import Row, read_rows
 from memory.query.timewords import TimeWindow, resolve_time
 from memory.search.fusion import rrf
 
@@ -116,6 +116,10 @@ class RecallTrace(BaseModel):
     ask: str | None = None
     s1_evidence: list[str] = Field(default_factory=list)
     s2_rows: dict[str, list[str]] = Field(default_factory=dict)
+    s2_people: dict[str, Any] = Field(default_factory=dict)
+    """Who got a row: how they were chosen, how many were considered and left out."""
+    cut: list[str] = Field(default_factory=list)
+    """What Compose left out or shortened to keep the pack within its budgets."""
     budgets: dict[str, Any] = Field(default_factory=dict)
     tokens: dict[str, int] = Field(default_factory=dict)
     latency_ms: dict[str, float] = Field(default_factory=dict)
@@ -452,8 +456,17 @@ class RecallPipeline:
             # embedded only if some row runs short of lexical matches (rarely): saves a model call
             issue = projection.issue
             qvec = (lambda: self.engine.embed_query(issue)) if pks else None
-            rows = await system2(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
+            s2 = await read_rows(
+                self.engine, projection, roster, pks, self.cfg, query_vector=qvec, evidence=s1
+            )
+            rows = s2.rows
             support = await self._support(rows)
+        trace.s2_people = {
+            "how": s2.people.how,
+            "considered": s2.people.considered,
+            "left_out": s2.people.left_out,
+            "queries": s2.queries,
+        }
         trace.s2_rows = {
             r.label: [rr.record.content[:80] for rr in r.records]
             or [f"(fallback) {m.message_id}" for m in r.fallback]
@@ -473,6 +486,7 @@ class RecallPipeline:
                 s2_budget=self.cfg.s2_pack_tokens,
             )
         trace.tokens["pack"] = pack.tokens
+        trace.cut = list(pack.cut)
         trace.budgets = {
             "pool": self.cfg.pool,
             "top_k": self.cfg.top_k,
@@ -481,6 +495,7 @@ class RecallPipeline:
             "ask": self.cfg.ask,
             "s2_k": self.cfg.s2_k,
             "s2_source_k": self.cfg.s2_source_k,
+            "s2_max_people": self.cfg.s2_max_people,
             "scope": self.cfg.scope,
             "s1_pack_tokens": self.cfg.s1_pack_tokens,
             "s2_pack_tokens": self.cfg.s2_pack_tokens,

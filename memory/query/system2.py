@@ -1,11 +1,20 @@
-"""System 2 path of /recall: expand rows, pick records per row, head or full chains.
+"""System 2 path of /recall: choose the rows' people, then read their records in batches.
 
-Rows come from Project (ALL -> every human roster member + GROUP). Within a row the
-records the row owns are ranked by relevance to the issue (FTS5 BM25 first, dense
-similarity to fill), k per row; `source_k` more records the row's person provided
-about others are added without using the row's budget. An empty row falls back to
-the person's best verbatim messages on the issue; a row with nothing is kept as
-"(none)" so the answerer can say "no record".
+Rows come from Project. `ALL` never means the whole roster of a large channel: when the
+channel has more active members than `s2_max_people`, the people for it are the ones most
+relevant to the question (speakers of the top System 1 evidence, people those messages
+address, owners of records that match the issue, fused by rank), plus GROUP. Named rows keep
+question order and are capped the same way. A small team's ALL still reads everyone, so
+"(none)" can be said of a member who said nothing on the issue.
+
+Within a row the records the row owns are ranked by relevance to the issue (FTS5 BM25 first,
+dense similarity to fill), k per row; `source_k` more records the row's person provided
+about others are added without using the row's budget. An empty row falls back to the
+person's best verbatim messages on the issue; a row with nothing is kept as "(none)".
+
+However many people a channel has, the records of all rows come from a fixed number of
+queries: one per kind (owned, provided about others, dense pool, chains, fallback
+messages), each batched over the rows' people; none runs once per person.
 """
 
 from __future__ import annotations
@@ -20,8 +29,12 @@ from memory.engine import MemoryEngine
 from memory.models import GROUP, DerivedRecord, RosterMember, StoredMessage
 from memory.query.projection import ALL, Projection
 from memory.search.fts_query import build_match
+from memory.search.fusion import rrf
 
 DENSE_RECORD_POOL = 100
+OWNER_POOL_PER_PERSON = 8
+"""Matching records looked at per allowed person when ranking who is relevant to an ALL row."""
+PEOPLE_RRF_K0 = 10
 
 QueryVector = np.ndarray | Callable[[], Awaitable[np.ndarray | None]] | None
 """The issue's embedding, or a function that computes it: called only if a row needs it."""
@@ -49,20 +62,76 @@ class Row:
         return not self.records and not self.fallback
 
 
-def expand_rows(projection: Projection, roster: Sequence[RosterMember]) -> list[tuple[str, str]]:
-    """(key, label) rows in question order; ALL means every human member and GROUP."""
+@dataclass(frozen=True)
+class PeopleChoice:
+    """Which people get a row, and why (for --explain)."""
+
+    keys: list[str]
+    """Row keys in order: user ids, then GROUP where it is read."""
+    considered: int
+    """People the rows could have held (the active human roster for ALL, else the named)."""
+    left_out: int
+    """Of those, how many got no row."""
+    how: str
+    """'named', 'everyone' (a small roster read whole) or 'relevance'."""
+
+
+@dataclass
+class S2Result:
+    rows: list[Row]
+    people: PeopleChoice
+    queries: int = 0
+    """Store queries System 2 ran (bounded by the number of query kinds, not of people)."""
+
+
+def eligible_people(roster: Sequence[RosterMember]) -> list[str]:
+    """Active human members, in roster order: who an ALL row may read."""
+    return list(dict.fromkeys(m.user_id for m in roster if not m.is_bot and m.active))
+
+
+def choose_people(
+    projection: Projection,
+    roster: Sequence[RosterMember],
+    limit: int,
+    *,
+    evidence_speakers: Sequence[str] = (),
+    evidence_addressees: Sequence[str] = (),
+    record_owners: Sequence[str] = (),
+) -> PeopleChoice:
+    """The rows' people: pure, so the selection can be tested without a store.
+
+    ALL over a roster no larger than `limit` reads everyone (as before). Over a larger one,
+    three rankings are fused (RRF): speakers of the System 1 evidence in evidence order, the
+    people those messages address plus the people the question names, and the owners of the
+    best matching records. Only eligible (active, human) members count; at most `limit`.
+    """
+    if ALL in projection.rows:
+        people = eligible_people(roster)
+        if len(people) <= limit:
+            return PeopleChoice([*people, GROUP], len(people), 0, "everyone")
+        allowed = set(people)
+        rankings = [
+            [p for p in evidence_speakers if p in allowed],
+            [p for p in (*projection.speakers, *evidence_addressees) if p in allowed],
+            [p for p in record_owners if p in allowed],
+        ]
+        fused = [p for p, _ in rrf(rankings, k0=PEOPLE_RRF_K0)][:limit]
+        return PeopleChoice([*fused, GROUP], len(people), len(people) - len(fused), "relevance")
+    named = list(dict.fromkeys(r for r in projection.rows if r != GROUP))
+    keys = named[:limit] + ([GROUP] if GROUP in projection.rows else [])
+    # keep the question's order (GROUP may come first in an LLM projection)
+    order = [r for r in dict.fromkeys(projection.rows) if r in keys]
+    return PeopleChoice(order, len(named), max(0, len(named) - limit), "named")
+
+
+def expand_rows(
+    projection: Projection, roster: Sequence[RosterMember], limit: int | None = None
+) -> list[tuple[str, str]]:
+    """(key, label) rows in order, for a projection without evidence (tests, tools)."""
+    cap = limit if limit is not None else max(len(roster), 1)
     names = {m.user_id: m.display_name for m in roster}
-    keys: list[str] = []
-    for row in projection.rows:
-        if row == ALL:
-            keys.extend(m.user_id for m in roster if not m.is_bot and m.active)
-            keys.append(GROUP)
-        else:
-            keys.append(row)
-    seen: dict[str, None] = {}
-    for k in keys:
-        seen.setdefault(k, None)
-    return [(k, "GROUP" if k == GROUP else names.get(k, k)) for k in seen]
+    keys = choose_people(projection, roster, cap).keys
+    return [(k, "GROUP" if k == GROUP else names.get(k, k)) for k in keys]
 
 
 def rank_row(lexical: Sequence[int], dense: Sequence[int], owned: set[int], k: int) -> list[int]:
@@ -84,72 +153,114 @@ async def system2(
     cfg: RecallConfig,
     *,
     query_vector: QueryVector,
+    evidence: Sequence[StoredMessage] = (),
 ) -> list[Row]:
+    """The rows only (see `read_rows`)."""
+    result = await read_rows(
+        engine, projection, roster, channel_pks, cfg, query_vector=query_vector, evidence=evidence
+    )
+    return result.rows
+
+
+async def read_rows(
+    engine: MemoryEngine,
+    projection: Projection,
+    roster: Sequence[RosterMember],
+    channel_pks: Sequence[int],
+    cfg: RecallConfig,
+    *,
+    query_vector: QueryVector,
+    evidence: Sequence[StoredMessage] = (),
+) -> S2Result:
+    """Choose the rows' people, then fill every row from a fixed number of batched queries."""
     records = engine.store.records
     match = build_match(projection.issue)
-    dense: tuple[list[int], dict[int, DerivedRecord]] | None = None
+    queries = 0
+    owners: list[str] = []
+    if ALL in projection.rows and len(eligible_people(roster)) > cfg.s2_max_people and match:
+        owners = await records.matching_owners(
+            match, channel_pks, cfg.s2_max_people * OWNER_POOL_PER_PERSON
+        )
+        queries += 1
+    people = choose_people(
+        projection,
+        roster,
+        cfg.s2_max_people,
+        evidence_speakers=[m.speaker_id for m in evidence],
+        evidence_addressees=[a for m in evidence for a in m.addressees],
+        record_owners=owners,
+    )
+    names = {m.user_id: m.display_name for m in roster}
+    rows = [Row(key=k, label="GROUP" if k == GROUP else names.get(k, k)) for k in people.keys]
+    persons = [r.key for r in rows if r.key != GROUP]
 
-    async def dense_pool() -> tuple[list[int], dict[int, DerivedRecord]]:
-        """The dense record pool, fetched once and only when a row needs filling: lexical
-        matches come first in every row, so a row with k of them never looks at it."""
-        nonlocal dense
-        if dense is None:
-            ids: list[int] = []
+    chosen: dict[str, list[int]] = {}
+    extra: dict[str, list[int]] = {}
+    if cfg.s2_k > 0 and rows:
+        # the row the question's source/owner constraint applies to is ranked on its own
+        special = projection.owner if projection.source and projection.owner else None
+        keys = [r.key for r in rows if r.key != special]
+        lexical = await records.lexical_by_owner(match, channel_pks, keys, cfg.s2_k * 4)
+        queries += 1 if match and keys else 0
+        if special is not None and special in people.keys and match:
+            lexical[special] = [
+                rid
+                for rid, _ in await records.lexical(
+                    match, channel_pks, cfg.s2_k * 4, owner=special, source=projection.source
+                )
+            ]
+            queries += 1
+        dense_ids: list[int] = []
+        dense_records: dict[int, DerivedRecord] = {}
+        if any(len(lexical.get(r.key, [])) < cfg.s2_k for r in rows):
             vector = await query_vector() if callable(query_vector) else query_vector
             if vector is not None:
                 found = await records.dense(vector, channel_pks, DENSE_RECORD_POOL)
-                ids = [rid for rid, _ in found]
-            dense = (ids, await records.get_many(ids))
-        return dense
-
-    rows: list[Row] = []
-    for key, label in expand_rows(projection, roster):
-        row = Row(key=key, label=label)
-        if cfg.s2_k > 0:
-            source_filter = projection.source if projection.owner == key else None
-            lex = [
-                rid
-                for rid, _ in await records.lexical(
-                    match, channel_pks, cfg.s2_k * 4, owner=key, source=source_filter
-                )
-            ]
-            dense_ids: list[int] = []
+                dense_ids = [rid for rid, _ in found]
+                dense_records = await records.get_many(dense_ids)
+                queries += len(channel_pks) + 1
+        for row in rows:
+            lex = lexical.get(row.key, [])
             owned = set(lex)
             if len(lex) < cfg.s2_k:
-                dense_ids, dense_records = await dense_pool()
+                source_filter = projection.source if row.key == special else None
                 owned |= {
                     rid
                     for rid, rec in dense_records.items()
-                    if rec.owner == key
+                    if rec.owner == row.key
                     and rec.state.value == "active"
                     and (source_filter is None or rec.source == source_filter)
                 }
-            chosen = rank_row(lex, dense_ids, owned, cfg.s2_k)
-            if key != GROUP and cfg.s2_source_k > 0:
-                about_others = [
-                    rid
-                    for rid, _ in await records.lexical(
-                        match, channel_pks, cfg.s2_source_k, source=key, exclude_owner=key
-                    )
-                ]
-                extra = [rid for rid in about_others if rid not in chosen][: cfg.s2_source_k]
-            else:
-                extra = []
-            got = await records.get_many(chosen + extra)
-            for rid in chosen + extra:
-                rec = got.get(rid)
-                if rec is None:
-                    continue
-                chain = await records.chain(rid) if projection.tense == "full" else [rec]
-                row.records.append(RowRecord(rec, chain, via_source=rid in extra))
-        if not row.records and key != GROUP and cfg.s2_fallback_messages > 0 and match:
-            pks = [
-                pk
-                for pk, _ in await engine.store.messages.lexical(
-                    match, channel_pks, cfg.s2_fallback_messages, speakers=[key]
-                )
-            ]
-            found = await engine.store.messages.get_many(pks)
-            row.fallback = [found[pk] for pk in pks if pk in found]
-        rows.append(row)
-    return rows
+            chosen[row.key] = rank_row(lex, dense_ids, owned, cfg.s2_k)
+        if cfg.s2_source_k > 0 and persons and match:
+            about = await records.lexical_by_source(match, channel_pks, persons, cfg.s2_source_k)
+            queries += 1
+            for key in persons:
+                ids = [rid for rid in about.get(key, []) if rid not in chosen.get(key, [])]
+                extra[key] = ids[: cfg.s2_source_k]
+    wanted = [rid for row in rows for rid in (*chosen.get(row.key, []), *extra.get(row.key, []))]
+    got = await records.get_many(wanted) if wanted else {}
+    queries += 1 if wanted else 0
+    chains: dict[int, list[DerivedRecord]] = {}
+    if projection.tense == "full" and got:
+        chains = await records.chains(list(got))
+        queries += 1
+    for row in rows:
+        for rid in (*chosen.get(row.key, []), *extra.get(row.key, [])):
+            rec = got.get(rid)
+            if rec is None:
+                continue
+            chain = chains.get(rid, [rec]) if projection.tense == "full" else [rec]
+            row.records.append(RowRecord(rec, chain, via_source=rid in extra.get(row.key, [])))
+
+    empty = [r.key for r in rows if not r.records and r.key != GROUP]
+    if empty and cfg.s2_fallback_messages > 0 and match:
+        by_speaker = await engine.store.messages.lexical_by_speaker(
+            match, channel_pks, empty, cfg.s2_fallback_messages
+        )
+        pks = [pk for key in empty for pk in by_speaker.get(key, [])]
+        messages = await engine.store.messages.get_many(pks) if pks else {}
+        queries += 2 if pks else 1
+        for row in rows:
+            row.fallback = [messages[pk] for pk in by_speaker.get(row.key, []) if pk in messages]
+    return S2Result(rows=rows, people=people, queries=queries)

@@ -470,6 +470,32 @@ class MessageRepo:
         params.append(limit)
         return [(r[0], r[1]) for r in await self.db.read(sql, params)]
 
+    async def lexical_by_speaker(
+        self, match: str, channel_pks: Sequence[int], speakers: Sequence[str], per_speaker: int
+    ) -> dict[str, list[int]]:
+        """Each speaker's best `per_speaker` live matches (pks, best first), in one query for
+        all of them: System 2's empty rows fall back to these without a query per person."""
+        speakers = list(dict.fromkeys(speakers))
+        if not match or not channel_pks or not speakers or per_speaker <= 0:
+            return {}
+        tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
+        full_match = f"{{text speaker_name}} : ({match}) AND channel_tag : ({tags})"
+        # the inner LIMIT keeps SQLite from flattening bm25() into the window's ORDER BY
+        sql = (
+            "SELECT id, speaker_id FROM (SELECT id, speaker_id, row_number() OVER"
+            " (PARTITION BY speaker_id ORDER BY score, id) AS rn FROM ("
+            "SELECT m.id AS id, m.speaker_id AS speaker_id,"
+            " bm25(messages_fts, 1.0, 0.5, 0.0) AS score FROM messages_fts"
+            " JOIN messages m ON m.id = messages_fts.rowid"
+            " WHERE messages_fts MATCH ? AND m.deleted_at IS NULL"
+            f" AND m.speaker_id IN ({','.join('?' * len(speakers))}) LIMIT -1))"
+            " WHERE rn <= ? ORDER BY speaker_id, rn"
+        )
+        out: dict[str, list[int]] = {}
+        for pk, speaker in await self.db.read(sql, [full_match, *speakers, per_speaker]):
+            out.setdefault(speaker, []).append(pk)
+        return out
+
     async def dense(
         self,
         query: np.ndarray,

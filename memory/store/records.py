@@ -269,6 +269,90 @@ class RecordRepo:
         params.append(limit)
         return [(r[0], r[1]) for r in await self.db.read(sql, params)]
 
+    async def lexical_by_owner(
+        self, match: str, channel_pks: Sequence[int], owners: Sequence[str], per_owner: int
+    ) -> dict[str, list[int]]:
+        """The best `per_owner` active matches of each owner, best first: one query for all
+        the rows, however many (the per-person query it replaces cost a round trip each)."""
+        return await self._lexical_grouped(match, channel_pks, "owner", owners, per_owner)
+
+    async def lexical_by_source(
+        self, match: str, channel_pks: Sequence[int], sources: Sequence[str], per_source: int
+    ) -> dict[str, list[int]]:
+        """Each source's best active matches about someone else (owner != source)."""
+        return await self._lexical_grouped(
+            match, channel_pks, "source", sources, per_source, about_others=True
+        )
+
+    async def _lexical_grouped(
+        self,
+        match: str,
+        channel_pks: Sequence[int],
+        column: str,
+        keys: Sequence[str],
+        per_key: int,
+        *,
+        about_others: bool = False,
+    ) -> dict[str, list[int]]:
+        if column not in ("owner", "source"):
+            raise ValueError(f"cannot group records by {column!r}")
+        keys = list(dict.fromkeys(keys))
+        if not match or not channel_pks or not keys or per_key <= 0:
+            return {}
+        pk_marks = ",".join("?" * len(channel_pks))
+        key_marks = ",".join("?" * len(keys))
+        # The candidates come from the (channel, owner|source) index, and FTS5 checks only
+        # their rowids: the cost follows the rows' records, not every match in the store.
+        # The inner LIMIT keeps SQLite from flattening bm25() into the window's ORDER BY.
+        sql = (
+            f"SELECT id, grp FROM (SELECT id, grp, row_number() OVER"
+            f" (PARTITION BY grp ORDER BY score, id) AS rn FROM ("
+            f"SELECT r.id AS id, r.{column} AS grp, bm25(records_fts) AS score"
+            " FROM records_fts JOIN records r ON r.id = records_fts.rowid"
+            f" WHERE records_fts MATCH ? AND r.channel_pk IN ({pk_marks})"
+            f" AND r.{column} IN ({key_marks}) AND r.state = 'active'"
+            + (" AND r.owner != r.source" if about_others else "")
+            + " LIMIT -1)) WHERE rn <= ? ORDER BY grp, rn"
+        )
+        out: dict[str, list[int]] = {}
+        for rid, grp in await self.db.read(sql, [match, *channel_pks, *keys, per_key]):
+            out.setdefault(grp, []).append(rid)
+        return out
+
+    async def matching_owners(
+        self, match: str, channel_pks: Sequence[int], limit: int
+    ) -> list[str]:
+        """Owners (people, not GROUP) of the best `limit` active matches, best first."""
+        if not match or not channel_pks or limit <= 0:
+            return []
+        marks = ",".join("?" * len(channel_pks))
+        rows = await self.db.read(
+            "SELECT r.owner, bm25(records_fts) AS score FROM records_fts"
+            " JOIN records r ON r.id = records_fts.rowid"
+            f" WHERE records_fts MATCH ? AND r.channel_pk IN ({marks})"
+            " AND r.state = 'active' AND r.record_scope = 'PERSON'"
+            " ORDER BY score LIMIT ?",
+            [match, *channel_pks, limit],
+        )
+        return list(dict.fromkeys(r[0] for r in rows))
+
+    async def chains(self, record_ids: Sequence[int]) -> dict[int, list[DerivedRecord]]:
+        """Each record's whole update chain, oldest first, in one query for all of them."""
+        if not record_ids:
+            return {}
+        roots = await self.db.read_in(
+            "SELECT id, chain_root FROM records WHERE id IN ({marks})", list(record_ids)
+        )
+        root_of = {r[0]: r[1] for r in roots}
+        nodes = await self.db.read_in(
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE chain_root IN ({{marks}})",
+            sorted(set(root_of.values())),
+        )
+        by_root: dict[int, list[DerivedRecord]] = {}
+        for rec in sorted(map(record_from_row, nodes), key=lambda r: r.id):
+            by_root.setdefault(rec.chain_root, []).append(rec)
+        return {rid: by_root.get(root, []) for rid, root in root_of.items()}
+
     async def dense(
         self, query: np.ndarray, channel_pks: Sequence[int], limit: int
     ) -> list[tuple[int, float]]:
