@@ -22,6 +22,11 @@ Mapping, consistent with the live translator:
 - "GuildMemberJoin" system messages → JOIN in the guild scope (channel "*");
   other system kinds are skipped.
 
+Files are streamed (ijson): the header pass builds only ``guild`` and ``channel`` and
+counts the messages, and `events()` parses one message at a time, so a multi-gigabyte
+export never sits in memory. The exporter writes messages oldest first; a small reorder
+window (`REORDER_WINDOW`) puts locally shuffled ones back in timestamp order.
+
 Limits: edits are not flagged (MessageEvent has no edit field; the exported
 content is the edited one); attachments, embeds and stickers are not turned into
 text; direct-message exports are not imported; a thread export from old exporter
@@ -32,13 +37,15 @@ are skipped and listed in ``errors`` unless ``strict=True``.
 
 from __future__ import annotations
 
-import json
+import heapq
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+import ijson
 
 from bot.events import Event, MessageEvent, RosterAction, RosterEvent, Scope
 from integrations.discord.translate import GUILD_CHANNEL, PLATFORM
@@ -66,6 +73,8 @@ MESSAGE_KINDS = frozenset(
     {"Default", "Reply", "ChatInputCommand", "ContextMenuCommand", 0, 19, 20, 23}
 )
 JOIN_KINDS = frozenset({"GuildMemberJoin", 7})
+REORDER_WINDOW = 2_000
+"""Messages held back to restore timestamp order when an export is locally out of order."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,6 @@ class DiscordExport:
     count: int
     strict: bool = False
     errors: list[str] = field(default_factory=list)
-    _messages: list[Any] = field(default_factory=list, repr=False)
     _direct: bool = False
 
     def __len__(self) -> int:
@@ -101,7 +109,7 @@ class DiscordExport:
         return self.events()
 
     def events(self) -> Iterator[Event]:
-        """Messages and joins in timestamp order (the exporter writes them oldest first)."""
+        """Messages and joins in timestamp order, parsed one at a time from the file."""
         if self._direct:
             return
         scope = build(
@@ -113,8 +121,8 @@ class DiscordExport:
         )
         guild_scope = scope.model_copy(update={"channel": GUILD_CHANNEL})
         authors: dict[str, str] = {}
-        parsed: list[tuple[datetime, int, MessageEvent | RosterEvent]] = []
-        for index, raw in enumerate(self._messages):
+        window: list[tuple[datetime, int, MessageEvent | RosterEvent]] = []
+        for index, raw in enumerate(self._stream()):
             try:
                 event = self._message(raw, scope, guild_scope, authors)
             except (PayloadError, ValueError) as exc:
@@ -126,10 +134,18 @@ class DiscordExport:
                 continue
             if event is not None:
                 when = event.ts if isinstance(event, MessageEvent) else event.at
-                parsed.append((when, index, event))
-        parsed.sort(key=lambda item: (item[0], item[1]))
-        for _when, _index, event in parsed:
-            yield event
+                heapq.heappush(window, (when, index, event))
+                if len(window) > REORDER_WINDOW:
+                    yield heapq.heappop(window)[2]
+        while window:
+            yield heapq.heappop(window)[2]
+
+    def _stream(self) -> Iterator[Any]:
+        where = f"discord export {self.path.name}"
+        try:
+            yield from ijson.items(_parse(self.path), "messages.item")
+        except ijson.JSONError as exc:
+            raise PayloadError(f"{where}: not valid JSON ({_brief(exc)})") from exc
 
     def _message(
         self, raw: Any, scope: Scope, guild_scope: Scope, authors: dict[str, str]
@@ -207,17 +223,10 @@ def read_discord_export(
     """
     path = Path(path)
     where = f"discord export {path.name}"
-    try:
-        with path.open("rb") as fh:
-            data = json.loads(fh.read().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise PayloadError(f"{where}: not valid UTF-8") from exc
-    except json.JSONDecodeError as exc:
-        raise PayloadError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    guild = req_dict(data, "guild", where)
-    channel = req_dict(data, "channel", where)
-    messages = data.get("messages")
-    if not isinstance(messages, list):
+    header = _read_header(path, where)
+    guild = req_dict(header.top, "guild", where)
+    channel = req_dict(header.top, "channel", where)
+    if not header.messages_is_list:
         raise PayloadError(f"{where}: field 'messages' must be a list")
     guild_id = req_str(guild, "id", where)
     channel_id = req_str(channel, "id", where)
@@ -243,11 +252,86 @@ def read_discord_export(
             channel=scope_channel,
             thread_id=thread_id,
         ),
-        count=0 if direct else len(messages),
+        count=0 if direct else header.count,
         strict=strict,
-        _messages=messages,
         _direct=direct,
     )
+
+
+@dataclass
+class _Header:
+    top: dict[str, Any] = field(default_factory=dict)
+    """Top-level fields other than ``messages`` (guild, channel, dateRange, …)."""
+    messages_is_list: bool = False
+    count: int = 0
+
+
+def _read_header(path: Path, where: str) -> _Header:
+    """One streaming pass: build every top-level value except ``messages``, count those.
+
+    Memory stays bounded by the largest single top-level value that is not the message list.
+    """
+    header = _Header()
+    builder: Any = None
+    key: str | None = None
+    try:
+        for prefix, event, value in _parse(path):
+            if prefix == "":
+                if event == "map_key":
+                    key = value
+                elif event == "end_map":
+                    break
+                elif event != "start_map":
+                    raise PayloadError(f"{where}: expected a JSON object")
+                continue
+            if key == "messages":
+                if prefix == "messages":
+                    header.messages_is_list = event in ("start_array", "end_array")
+                elif prefix == "messages.item" and event not in ("map_key", "end_map", "end_array"):
+                    header.count += 1
+                continue
+            if builder is None:
+                builder = ijson.ObjectBuilder()
+            builder.event(event, value)
+            if prefix == key and event not in ("start_map", "start_array", "map_key"):
+                header.top[key] = builder.value
+                builder = None
+    except ijson.JSONError as exc:
+        if b"UTF8" in _raw(exc) or b"invalid char" in _raw(exc):
+            raise PayloadError(f"{where}: not valid UTF-8 JSON ({_brief(exc)})") from exc
+        raise PayloadError(f"{where}: not valid JSON ({_brief(exc)})") from exc
+    except OSError as exc:
+        raise PayloadError(f"{where}: cannot read ({exc})") from exc
+    return header
+
+
+def _parse(path: Path) -> Iterator[tuple[str, str, Any]]:
+    """ijson parse events for `path`: the C backend, and the pure-Python one from where the C
+    one fails on an escaped lone surrogate (it decodes those as UTF-8 and raises), so that one
+    odd message is skipped as malformed instead of ending the file."""
+    done = 0
+    try:
+        with path.open("rb") as fh:
+            for item in ijson.parse(fh, use_float=True):
+                yield item
+                done += 1
+        return
+    except UnicodeDecodeError:
+        log.info("%s: switching to the pure-Python JSON parser at event %d", path.name, done)
+    slow = ijson.get_backend("python")
+    with path.open("rb") as fh:
+        for n, item in enumerate(slow.parse(fh, use_float=True)):
+            if n >= done:
+                yield item
+
+
+def _raw(exc: BaseException) -> bytes:
+    arg = exc.args[0] if exc.args else b""
+    return arg if isinstance(arg, bytes) else str(arg).encode()
+
+
+def _brief(exc: BaseException) -> str:
+    return _raw(exc).decode("utf-8", "replace").splitlines()[0][:120] if exc.args else repr(exc)
 
 
 def read_discord_export_dir(path: str | Path, *, strict: bool = False) -> list[DiscordExport]:

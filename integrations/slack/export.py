@@ -49,7 +49,7 @@ from integrations.slack.translate import (
     parse_ts,
 )
 
-__all__ = ["SlackChannel", "SlackExport", "read_slack_export"]
+__all__ = ["DEFAULT_LIMITS", "SlackChannel", "SlackExport", "ZipLimits", "read_slack_export"]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,22 @@ _DAY_FILE = re.compile(r"^(?P<folder>.+)/(?P<day>\d{4}-\d{2}-\d{2})\.json$")
 _JOIN_SUBTYPES = {"channel_join": RosterAction.JOIN, "group_join": RosterAction.JOIN}
 _LEAVE_SUBTYPES = {"channel_leave": RosterAction.LEAVE, "group_leave": RosterAction.LEAVE}
 _ROSTER_SUBTYPES = {**_JOIN_SUBTYPES, **_LEAVE_SUBTYPES}
-_MAX_JSON_BYTES = 512 * 1024 * 1024
-"""Refuse single files larger than this: a day file never is, a zip bomb may be."""
+
+
+@dataclass(frozen=True)
+class ZipLimits:
+    """What an export ZIP may hold before we refuse it (checked from the central directory
+    before anything is decompressed; zipfile then enforces each entry's declared size).
+
+    A real export is one small day file per channel per day: a ten-year, 1,000-channel
+    workspace is under 4 million entries of a few kB to a few MB each."""
+
+    max_entries: int = 5_000_000
+    max_entry_bytes: int = 256 * 1024 * 1024
+    max_total_bytes: int = 32 * 1024**3
+
+
+DEFAULT_LIMITS = ZipLimits()
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,7 @@ class SlackExport:
     _prefix: str = ""
     _days: dict[str, list[str]] = field(default_factory=dict)
     _joined_in_export: dict[str, set[str]] = field(default_factory=dict)
+    _limits: ZipLimits = DEFAULT_LIMITS
 
     def __len__(self) -> int:
         return self.count
@@ -129,7 +144,7 @@ class SlackExport:
         parent_authors: dict[str, str] = {}
         for day_file in self._days.get(channel.name, []):
             try:
-                records = _load_json(zf, self._prefix + day_file)
+                records = _load_json(zf, self._prefix + day_file, self._limits)
             except PayloadError as exc:
                 self._fail(day_file, exc)
                 continue
@@ -193,10 +208,13 @@ def _ts_key(ts: Any) -> tuple[float, str]:
         return (float("inf"), str(ts))
 
 
-def _load_json(zf: zipfile.ZipFile, name: str) -> Any:
+def _load_json(zf: zipfile.ZipFile, name: str, limits: ZipLimits = DEFAULT_LIMITS) -> Any:
     info = zf.getinfo(name)
-    if info.file_size > _MAX_JSON_BYTES:
-        raise PayloadError(f"{name}: {info.file_size} bytes is larger than any real export file")
+    if info.file_size > limits.max_entry_bytes:
+        raise PayloadError(
+            f"{name}: {info.file_size:,} bytes uncompressed is over the per-file limit of "
+            f"{limits.max_entry_bytes:,} (no real export file is that large)"
+        )
     raw = zf.read(info)
     try:
         return json.loads(raw.decode("utf-8"))
@@ -206,12 +224,14 @@ def _load_json(zf: zipfile.ZipFile, name: str) -> Any:
         raise PayloadError(f"{name}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
 
 
-def _optional_list(zf: zipfile.ZipFile, name: str) -> list[dict[str, Any]] | None:
+def _optional_list(
+    zf: zipfile.ZipFile, name: str, limits: ZipLimits
+) -> list[dict[str, Any]] | None:
     try:
         zf.getinfo(name)
     except KeyError:
         return None
-    data = _load_json(zf, name)
+    data = _load_json(zf, name, limits)
     if not isinstance(data, list):
         raise PayloadError(f"{name}: expected a list")
     return [d for d in data if isinstance(d, dict)]
@@ -240,8 +260,34 @@ def _channels(entries: list[dict[str, Any]], private: bool) -> list[SlackChannel
     return out
 
 
+def check_zip_limits(path: Path, zf: zipfile.ZipFile, limits: ZipLimits) -> None:
+    """Refuse a ZIP over `limits` (entry count, any entry's size, the total), naming which."""
+    infos = zf.infolist()
+    if len(infos) > limits.max_entries:
+        raise PayloadError(
+            f"{path.name}: {len(infos):,} entries is over the limit of {limits.max_entries:,}"
+        )
+    total = 0
+    for info in infos:
+        if info.file_size > limits.max_entry_bytes:
+            raise PayloadError(
+                f"{path.name}: entry {info.filename} is {info.file_size:,} bytes uncompressed, "
+                f"over the per-file limit of {limits.max_entry_bytes:,}"
+            )
+        total += info.file_size
+    if total > limits.max_total_bytes:
+        raise PayloadError(
+            f"{path.name}: {total:,} bytes uncompressed in all, over the limit of "
+            f"{limits.max_total_bytes:,}"
+        )
+
+
 def read_slack_export(
-    path: str | Path, *, workspace: str = "export", strict: bool = False
+    path: str | Path,
+    *,
+    workspace: str = "export",
+    strict: bool = False,
+    limits: ZipLimits = DEFAULT_LIMITS,
 ) -> SlackExport:
     """Open an export ZIP and index it; iterate the result for events.
 
@@ -254,6 +300,7 @@ def read_slack_export(
     except (zipfile.BadZipFile, OSError) as exc:
         raise PayloadError(f"{path}: not a readable ZIP file ({exc})") from exc
     with zf:
+        check_zip_limits(path, zf, limits)
         names = zf.namelist()
         anchors = [n for n in names if n.endswith(("channels.json", "groups.json"))]
         anchors = [n for n in anchors if n.count("/") <= 1]
@@ -262,7 +309,7 @@ def read_slack_export(
         prefix = min(anchors, key=len).rpartition("/")[0]
         prefix = prefix + "/" if prefix else ""
 
-        users_raw = _optional_list(zf, prefix + "users.json") or []
+        users_raw = _optional_list(zf, prefix + "users.json", limits) or []
         users: dict[str, str] = {}
         bots: set[str] = set()
         user_teams: Counter[str] = Counter()
@@ -281,9 +328,13 @@ def read_slack_export(
             if isinstance(u.get("team_id"), str):
                 user_teams[u["team_id"]] += 1
 
-        channels = _channels(_optional_list(zf, prefix + "channels.json") or [], private=False)
-        channels += _channels(_optional_list(zf, prefix + "groups.json") or [], private=True)
-        channels += _channels(_optional_list(zf, prefix + "mpims.json") or [], private=True)
+        channels = _channels(
+            _optional_list(zf, prefix + "channels.json", limits) or [], private=False
+        )
+        channels += _channels(
+            _optional_list(zf, prefix + "groups.json", limits) or [], private=True
+        )
+        channels += _channels(_optional_list(zf, prefix + "mpims.json", limits) or [], private=True)
 
         days: dict[str, list[str]] = {}
         for n in names:
@@ -305,7 +356,7 @@ def read_slack_export(
             count += len(channel.members)
             for day_file in days.get(channel.name, []):
                 try:
-                    records = _load_json(zf, prefix + day_file)
+                    records = _load_json(zf, prefix + day_file, limits)
                 except PayloadError:
                     if strict:
                         raise
@@ -346,4 +397,5 @@ def read_slack_export(
         _prefix=prefix,
         _days=days,
         _joined_in_export=joined,
+        _limits=limits,
     )
