@@ -17,7 +17,9 @@ from integrations.discord.translate import (
     Overwrite,
     can_read_channel,
     is_guild_admin,
+    member_channel_permissions,
 )
+from integrations.slack.translate import channel_privacy
 from memory.config import RecallConfig
 from memory.engine import MemoryEngine
 from memory.models import RosterAction, RosterEvent, Scope
@@ -128,3 +130,38 @@ def test_discord_admin_is_manage_server_administrator_or_owner() -> None:
     assert is_guild_admin({ROLE_MEMBERS}, BOB, manage)
     # a role the guild does not know grants nothing; nor does @everyone listed as a role
     assert not is_guild_admin({"123", GUILD_ID}, ALICE, perms)
+
+
+def test_discord_interaction_carries_discords_own_channel_permissions() -> None:
+    from tests.standins.discord_gateway import DiscordStandIn
+
+    standin = DiscordStandIn()
+    full = standin.interaction("recall", [])
+    assert member_channel_permissions(full) == VIEW | 1 << 11 | HISTORY
+    blind = standin.interaction("recall", [], permissions=VIEW)
+    assert member_channel_permissions(blind) == VIEW
+    del blind["member"]["permissions"]
+    assert member_channel_permissions(blind) is None
+
+
+# --- Slack: privacy from the event's channel_type -------------------------------------------
+
+
+def test_slack_channel_type_gives_privacy() -> None:
+    def body(kind: str | None) -> dict:
+        event = {"type": "message", "channel": "C1", "user": "U1", "text": "hi", "ts": "1.0"}
+        if kind is not None:
+            event["channel_type"] = kind
+        return {"team_id": "T1", "event": event}
+
+    assert channel_privacy(body("group")) is True
+    assert channel_privacy(body("mpim")) is True
+    assert channel_privacy(body("im")) is True
+    assert channel_privacy(body("channel")) is False
+    assert channel_privacy(body(None)) is None
+    assert channel_privacy(body("something-new")) is None
+    # member events use one-letter types
+    assert channel_privacy({"event": {"type": "member_joined_channel", "channel_type": "G"}})
+    assert (
+        channel_privacy({"event": {"type": "member_joined_channel", "channel_type": "C"}}) is False
+    )

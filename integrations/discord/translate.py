@@ -65,9 +65,11 @@ __all__ = [
     "PayloadError",
     "can_read_channel",
     "display_name",
+    "interaction_invocation",
     "interaction_recall",
     "is_guild_admin",
     "member_add",
+    "member_channel_permissions",
     "member_remove",
     "member_roles",
     "member_update",
@@ -353,24 +355,8 @@ def interaction_recall(
     data = req_dict(d, "data", where)
     if data.get("name") != "recall":
         return None
-    interaction_id = req_str(d, "id", where)
-    guild = opt_str(d, "guild_id", where)
-    if guild is None:
-        return None
-    raw_channel = d.get("channel")
-    channel: Mapping[str, Any] = raw_channel if isinstance(raw_channel, Mapping) else {}
-    channel_id = opt_str(d, "channel_id", where) or req_str(channel, "id", where)
-
-    raw_member = d.get("member")
-    member: Mapping[str, Any] | None = raw_member if isinstance(raw_member, Mapping) else None
-    user = req_dict(member, "user", where) if member is not None else req_dict(d, "user", where)
-    user_id = req_str(user, "id", where)
-
     text = ""
-    options: dict[str, str] = {"interaction_id": interaction_id}
-    app = opt_str(d, "application_id", where)
-    if app:
-        options["application_id"] = app
+    options: dict[str, str] = {}
     raw_options = data.get("options") or []
     if not isinstance(raw_options, list):
         raise PayloadError(f"{where}: data.options must be a list")
@@ -385,22 +371,69 @@ def interaction_recall(
             text = check_text(value, where) if isinstance(value, str) else str(value)
         else:
             options[name] = str(value)
+    return interaction_invocation(
+        d, command="recall", text=text, options=options, channel_parent=channel_parent
+    )
 
+
+def interaction_invocation(
+    d: Mapping[str, Any],
+    *,
+    command: str,
+    text: str,
+    options: Mapping[str, str] | None = None,
+    channel_parent: ChannelParents | None = None,
+) -> CommandInvocation | None:
+    """Any guild interaction (command or button click) → CommandInvocation; None in DMs.
+
+    The invoker, channel and thread come from the payload; `text` and `options` are the
+    caller's reading of ``data``. ``interaction_id``/``application_id`` go to options.
+    """
+    where = "discord INTERACTION_CREATE"
+    if not isinstance(d, Mapping):
+        raise PayloadError(f"{where}: expected an object, got {type(d).__name__}")
+    interaction_id = req_str(d, "id", where)
+    guild = opt_str(d, "guild_id", where)
+    if guild is None:
+        return None
+    raw_channel = d.get("channel")
+    channel: Mapping[str, Any] = raw_channel if isinstance(raw_channel, Mapping) else {}
+    channel_id = opt_str(d, "channel_id", where) or req_str(channel, "id", where)
+
+    raw_member = d.get("member")
+    member: Mapping[str, Any] | None = raw_member if isinstance(raw_member, Mapping) else None
+    user = req_dict(member, "user", where) if member is not None else req_dict(d, "user", where)
+    user_id = req_str(user, "id", where)
+
+    out: dict[str, str] = {"interaction_id": interaction_id, **(options or {})}
+    app = opt_str(d, "application_id", where)
+    if app:
+        out["application_id"] = app
     parent = opt_str(channel, "parent_id", where) if channel.get("type") in THREAD_TYPES else None
     parent = parent or (channel_parent or {}).get(channel_id)
     if parent:
-        options["thread_id"] = channel_id
+        out["thread_id"] = channel_id
         channel_id = parent
     return build(
         CommandInvocation,
         where,
         scope=build(Scope, where, platform=PLATFORM, workspace=guild, channel=channel_id),
-        command="recall",
+        command=command,
         user_id=user_id,
         user_name=display_name(user, member),
         text=text.strip(),
-        options=options,
+        options=out,
     )
+
+
+def member_channel_permissions(d: Mapping[str, Any]) -> int | None:
+    """The invoker's permissions in the channel as Discord computed them for this
+    interaction (``member.permissions``), or None when the payload lacks them."""
+    member = d.get("member")
+    raw = member.get("permissions") if isinstance(member, Mapping) else None
+    if raw is None:
+        return None
+    return _int(raw, "discord interaction member.permissions")
 
 
 # --- permissions -----------------------------------------------------------------------------

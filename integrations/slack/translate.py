@@ -49,6 +49,7 @@ __all__ = [
     "PLATFORM",
     "WORKSPACE_CHANNEL",
     "PayloadError",
+    "channel_privacy",
     "display_name",
     "mentioned_users",
     "message_event",
@@ -330,6 +331,26 @@ def translate_event(
         )
 
     log.debug("ignoring slack event type %s", kind)
+    return None
+
+
+_PRIVATE_TYPES = frozenset({"group", "mpim", "im", "G", "D"})
+_PUBLIC_TYPES = frozenset({"channel", "C"})
+
+
+def channel_privacy(body: Mapping[str, Any]) -> bool | None:
+    """Whether the event's channel is private, from its ``channel_type``; None when absent.
+
+    Message events say "channel" (public), "group" (private), "mpim" or "im"; member
+    events say "C" or "G". An unknown value says nothing (the store keeps its default,
+    which is private).
+    """
+    event = body.get("event") if isinstance(body.get("event"), Mapping) else body
+    kind = event.get("channel_type") if isinstance(event, Mapping) else None
+    if kind in _PRIVATE_TYPES:
+        return True
+    if kind in _PUBLIC_TYPES:
+        return False
     return None
 
 

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import yarl
-from aiohttp import WSMsgType, web
+from aiohttp import BodyPartReader, WSMsgType, web
 
 log = logging.getLogger(__name__)
 
@@ -318,11 +318,12 @@ class DiscordStandIn:
         path = "/" + request.match_info["tail"]
         body: Any = None
         if request.can_read_body:
-            raw = await request.read()
             if request.content_type == "application/json":
-                body = json.loads(raw or b"null")
+                body = json.loads(await request.read() or b"null")
             elif request.content_type.startswith("multipart/"):
-                body = {"multipart": True}
+                body = await self._multipart(request)
+            else:
+                await request.read()
         self.requests.append((request.method, path, body))
         parts = path.strip("/").split("/")
         method = request.method
@@ -375,12 +376,27 @@ class DiscordStandIn:
         log.warning("discord stand-in: unhandled %s %s", method, path)
         return _json({"message": "404: Not Found", "code": 0}, status=404)
 
+    @staticmethod
+    async def _multipart(request: web.Request) -> dict[str, Any]:
+        """A message with files: ``payload_json`` merged with ``files``: [(name, bytes)]."""
+        body: dict[str, Any] = {"multipart": True, "files": []}
+        reader = await request.multipart()
+        async for part in reader:
+            if not isinstance(part, BodyPartReader):
+                continue
+            data = await part.read()
+            if part.name == "payload_json":
+                body.update(json.loads(data))
+            else:
+                body["files"].append((part.filename, bytes(data)))
+        return body
+
     def _callback(self, interaction_id: str, body: dict[str, Any]) -> web.Response:
         self.interaction_callbacks.append(body)
         kind = body.get("type")
         data = body.get("data") or {}
         resource: dict[str, Any] = {"type": kind}
-        if kind == 4:
+        if kind in (4, 7):
             resource["message"] = self.message(GENERAL, data)
         return _json(
             {
@@ -435,8 +451,18 @@ class DiscordStandIn:
         *,
         member_index: int = 1,
         channel_id: str = GENERAL,
+        roles: list[str] | None = None,
+        permissions: int = VIEW | SEND | HISTORY,
     ) -> dict[str, Any]:
-        """An INTERACTION_CREATE payload for a chat-input command."""
+        """An INTERACTION_CREATE payload for a chat-input command.
+
+        `roles` replaces the member's roles as this interaction reports them (Discord
+        sends the roles current at the click); `permissions` is the member's computed
+        permissions in the channel, as Discord puts in ``member.permissions``.
+        """
+        member_payload = {**self.guild["members"][member_index], "permissions": str(permissions)}
+        if roles is not None:
+            member_payload["roles"] = roles
         return {
             "id": self.next_id(),
             "application_id": APP_ID,
@@ -446,9 +472,46 @@ class DiscordStandIn:
             "guild_id": self.guild["id"],
             "channel_id": channel_id,
             "channel": {"id": channel_id, "type": 0, "guild_id": self.guild["id"]},
-            "member": {**self.guild["members"][member_index], "permissions": str(VIEW | SEND)},
-            "app_permissions": str(VIEW | SEND),
+            "member": member_payload,
+            "app_permissions": str(VIEW | SEND | HISTORY),
             "locale": "en-US",
             "attachment_size_limit": 8 * 1024 * 1024,
             "data": {"id": self.next_id(), "name": name, "type": 1, "options": options},
         }
+
+    def subcommand(
+        self, group: str, path: list[str], options: list[dict[str, Any]], **kw: Any
+    ) -> dict[str, Any]:
+        """INTERACTION_CREATE for ``/group sub [sub2] options…`` (subcommand groups nest)."""
+        nested: list[dict[str, Any]] = options
+        for depth, name in reversed(list(enumerate(path))):
+            kind = 1 if depth == len(path) - 1 else 2
+            nested = [{"type": kind, "name": name, "options": nested}]
+        return self.interaction(group, nested, **kw)
+
+    def component_click(
+        self,
+        custom_id: str,
+        *,
+        member_index: int = 1,
+        channel_id: str = GENERAL,
+        roles: list[str] | None = None,
+        message_flags: int = 64,
+    ) -> dict[str, Any]:
+        """INTERACTION_CREATE type 3: a button (component_type 2) clicked on a bot message."""
+        payload = self.interaction("", [], member_index=member_index, channel_id=channel_id)
+        if roles is not None:
+            payload["member"]["roles"] = roles
+        message = self.message(channel_id, {"content": "confirm?", "flags": message_flags})
+        message["components"] = [
+            {
+                "type": 1,
+                "components": [{"type": 2, "style": 4, "label": "Confirm", "custom_id": custom_id}],
+            }
+        ]
+        payload.update(
+            type=3,
+            message=message,
+            data={"custom_id": custom_id, "component_type": 2},
+        )
+        return payload
