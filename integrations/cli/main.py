@@ -96,6 +96,8 @@ _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction, Callable], None]] = 
 
 def _register_extra() -> None:
     """Command groups live in their own modules; each contributes a `register` function."""
+        commands_demo,
+        commands_ops,
     from integrations.cli import (
         commands_platform,
         commands_recall,
@@ -108,6 +110,8 @@ def _register_extra() -> None:
             commands_recall.register,
             commands_writer.register,
             commands_platform.register,
+            commands_demo.register,
+            commands_ops.register,
             commands_run.register,
         ]
     )
