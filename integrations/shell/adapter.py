@@ -124,6 +124,10 @@ class ShellAdapter:
     # ---- Adapter protocol (integrations.runtime) ----------------------------------------
 
     async def start(self) -> None:
+        if not await self.engine.channel_pks([self.scope]):
+            await self.engine.store.channels.set_meta(
+                self.scope, name=self.channel, is_private=False
+            )
         self.say(
             f"SpeakerMem shell: workspace {self.workspace!r}. You are {self.user_name} in "
             f"#{self.channel}. /help lists the commands."
@@ -212,14 +216,13 @@ class ShellAdapter:
     async def switch_channel(self, channel: str, *, private: bool) -> None:
         scope = scope_of(self.workspace, channel)
         known = await self.engine.channel_pks([scope])
-        if private:
-            if known and not await self.engine.store.channels.is_private(scope):
-                raise ShellError(f"#{channel} already exists and is public")
-            if not known:
-                await self.engine.store.channels.set_meta(scope, name=channel, is_private=True)
-                self.channel = channel
-                await self.join(self.user_id, self.user_name)
+        if private and known and not await self.engine.store.channels.is_private(scope):
+            raise ShellError(f"#{channel} already exists and is public")
+        if not known:  # switching to a new channel creates it, as on a chat platform
+            await self.engine.store.channels.set_meta(scope, name=channel, is_private=private)
         self.channel = channel
+        if private and not known:
+            await self.join(self.user_id, self.user_name)
         kind = "private" if await self.engine.store.channels.is_private(scope) else "public"
         self.say(f"now in #{channel} ({kind}{'' if known or private else ', new'})")
 
