@@ -84,6 +84,27 @@ class RecallConfig(BaseModel):
     dense_oversample_fraction: float = Field(default=0.0, ge=0, le=1)
     """The dense ranking's share of a large partition as coarse candidates (the store's
     default applies to `search`); 0 keeps the fixed `dense_oversample`."""
+    relation_weight: float = Field(default=1.0, ge=0)
+    """Weight of the speaker-addressee ranking ("what did X tell Y"): messages to Y (from
+    X) and Y's replies to them, by dense similarity (0 = off)."""
+    relation_max_messages: int = Field(default=3_000, ge=1)
+    """A relation with more messages than this narrows nothing and is skipped."""
+    speaker_dense: Literal["off", "fallback", "always"] = "fallback"
+    """Rank a named person's own messages by dense similarity: never, only when the
+    speaker BM25 ranking found nothing, or always (rare speakers only)."""
+    speaker_dense_max_messages: int = Field(default=400, ge=1)
+    """"Rare" speakers for `speaker_dense`: at most this many messages in the channel."""
+    reply_slots: int = Field(default=0, ge=0, le=10)
+    """The top picks whose reply (by reply link, else the next turn) is placed right after
+    them in the evidence, ahead of lower-ranked picks."""
+    context_structure: bool = True
+    """Soft Expand follows reply links (the parent and replies of each top pick, tagged or
+    inferred) instead of the turns just before and after."""
+    check_claims: bool = True
+    """Check each claim of an LLM answer against the messages it cites; drop or re-cite the
+    unsupported ones, and abstain when none is left."""
+    interaction_catchup: int = Field(default=500, ge=0)
+    """New messages per channel whose addressees and reply links /recall infers first."""
     s1_pack_tokens: int = Field(default=1_500, ge=100)
     """Budget of the verbatim excerpts in the evidence pack (longest texts are shortened)."""
     s2_pack_tokens: int = Field(default=1_300, ge=100)

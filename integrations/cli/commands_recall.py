@@ -71,6 +71,12 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
     )
     p.add_argument("--k", type=int, default=10, help="evidence budget (default 10)")
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
+    p.add_argument(
+        "--no-sessions",
+        action="store_true",
+        help="ignore the dataset's session markers (and FriendsQA's scene gaps): sessions "
+        "must be inferred as in a live channel; use a fresh --db",
+    )
     p.set_defaults(handler="integrations.cli.commands_recall:cmd_eval")
 
 
@@ -159,7 +165,7 @@ def explain(result: RecallResult) -> None:
 
 
 async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
-    dataset = DATASET_READERS[args.dataset](Path(args.path))
+    dataset = DATASET_READERS[args.dataset](Path(args.path), sessions=not args.no_sessions)
     llm = build_llm(settings)
     if args.writer == "llm" and llm is None:
         raise CliError("--writer llm needs an LLM: set SPEAKERMEM_LLM_BASE_URL")
@@ -203,6 +209,7 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
                 with_s2=args.writer != "none",
             )
     report["writer"] = args.writer
+    report["sessions"] = "inferred" if args.no_sessions else "dataset"
     report["llm"] = None if llm is None else llm.model
     report["prompts"] = {**PROMPT_VERSIONS, "judge": JUDGE_PROMPT_VERSION}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,10 @@
 
 Scenes carry no time: scene i is placed i days after a fixed base date and each
 utterance 30 s after the previous one. Message ids are `<scene title>:<uid>`.
+
+With `sessions=False` the scene boundaries are hidden, as in a live channel: no session
+markers, and every utterance 30 s after the previous one across scenes, so neither a
+marker nor a time gap gives a scene away.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ BASE = datetime(1995, 1, 1, 18, 0, tzinfo=UTC)
 TURN_SPACING = timedelta(seconds=30)
 
 
-def read_friendsqa(path: Path) -> Dataset:
+def read_friendsqa(path: Path, *, sessions: bool = True) -> Dataset:
     data = load_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise DatasetError(f'{path}: expected {{"data": [scenes...]}} (FriendsQA format)')
@@ -30,7 +34,10 @@ def read_friendsqa(path: Path) -> Dataset:
     questions: list[EvalQuestion] = []
     for index, scene in enumerate(scenes):
         try:
-            _read_scene(scene, index, scope, messages, questions)
+            start = BASE + timedelta(days=index)
+            if not sessions:
+                start = BASE + len(messages) * TURN_SPACING
+            _read_scene(scene, start, scope, messages, questions, sessions=sessions)
         except (KeyError, TypeError, AttributeError) as exc:
             raise DatasetError(f"{path}: scene {index} is malformed ({exc!r})") from exc
     return Dataset(name="friendsqa", messages=messages, questions=questions)
@@ -44,13 +51,14 @@ def _speaker(names: list[Any]) -> tuple[str, str]:
 
 def _read_scene(
     scene: dict[str, Any],
-    index: int,
+    start: datetime,
     scope: Scope,
     messages: list[MessageEvent],
     questions: list[EvalQuestion],
+    *,
+    sessions: bool = True,
 ) -> None:
     title = str(scene["title"])
-    start = BASE + timedelta(days=index)
     turn = 0
     known: set[str] = set()
     for paragraph in scene["paragraphs"]:
@@ -68,7 +76,7 @@ def _read_scene(
                     speaker_name=speaker_name,
                     text=str(utt.get("utterance", "")),
                     ts=start + turn * TURN_SPACING,
-                    session_break=turn == 0,
+                    session_break=sessions and turn == 0,
                 )
             )
             turn += 1

@@ -50,7 +50,9 @@ def split_evidence(entries: list[Any]) -> list[str]:
     return out
 
 
-def read_locomo(path: Path) -> Dataset:
+def read_locomo(path: Path, *, sessions: bool = True) -> Dataset:
+    """LoCoMo samples, a channel each. `sessions=False` drops the session markers; the
+    sessions' dates stay (a live channel has real times too), so gaps still split them."""
     data = load_json(path)
     if not isinstance(data, list):
         raise DatasetError(f"{path}: expected a JSON list of LoCoMo samples")
@@ -59,7 +61,7 @@ def read_locomo(path: Path) -> Dataset:
     observations: list[Observation] = []
     for n, sample in enumerate(data):
         try:
-            sample_msgs, sample_qs, sample_obs = _read_sample(sample)
+            sample_msgs, sample_qs, sample_obs = _read_sample(sample, marked=sessions)
         except (KeyError, TypeError, AttributeError) as exc:
             raise DatasetError(f"{path}: sample {n} is malformed ({exc!r})") from exc
         messages.extend(sample_msgs)
@@ -69,7 +71,7 @@ def read_locomo(path: Path) -> Dataset:
 
 
 def _read_sample(
-    sample: dict[str, Any],
+    sample: dict[str, Any], *, marked: bool = True
 ) -> tuple[list[MessageEvent], list[EvalQuestion], list[Observation]]:
     sample_id = str(sample["sample_id"])
     scope = Scope(platform=PLATFORM, workspace=WORKSPACE, channel=sample_id)
@@ -97,7 +99,7 @@ def _read_sample(
                     text=text,
                     ts=start + turn * TURN_SPACING,
                     addressees=tuple(slug(o) for o in others),
-                    session_break=turn == 0,
+                    session_break=marked and turn == 0,
                 )
             )
     known = {m.message_id for m in messages}

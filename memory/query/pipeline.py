@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from memory.config import RecallConfig
 from memory.engine import MemoryEngine
+from memory.interactions import interaction_names
 from memory.models import RosterMember, Scope, StoredMessage
 from memory.ports import LLM, ChatMessage, LLMError
 from memory.query.answer import (
@@ -31,6 +32,7 @@ from memory.query.answer import (
     extractive_answer,
     render_answer_messages,
 )
+from memory.query.claims import check_claims
 from memory.query.compose import EvidencePack, compose
 from memory.query.links import LinkResolver, default_link
 from memory.query.projection import (
@@ -38,6 +40,7 @@ from memory.query.projection import (
     PROJECT_SCHEMA,
     Projection,
     fallback_projection,
+    name_keys,
     projection_from_llm,
     render_project_messages,
 )
@@ -59,8 +62,10 @@ from memory.query.system1 import (
     expand_order,
     focus_ranking,
     fuse,
+    linked_context,
     name_terms,
     recall_rankings,
+    reply_slots,
     rerank_by_sessions,
     session_scores,
     session_term_counts,
@@ -72,6 +77,8 @@ from memory.search.fusion import rrf
 log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 4_000
+COMMON_WORD_MIN_SEEN = 3
+COMMON_WORD_LOWER_SHARE = 0.5
 PROMPT_VERSIONS = {
     "project": PROJECT_PROMPT_VERSION,
     "select": SELECT_PROMPT_VERSION,
@@ -124,6 +131,9 @@ class RecallTrace(BaseModel):
     tokens: dict[str, int] = Field(default_factory=dict)
     latency_ms: dict[str, float] = Field(default_factory=dict)
     llm_errors: list[str] = Field(default_factory=list)
+    claims: dict[str, int] = Field(default_factory=dict)
+    """The LLM answer's claims: checked, dropped, rewritten (re-cited), abstained (0/1)."""
+    dropped_claims: list[str] = Field(default_factory=list)
 
 
 @dataclass
@@ -207,16 +217,33 @@ class RecallPipeline:
         return result.data
 
     async def project(
-        self, question: str, roster: list[RosterMember], trace: RecallTrace
+        self,
+        question: str,
+        roster: list[RosterMember],
+        trace: RecallTrace,
+        pks: Sequence[int] = (),
     ) -> Projection:
+        common = await self._common_words(question, roster, pks)
         if self.llm is not None:
             data = await self._llm_json(
                 trace, "project", render_project_messages(question, roster), PROJECT_SCHEMA, 256
             )
-            projected = projection_from_llm(data, question, roster)
+            projected = projection_from_llm(data, question, roster, common=common)
             if projected is not None:
                 return projected
-        return fallback_projection(question, roster)
+        return fallback_projection(question, roster, common=common)
+
+    async def _common_words(
+        self, question: str, roster: list[RosterMember], pks: Sequence[int]
+    ) -> frozenset[str]:
+        """Roster names the question writes in lower case that the channel mostly writes in
+        lower case too: ordinary words there ("man", "big"), not people."""
+        out: set[str] = set()
+        for key in name_keys(question, roster) if pks else []:
+            seen, lower = await self.engine.store.messages.lowercase_share(key, pks)
+            if seen >= COMMON_WORD_MIN_SEEN and lower >= COMMON_WORD_LOWER_SHARE:
+                out.add(key)
+        return frozenset(out)
 
     async def _select(
         self,
@@ -268,8 +295,13 @@ class RecallPipeline:
             window=window,
             name_terms=names,
             display_names=display,
+            speaker_dense=cfg.speaker_dense,
+            speaker_dense_max=cfg.speaker_dense_max_messages,
+            relation=cfg.relation_weight > 0,
+            relation_max=cfg.relation_max_messages,
         )
-        fused = fuse(rankings, k0=cfg.rrf_k0, weights=RANKING_WEIGHTS)
+        weights = {**RANKING_WEIGHTS, "relation": cfg.relation_weight}
+        fused = fuse(rankings, k0=cfg.rrf_k0, weights=weights)
         messages = await self.engine.store.messages.get_many([pk for pk, _ in fused])
         fused = [(pk, sc) for pk, sc in fused if pk in messages]
         channel_of = channel_of_pk(messages, scopes, pks)
@@ -341,7 +373,16 @@ class RecallPipeline:
                     messages.setdefault(m.pk, m)
                 neighbours[pk] = [m.pk for m in around if m.pk != pk]
         ordered = [pk for pk in order if pk not in anchors]
-        final = expand_order(anchors + ordered, neighbours, anchors=len(anchors), top_k=cfg.top_k)
+        final = expand_order(
+            anchors + ordered, neighbours, anchors=len(anchors), top_k=cfg.top_k + cfg.reply_slots
+        )
+        if cfg.reply_slots > 0 and final:
+            linked = await self.engine.store.interactions.replies(final[: cfg.reply_slots])
+            replies = {pk: [c for c, _ in kids] for pk, kids in linked.items()}
+            firsts = [kids[0] for kids in replies.values() if kids]
+            messages.update(await self.engine.store.messages.get_many(firsts))
+            final = reply_slots(final, replies, slots=cfg.reply_slots, top_k=cfg.top_k)
+        final = final[: cfg.top_k]
         trace.rankings = {name: len(lst) for name, lst in rankings.lists.items()}
         trace.pool = [messages[pk].message_id for pk in pool[:10] if pk in messages]
         trace.anchors = [messages[pk].message_id for pk in anchors if pk in messages]
@@ -355,6 +396,8 @@ class RecallPipeline:
     ) -> list[tuple[int, float]]:
         """Fuse in the neighbouring turns of the top picks (soft Expand)."""
         cfg = self.cfg
+        if cfg.context_structure:
+            return await self._with_linked_context(fused, messages)
         position: dict[int, tuple[int, int, int]] = {}
         at: dict[tuple[int, int, int], int] = {}
         for pk, _ in fused[: cfg.context_anchors]:
@@ -364,6 +407,38 @@ class RecallPipeline:
                 messages.setdefault(m.pk, m)
                 at[(channel_of[pk], m.session_id, m.turn_index)] = m.pk
         ctx = context_ranking(fused, position, at, anchors=cfg.context_anchors)
+        if not ctx:
+            return fused
+        return rrf([[pk for pk, _ in fused], ctx], k0=cfg.rrf_k0, weights=[1.0, cfg.context_weight])
+
+    async def _with_linked_context(
+        self, fused: list[tuple[int, float]], messages: dict[int, StoredMessage]
+    ) -> list[tuple[int, float]]:
+        """Soft Expand along reply links: the replies and parent of each top pick (tagged or
+        inferred) join the fusion as one more ranking."""
+        cfg = self.cfg
+        anchors = [pk for pk, _ in fused[: cfg.context_anchors]]
+        store = self.engine.store
+        parents = {pk: p for pk, (p, _) in (await store.interactions.parents(anchors)).items()}
+        replies = {
+            pk: [c for c, _ in kids]
+            for pk, kids in (await store.interactions.replies(anchors)).items()
+        }
+        around: dict[int, tuple[int | None, int | None]] = {}
+        for pk in anchors:
+            if pk in parents or pk in replies:
+                continue
+            msg = messages[pk]
+            near = {m.turn_index: m for m in await store.messages.neighbours(msg, 1)}
+            for m in near.values():
+                messages.setdefault(m.pk, m)
+            nxt, prev = near.get(msg.turn_index + 1), near.get(msg.turn_index - 1)
+            around[pk] = (nxt.pk if nxt else None, prev.pk if prev else None)
+        ctx = linked_context(anchors, parents, replies, around)
+        missing = [pk for pk in ctx if pk not in messages]
+        if missing:
+            messages.update(await store.messages.get_many(missing))
+        ctx = [pk for pk in ctx if pk in messages]
         if not ctx:
             return fused
         return rrf([[pk for pk, _ in fused], ctx], k0=cfg.rrf_k0, weights=[1.0, cfg.context_weight])
@@ -425,7 +500,7 @@ class RecallPipeline:
                 roster.extend(await self.engine.members(scope))
         trace.channels = [str(s) for s in scopes]
         with stage("project"):
-            projection = await self.project(question, roster, trace)
+            projection = await self.project(question, roster, trace, pks)
             latest = await self.engine.store.messages.latest_ts(pks)
             anchor = datetime.fromtimestamp(latest, UTC) if latest else datetime.now(UTC)
             window = resolve_time(question, anchor)
@@ -436,6 +511,12 @@ class RecallPipeline:
             else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
         with stage("system1"):
+            if self.cfg.interaction_catchup > 0 and pks:
+                index = interaction_names(roster)
+                for pk in pks:
+                    await self.engine.store.interactions.update(
+                        pk, index, limit=self.cfg.interaction_catchup
+                    )
             terms = name_terms(n for m in roster for n in (m.display_name, *m.aliases))
             s1 = (
                 await self.system1(
@@ -542,6 +623,18 @@ class RecallPipeline:
             cleaned, used, stripped2 = check_citations(extractive_answer(pack), pack)
             stripped += stripped2
             used_llm = False
+        if used_llm and self.cfg.check_claims:
+            report = check_claims(cleaned, pack)
+            trace.claims = {
+                "checked": report.checked,
+                "dropped": report.dropped,
+                "rewritten": report.rewritten,
+                "abstained": int(report.abstained),
+            }
+            trace.dropped_claims = [
+                c.claim.text[:120] for c in report.claims if c.verdict == "dropped"
+            ]
+            cleaned, used, _ = check_citations(report.text, pack)
         citations = citations_for(pack, used)
         for c in citations:
             excerpt = pack.excerpt(c.n)

@@ -699,7 +699,11 @@ def _clean_issue(value: Any) -> str | None:
 
 
 def projection_from_llm(
-    data: dict[str, Any] | None, question: str, roster: list[RosterMember]
+    data: dict[str, Any] | None,
+    question: str,
+    roster: list[RosterMember],
+    *,
+    common: Collection[str] = frozenset(),
 ) -> Projection | None:
     """Validate the LLM's projection against the roster; None means "use the fallback".
 
@@ -708,7 +712,7 @@ def projection_from_llm(
     """
     if not isinstance(data, dict):
         return None
-    idx = _index(roster)
+    idx = _index(roster, frozenset(common))
     raw_rows = data.get("rows")
     if isinstance(raw_rows, str):
         raw_rows = [raw_rows]

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import TypeVar
 
+import numpy as np
+
 from memory.engine import MemoryEngine
 from memory.query.projection import Projection
 from memory.query.timewords import TimeWindow
@@ -36,6 +38,8 @@ RANKING_WEIGHTS: dict[str, float] = {
     "issue": 1.0,
     "phrase": 1.0,
     "speaker": 1.0,
+    "speaker_dense": 1.0,
+    "relation": 1.0,
     "time": 1.0,
     "dense": 1.0,
 }
@@ -197,6 +201,53 @@ def context_ranking(
     return out
 
 
+def linked_context(
+    anchors: Sequence[int],
+    parents: dict[int, int],
+    replies: dict[int, list[int]],
+    around: dict[int, tuple[int | None, int | None]],
+) -> list[int]:
+    """The conversation around each anchor, by reply structure: its replies (earliest
+    first), then the turn it answers; the turns just after and before when it has no
+    links. In a many-party channel the answer to a message is often not the next turn.
+
+    parents: pk -> parent pk; replies: pk -> reply pks; around: pk -> (next, previous).
+    """
+    out: list[int] = []
+    for pk in anchors:
+        linked = [*replies.get(pk, []), *([parents[pk]] if pk in parents else [])]
+        if not linked:
+            nxt, prev = around.get(pk, (None, None))
+            linked = [n for n in (nxt, prev) if n is not None]
+        for n in linked:
+            if n != pk and n not in out:
+                out.append(n)
+    return out
+
+
+def reply_slots(
+    order: Sequence[int], replies: dict[int, list[int]], *, slots: int, top_k: int
+) -> list[int]:
+    """Evidence order where each of the first `slots` picks is followed by its first reply
+    (moved up, or brought in ahead of the lowest picks), cut to `top_k`.
+
+    The reply to a retrieved question is often the answer, but no ranking scores it: as
+    one more fused ranking it cannot climb above about rank 20, so it gets a slot.
+    """
+    out = list(dict.fromkeys(order))
+    for pk in list(out[:slots]):
+        reply = next(iter(replies.get(pk, [])), None)
+        if reply is None:
+            continue
+        at = out.index(pk)
+        if reply in out[:top_k]:
+            continue
+        if reply in out:
+            out.remove(reply)
+        out.insert(at + 1, reply)
+    return out[:top_k]
+
+
 def expand_order(
     selected: Sequence[int],
     neighbours: dict[int, list[int]],
@@ -231,13 +282,21 @@ async def recall_rankings(
     extra_terms: list[str] | None = None,
     name_terms: Collection[str] = (),
     display_names: dict[str, str] | None = None,
+    speaker_dense: str = "off",
+    speaker_dense_max: int = 400,
+    relation: bool = False,
+    relation_max: int = 3_000,
 ) -> Rankings:
     """Every ranking of the pool, queried concurrently (each on its own reader connection).
 
     `name_terms` (words of roster names) match message text only in the word ranking;
-    who spoke is the speaker ranking's job.
+    who spoke is the speaker ranking's job. `speaker_dense` ranks the named people's own
+    messages by dense similarity ("fallback": only when their BM25 ranking is empty, as
+    for a question with no word they used); `relation` ranks the messages the question's
+    speaker addressed to its addressee, with the addressee's replies.
     """
     store = engine.store.messages
+    vector_task = asyncio.ensure_future(engine.embed_query(question))
     issue_match = build_match(projection.issue, extra=extra_terms)
     people = [p for p in projection.speakers if p not in ("GROUP", "ALL")]
     # One BM25 ranking over the question's words, names matching message text only
@@ -249,13 +308,39 @@ async def recall_rankings(
     phrases = phrase_match(question)
     if phrases:
         queries["phrase"] = store.lexical(phrases, channel_pks, pool)
+    speaker_task = None
     if people and issue_match:
-        queries["speaker"] = store.lexical(
-            issue_match,
+        speaker_task = asyncio.ensure_future(
+            store.lexical(
+                issue_match,
+                channel_pks,
+                pool,
+                speakers=people,
+                speaker_names=[
+                    (display_names or {})[p] for p in people if p in (display_names or {})
+                ],
+            )
+        )
+        queries["speaker"] = speaker_task
+    if people and speaker_dense != "off":
+        queries["speaker_dense"] = _speaker_dense(
+            engine,
+            vector_task,
+            speaker_task if speaker_dense == "fallback" else None,
             channel_pks,
+            people,
             pool,
-            speakers=people,
-            speaker_names=[(display_names or {})[p] for p in people if p in (display_names or {})],
+            speaker_dense_max,
+        )
+    if relation and projection.addressee:
+        queries["relation"] = _relation(
+            engine,
+            vector_task,
+            channel_pks,
+            projection.addressee,
+            people,
+            pool,
+            relation_max,
         )
     if window is not None:
         queries["time"] = store.lexical(
@@ -265,7 +350,7 @@ async def recall_rankings(
             since=window.start.timestamp(),
             until=window.end.timestamp(),
         )
-    queries["dense"] = _dense(engine, question, channel_pks, pool)
+    queries["dense"] = _dense(engine, vector_task, channel_pks, pool)
     results = await asyncio.gather(*queries.values())
     rankings = Rankings()
     for name, hits in zip(queries, results, strict=True):
@@ -273,10 +358,49 @@ async def recall_rankings(
     return rankings
 
 
-async def _dense(
-    engine: MemoryEngine, question: str, channel_pks: Sequence[int], pool: int
+async def _speaker_dense(
+    engine: MemoryEngine,
+    vector_task: Awaitable[np.ndarray | None],
+    lexical: Awaitable[list[tuple[int, float]]] | None,
+    channel_pks: Sequence[int],
+    people: Sequence[str],
+    pool: int,
+    max_messages: int,
 ) -> list[tuple[int, float]]:
-    vector = await engine.embed_query(question)
+    if lexical is not None and await lexical:
+        return []
+    vector = await vector_task
+    if vector is None:
+        return []
+    return await engine.store.messages.speaker_dense(
+        vector, channel_pks, people, pool, max_messages=max_messages
+    )
+
+
+async def _relation(
+    engine: MemoryEngine,
+    vector_task: Awaitable[np.ndarray | None],
+    channel_pks: Sequence[int],
+    addressee: str,
+    people: Sequence[str],
+    pool: int,
+    max_messages: int,
+) -> list[tuple[int, float]]:
+    vector = await vector_task
+    if vector is None:
+        return []
+    return await engine.store.interactions.relation_dense(
+        vector, channel_pks, addressee, people, pool, max_messages=max_messages
+    )
+
+
+async def _dense(
+    engine: MemoryEngine,
+    vector_task: Awaitable[np.ndarray | None],
+    channel_pks: Sequence[int],
+    pool: int,
+) -> list[tuple[int, float]]:
+    vector = await vector_task
     if vector is None:
         return []
     return await engine.store.messages.dense(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope, StoredMessage
-from memory.search.fts_query import query_terms, quote
+from memory.search.fts_query import quote
 from memory.sessions import ChannelCursor, place_message
 from memory.store.channels import ChannelRepo
 from memory.store.database import Database, Transaction
@@ -438,8 +439,7 @@ class MessageRepo:
         # holds live messages only, so the unfiltered query needs no join at all.
         tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
         full_match = f"{{text speaker_name}} : ({match}) AND channel_tag : ({tags})"
-        phrases = [quote(" ".join(query_terms(n, max_terms=8))) for n in speaker_names]
-        phrases = [p for p in phrases if p != '""']
+        phrases = [p for p in map(speaker_phrase, speaker_names) if p]
         if speakers and phrases:
             full_match += f" AND speaker_name : ({' OR '.join(phrases)})"
         if not speakers and since is None and until is None:
@@ -632,6 +632,70 @@ class MessageRepo:
             return {}
         tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
         out: dict[str, dict[tuple[int, int], int]] = {}
+    async def lowercase_share(
+        self, word: str, channel_pks: Sequence[int], *, sample: int = 200
+    ) -> tuple[int, float]:
+        """How the channels' messages write `word` (a roster name or one of its parts):
+        (occurrences seen in up to `sample` matching messages, share in lower case).
+
+        A name people write in lower case most of the time ("man", "big") is an ordinary
+        word of the channel, not a way of naming someone.
+        """
+        phrase = speaker_phrase(word)
+        if not phrase or not channel_pks:
+            return 0, 0.0
+        tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
+        rows = await self.db.read(
+            "SELECT text FROM messages_fts WHERE messages_fts MATCH ? LIMIT ?",
+            (f"{{text}} : ({phrase}) AND channel_tag : ({tags})", sample),
+        )
+        pattern = re.compile(
+            r"(?<!\w)" + r"\s+".join(map(re.escape, word.split())) + r"(?!\w)", re.IGNORECASE
+        )
+        seen = lower = 0
+        for (text,) in rows:
+            for m in pattern.finditer(text):
+                seen += 1
+                lower += m.group(0) == m.group(0).lower()
+        return seen, (lower / seen if seen else 0.0)
+
+    async def speaker_dense(
+        self,
+        query: np.ndarray,
+        channel_pks: Sequence[int],
+        speakers: Sequence[str],
+        limit: int,
+        *,
+        max_messages: int,
+    ) -> list[tuple[int, float]]:
+        """Exact cosine over the messages of people who speak rarely: [(pk, similarity)].
+
+        A speaker with more than `max_messages` messages in the channels is left out (the
+        general dense ranking covers them, and scoring them all would cost too much).
+        """
+        if not channel_pks or not speakers:
+            return []
+        cm = ",".join("?" * len(channel_pks))
+        sm = ",".join("?" * len(speakers))
+        rows = await self.db.read(
+            f"SELECT speaker_id, count(*) FROM messages WHERE channel_pk IN ({cm})"
+            f" AND speaker_id IN ({sm}) AND deleted_at IS NULL GROUP BY speaker_id",
+            (*channel_pks, *speakers),
+        )
+        rare = [r[0] for r in rows if r[1] <= max_messages]
+        if not rare:
+            return []
+        rm = ",".join("?" * len(rare))
+        blobs = await self.db.read(
+            f"SELECT v.id, v.embedding FROM messages m JOIN message_vectors v ON v.id = m.id"
+            f" WHERE m.channel_pk IN ({cm}) AND m.speaker_id IN ({rm}) AND m.deleted_at IS NULL",
+            (*channel_pks, *rare),
+        )
+        if not blobs:
+            return []
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
+        return await asyncio.to_thread(rescore, [(r[0], r[1]) for r in blobs], q, limit)
+
         async with self.db.reader() as conn:
             for term in terms:
                 match = f"{{text speaker_name}} : ({term}) AND channel_tag : ({tags})"
@@ -713,3 +777,17 @@ class MessageRepo:
 def embed_text(speaker_name: str, text: str) -> str:
     """What the dense index embeds: the speaker's name with the text, so 'who said' matches."""
     return f"{speaker_name}: {text}"
+_NAME_TOKEN = re.compile(r"[^\W_]", re.UNICODE)
+
+
+def speaker_phrase(name: str) -> str:
+    """An FTS5 phrase matching a display name in the speaker column ('' if it has no word).
+
+    The whole name is quoted, so FTS5 tokenizes it exactly as it tokenized the column:
+    stop-words and one-letter parts ("Girl's Voice", "j_doe") stay in the phrase. The
+    query tokenizer drops them, and its phrase then matched none of the speaker's rows.
+    """
+    name = " ".join(name.split())
+    return quote(name) if _NAME_TOKEN.search(name) else ""
+
+

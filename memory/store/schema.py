@@ -250,6 +250,39 @@ CREATE INDEX writer_runs_segment ON writer_runs (segment_id);
 """
 
 
+INTERACTIONS = """
+-- Who each message speaks to, and how that was found (issue 11). The messages.addressees
+-- column keeps the platform's own tags; these rows add the inferred ones beside them.
+CREATE TABLE message_addressees (
+    message_pk INTEGER NOT NULL,
+    addressee  TEXT NOT NULL,
+    how        TEXT NOT NULL
+               CHECK (how IN ('platform', 'reply', 'vocative', 'name_start', 'adjacency')),
+    PRIMARY KEY (message_pk, addressee)
+) WITHOUT ROWID;
+CREATE INDEX message_addressees_to ON message_addressees (addressee, message_pk);
+-- The turn each message answers: the platform's reply/thread parent, or an inferred one.
+CREATE TABLE message_links (
+    message_pk INTEGER PRIMARY KEY,
+    parent_pk  INTEGER NOT NULL,
+    how        TEXT NOT NULL CHECK (how IN ('explicit', 'addressed', 'overlap', 'previous'))
+);
+CREATE INDEX message_links_parent ON message_links (parent_pk);
+-- How far the inference pass has read each channel (message pks only grow).
+CREATE TABLE interaction_cursor (
+    channel_pk INTEGER PRIMARY KEY,
+    last_pk    INTEGER NOT NULL
+);
+CREATE TRIGGER message_interactions_ad AFTER DELETE ON messages BEGIN
+    DELETE FROM message_addressees WHERE message_pk = old.id;
+    DELETE FROM message_links WHERE message_pk = old.id OR parent_pk = old.id;
+END;
+"""
+
+
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
-    return [Migration(1, "initial dual-track schema", _initial(chunk_size))]
+    return [
+        Migration(1, "initial dual-track schema", _initial(chunk_size)),
+        Migration(4, "interaction graph: inferred addressees and reply links", INTERACTIONS),
+    ]

@@ -1,0 +1,161 @@
+"""The interaction graph in SQLite: inferred addressees and reply links per message.
+
+The inference itself is pure (`memory.interactions`); this repository feeds it each
+channel's new messages in order, with the last few earlier turns as context, and keeps a
+per-channel cursor so each message is read once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from memory.interactions import WINDOW, NameIndex, Turn, infer
+from memory.store.database import Database
+from memory.store.vectors import rescore
+
+_COLUMNS = "id, speaker_id, text, ts, session_id, message_id, reply_to, addressees, deleted_at"
+
+
+def _turn(r: tuple) -> Turn:  # type: ignore[type-arg]
+    return Turn(
+        pk=r[0],
+        speaker_id=r[1],
+        text=r[2],
+        ts=r[3],
+        session_id=r[4],
+        message_id=r[5],
+        reply_to=r[6],
+        addressees=tuple(json.loads(r[7] or "[]")),
+    )
+
+
+class InteractionRepo:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    async def update(self, channel_pk: int, names: NameIndex, *, limit: int = 5_000) -> int:
+        """Infer addressees and reply links for up to `limit` new messages of a channel;
+        returns how many were read (0: the channel is up to date)."""
+        lock = self._locks.setdefault(channel_pk, asyncio.Lock())
+        async with lock:
+            rows = await self.db.read(
+                "SELECT last_pk FROM interaction_cursor WHERE channel_pk = ?", (channel_pk,)
+            )
+            cursor = rows[0][0] if rows else 0
+            new = await self.db.read(
+                f"SELECT {_COLUMNS} FROM messages WHERE channel_pk = ? AND id > ?"
+                " ORDER BY id LIMIT ?",
+                (channel_pk, cursor, limit),
+            )
+            if not new:
+                return 0
+            history = await self.db.read(
+                f"SELECT {_COLUMNS} FROM messages WHERE channel_pk = ? AND id <= ?"
+                " AND deleted_at IS NULL ORDER BY id DESC LIMIT ?",
+                (channel_pk, cursor, WINDOW),
+            )
+            turns = [_turn(r) for r in new if r[8] is None]
+            inferred = infer(turns, names, history=[_turn(r) for r in reversed(history)])
+            async with self.db.transaction() as tx:
+                await tx.executemany(
+                    "INSERT OR REPLACE INTO message_addressees (message_pk, addressee, how)"
+                    " VALUES (?, ?, ?)",
+                    [(i.pk, uid, how) for i in inferred for uid, how in i.addressees],
+                )
+                await tx.executemany(
+                    "INSERT OR REPLACE INTO message_links (message_pk, parent_pk, how)"
+                    " VALUES (?, ?, ?)",
+                    [(i.pk, i.parent, i.parent_how) for i in inferred if i.parent is not None],
+                )
+                await tx.execute(
+                    "INSERT INTO interaction_cursor (channel_pk, last_pk) VALUES (?, ?)"
+                    " ON CONFLICT (channel_pk) DO UPDATE SET last_pk = excluded.last_pk",
+                    (channel_pk, new[-1][0]),
+                )
+            return len(new)
+
+    async def addressees(self, pks: Sequence[int]) -> dict[int, list[tuple[str, str]]]:
+        """pk -> [(addressee, how)]."""
+        rows = await self.db.read_in(
+            "SELECT message_pk, addressee, how FROM message_addressees"
+            " WHERE message_pk IN ({marks})",
+            pks,
+        )
+        out: dict[int, list[tuple[str, str]]] = {}
+        for pk, uid, how in rows:
+            out.setdefault(pk, []).append((uid, how))
+        return out
+
+    async def parents(self, pks: Sequence[int]) -> dict[int, tuple[int, str]]:
+        """pk -> (parent pk, how it was found)."""
+        rows = await self.db.read_in(
+            "SELECT message_pk, parent_pk, how FROM message_links WHERE message_pk IN ({marks})",
+            pks,
+        )
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    async def replies(self, pks: Sequence[int]) -> dict[int, list[tuple[int, str]]]:
+        """pk -> [(reply pk, how it was found)], earliest first."""
+        rows = await self.db.read_in(
+            "SELECT l.parent_pk, l.message_pk, l.how FROM message_links l"
+            " JOIN messages m ON m.id = l.message_pk"
+            " WHERE l.parent_pk IN ({marks}) AND m.deleted_at IS NULL ORDER BY l.message_pk",
+            pks,
+        )
+        out: dict[int, list[tuple[int, str]]] = {}
+        for parent, child, how in rows:
+            out.setdefault(parent, []).append((child, how))
+        return out
+
+    async def relation_dense(
+        self,
+        query: np.ndarray,
+        channel_pks: Sequence[int],
+        addressee: str,
+        speakers: Sequence[str],
+        limit: int,
+        *,
+        max_messages: int,
+    ) -> list[tuple[int, float]]:
+        """Messages to `addressee` (from `speakers`, or anyone when empty), with the
+        addressee's replies to them, ranked by exact cosine to the query.
+
+        Left empty when the relation holds more than `max_messages` messages: too broad to
+        narrow anything, and too costly to score exactly.
+        """
+        if not channel_pks:
+            return []
+        cm = ",".join("?" * len(channel_pks))
+        sql = (
+            "SELECT m.id FROM message_addressees a JOIN messages m ON m.id = a.message_pk"
+            f" WHERE a.addressee = ? AND m.channel_pk IN ({cm}) AND m.deleted_at IS NULL"
+        )
+        params: list[object] = [addressee, *channel_pks]
+        speakers = [s for s in speakers if s != addressee]
+        if speakers:
+            sql += f" AND m.speaker_id IN ({','.join('?' * len(speakers))})"
+            params.extend(speakers)
+        sql += " LIMIT ?"
+        params.append(max_messages + 1)
+        told = [r[0] for r in await self.db.read(sql, params)]
+        if not told or len(told) > max_messages:
+            return []
+        answers = await self.db.read_in(
+            "SELECT l.message_pk FROM message_links l JOIN messages m ON m.id = l.message_pk"
+            " WHERE m.speaker_id = ? AND l.parent_pk IN ({marks})",
+            told,
+            before=(addressee,),
+        )
+        pks = list(dict.fromkeys([*told, *(r[0] for r in answers)]))
+        blobs = await self.db.read_in(
+            "SELECT id, embedding FROM message_vectors WHERE id IN ({marks})", pks
+        )
+        if not blobs:
+            return []
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
+        return await asyncio.to_thread(rescore, [(r[0], r[1]) for r in blobs], q, limit)
