@@ -46,11 +46,15 @@ class Dispatcher:
         *,
         on_message_stored: Callable[[], None] | None = None,
         kick_interval_s: float = 1.0,
+        on_recall: Callable[[float, str], None] | None = None,
     ) -> None:
+        """`on_recall(seconds, outcome)` observes each /recall (metrics); outcome is
+        answered, refused or failed."""
         self.engine = engine
         self.pipeline = pipeline
         self.on_message_stored = on_message_stored
         self.kick_interval_s = kick_interval_s
+        self.on_recall = on_recall
         self._last_kick = 0.0
         self.stats = DispatchStats()
 
@@ -94,6 +98,17 @@ class Dispatcher:
 
     async def recall(self, inv: CommandInvocation) -> RecallAnswer:
         """Answer /recall for the invoker; refusals and failures come back as answers."""
+        started = time.perf_counter()
+        failures = self.stats.errors["recall"]
+        answer = await self._recall(inv)
+        if self.on_recall is not None:
+            outcome = "refused" if answer.refused else "answered"
+            if self.stats.errors["recall"] > failures:
+                outcome = "failed"
+            self.on_recall(time.perf_counter() - started, outcome)
+        return answer
+
+    async def _recall(self, inv: CommandInvocation) -> RecallAnswer:
         question = (inv.options.get("question") or inv.text or "").strip()[:MAX_QUESTION_CHARS]
         if not question:
             return RecallAnswer(

@@ -104,6 +104,12 @@ class Settings(BaseSettings):
     discord_shard_count: int | None = None
 
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    """json: one JSON object per log line (for log shippers)."""
+
+    # operations endpoint (/healthz, /metrics); off unless a port is set
+    ops_host: str = "0.0.0.0"
+    ops_port: int | None = Field(default=None, ge=0, le=65535)
 
     def memory_config(self) -> MemoryConfig:
         return MemoryConfig(

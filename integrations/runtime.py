@@ -14,9 +14,12 @@ import signal
 from typing import Protocol
 
 from bot.dispatch import Dispatcher
+from bot.health import LLMHealth
 from bot.scheduler import WriterScheduler
 from bot.settings import Settings
 from integrations.app import build_llm, open_engine
+from integrations.ops.metrics import MeteredLLM, Metrics
+from integrations.ops.server import OpsServer
 from memory.query.pipeline import RecallPipeline
 from memory.writer.runner import Writer
 
@@ -103,17 +106,38 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     llm = build_llm(settings)
+    metrics = Metrics()
+    llm_health = LLMHealth(configured=llm is not None)
+    writer_llm = answer_llm = None
+    if llm is not None:
+        writer_llm = MeteredLLM(llm, metrics, role="writer", health=llm_health)
+        answer_llm = MeteredLLM(llm, metrics, role="answer", health=llm_health)
     exit_code = 0
     async with open_engine(settings) as engine:
-        writer = Writer(engine, llm) if llm is not None else None
+        writer = Writer(engine, writer_llm) if writer_llm is not None else None
         scheduler = WriterScheduler(
             engine, writer, idle_seconds=settings.session_gap_minutes * 60.0
         )
-        pipeline = RecallPipeline(engine, llm=llm)
-        dispatcher = Dispatcher(engine, pipeline, on_message_stored=scheduler.kick)
+        pipeline = RecallPipeline(engine, llm=answer_llm)
+        dispatcher = Dispatcher(
+            engine, pipeline, on_message_stored=scheduler.kick, on_recall=metrics.observe_recall
+        )
         engine.start_background_embedding()
         scheduler.start()
         adapters = build_adapters(settings, dispatcher, engine)
+        named = dict(zip(platforms, adapters, strict=True))
+        metrics.watch(dispatcher, named)
+        ops: OpsServer | None = None
+        if settings.ops_port is not None:
+            ops = OpsServer(
+                engine,
+                metrics,
+                named,
+                llm=writer_llm,
+                host=settings.ops_host,
+                port=settings.ops_port,
+            )
+            await ops.start()  # before the adapters: a probe sees 503 until they connect
         started: list[Adapter] = []
         try:
             for adapter in adapters:
@@ -144,6 +168,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                     log.exception("adapter stop failed")
             await scheduler.shutdown()
             await engine.stop_background_embedding()
+            if ops is not None:
+                await ops.stop()
     if exit_code:
         log.error("stopped after a platform connection failed (exit %d)", exit_code)
         return exit_code

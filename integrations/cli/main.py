@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -96,9 +95,9 @@ _EXTRA_COMMANDS: list[Callable[[argparse._SubParsersAction, Callable], None]] = 
 
 def _register_extra() -> None:
     """Command groups live in their own modules; each contributes a `register` function."""
+    from integrations.cli import (
         commands_demo,
         commands_ops,
-    from integrations.cli import (
         commands_platform,
         commands_recall,
         commands_run,
@@ -110,9 +109,9 @@ def _register_extra() -> None:
             commands_recall.register,
             commands_writer.register,
             commands_platform.register,
+            commands_run.register,
             commands_demo.register,
             commands_ops.register,
-            commands_run.register,
         ]
     )
 
@@ -136,11 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         field = "SPEAKERMEM_" + str(first["loc"][0]).upper() if first["loc"] else "settings"
         err_console.print(f"error: invalid setting {field}: {first['msg']}")
         return 2
-    logging.basicConfig(
-        level=(args.log_level or settings.log_level).upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from integrations.ops.logs import configure_logging
+
+    configure_logging(args.log_level or settings.log_level, settings.log_format)
     handler = _resolve(args.handler) if isinstance(args.handler, str) else args.handler
     try:
         return asyncio.run(handler(settings, args))

@@ -476,6 +476,14 @@ class DiscordAdapter:
         if not task.cancelled() and task.exception() is not None:
             log.error("discord: the client stopped: %r", task.exception())
 
+    async def connected(self) -> bool:
+        """For /healthz: a ready client whose gateway socket is open (False while resuming)."""
+        client = self.client
+        if client is None or client.is_closed() or not client.is_ready():
+            return False
+        socket = getattr(client.ws, "socket", None)
+        return socket is not None and not socket.closed
+
     async def wait_closed(self) -> None:
         """Return when the client's connection ends for good (raises what ended it).
 

@@ -240,6 +240,12 @@ class SlackAdapter:
         if left:
             self.stats["drain_cancelled"] += left
 
+    async def connected(self) -> bool:
+        """For /healthz: HTTP mode is up while it listens; Socket Mode while its session is."""
+        if self._socket is not None:
+            return bool(await self._socket.client.is_connected())
+        return self._runner is not None
+
     @property
     def url(self) -> str:
         """Where the Events API / slash commands are served (HTTP mode, after start())."""

@@ -1,0 +1,1 @@
+"""Operations: the health endpoint, Prometheus metrics and structured logs."""

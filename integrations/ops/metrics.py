@@ -1,0 +1,188 @@
+"""Prometheus metrics (prometheus-client), kept out of bot/ and memory/.
+
+Counters that bot/ already keeps (the dispatcher's handled/ignored/error counts, each
+adapter's stats) are read at scrape time by a custom collector, so the core needs no
+metrics calls. What must be observed as it happens comes in through small hooks: the
+dispatcher's `on_recall(seconds, outcome)`, and `MeteredLLM`, a wrapper around the LLM
+port that times every Writer and answer call. Queue depths and catch-up lag are gauges
+the health sampler sets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from bot.dispatch import Dispatcher
+from bot.health import LLMHealth
+from memory.ports import LLM, ChatMessage, LLMError, LLMResult
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+RECALL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+LLM_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class _DispatchCollector(Collector):
+    """events in / stored / rejected from the dispatcher's counters, at scrape time."""
+
+    def __init__(self, dispatcher: Dispatcher, adapters: Mapping[str, Any]) -> None:
+        self.dispatcher = dispatcher
+        self.adapters = adapters
+
+    def collect(self) -> Iterable[Metric]:
+        stats = self.dispatcher.stats
+        handled = CounterMetricFamily(
+            "speakermem_events_handled",
+            "Events the dispatcher applied, by kind and outcome (message_stored, "
+            "message_duplicate, edit_applied, delete_unknown, roster_join, recall, ...)",
+            labels=["outcome"],
+        )
+        for key, n in sorted(stats.handled.items()):
+            handled.add_metric([key], n)
+        yield handled
+        rejected = CounterMetricFamily(
+            "speakermem_events_rejected",
+            "Events not stored: ignored (bot messages) or failed to apply (errors)",
+            labels=["reason"],
+        )
+        for key, n in sorted(stats.ignored.items()):
+            rejected.add_metric([f"ignored_{key}"], n)
+        for key, n in sorted(stats.errors.items()):
+            rejected.add_metric([f"error_{key}"], n)
+        yield rejected
+        adapter = CounterMetricFamily(
+            "speakermem_adapter_events",
+            "Per-platform adapter counters (received by kind, malformed, bad signatures, ...)",
+            labels=["platform", "counter"],
+        )
+        for platform, ad in self.adapters.items():
+            for key, n in sorted(getattr(ad, "stats", {}).items()):
+                if isinstance(n, int | float):
+                    adapter.add_metric([platform, str(key)], n)
+        yield adapter
+
+
+class Metrics:
+    """One registry per process run; `render()` is the /metrics body."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.recall_seconds = Histogram(
+            "speakermem_recall_seconds",
+            "/recall latency from the dispatcher's point of view",
+            ["outcome"],
+            buckets=RECALL_BUCKETS,
+            registry=r,
+        )
+        self.llm_calls = Counter(
+            "speakermem_llm_calls", "LLM calls by role and result", ["role", "result"], registry=r
+        )
+        self.llm_seconds = Histogram(
+            "speakermem_llm_seconds", "LLM call latency", ["role"], buckets=LLM_BUCKETS, registry=r
+        )
+        self.writer_pending = Gauge(
+            "speakermem_writer_queue_segments",
+            "Closed segments waiting for the Writer (the Writer queue depth)",
+            registry=r,
+        )
+        self.embed_pending = Gauge(
+            "speakermem_embed_queue_messages", "Messages waiting for a vector", registry=r
+        )
+        self.db_up = Gauge("speakermem_db_up", "1 when the database answered the probe", registry=r)
+        self.platform_up = Gauge(
+            "speakermem_platform_connected",
+            "1 when the platform is connected",
+            ["platform"],
+            registry=r,
+        )
+        self.catchup_lag = Gauge(
+            "speakermem_catchup_lag_seconds",
+            "Age of the newest stored message when catch-up last ran, per channel",
+            ["platform", "channel"],
+            registry=r,
+        )
+        self.catchup_messages = Counter(
+            "speakermem_catchup_messages", "Messages fetched by catch-up", ["platform"], registry=r
+        )
+
+    def watch(self, dispatcher: Dispatcher, adapters: Mapping[str, Any]) -> None:
+        """Expose the dispatcher's and adapters' own counters."""
+        self.registry.register(_DispatchCollector(dispatcher, adapters))
+
+    def observe_recall(self, seconds: float, outcome: str) -> None:
+        self.recall_seconds.labels(outcome).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MeteredLLM:
+    """The LLM port with every call counted and timed, and failure state kept for /healthz."""
+
+    def __init__(
+        self, inner: LLM, metrics: Metrics | None, *, role: str, health: LLMHealth | None = None
+    ) -> None:
+        """`health` may be shared by the wrappers of one endpoint (Writer and answers)."""
+        self.inner = inner
+        self.metrics = metrics
+        self.role = role
+        self.model = inner.model
+        self.health = health if health is not None else LLMHealth(configured=True)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> LLMResult:
+        started = time.perf_counter()
+        try:
+            result: LLMResult = await fn(*args, **kwargs)
+        except LLMError as exc:
+            self._done(started, "error")
+            if self.health.failing_since is None:
+                self.health.failing_since = time.time()
+            self.health.last_error = type(exc).__name__
+            raise
+        except Exception:
+            self._done(started, "error")
+            raise
+        self._done(started, "ok")
+        self.health.failing_since = None
+        self.health.last_error = None
+        return result
+
+    def _done(self, started: float, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.llm_calls.labels(self.role, result).inc()
+            self.metrics.llm_seconds.labels(self.role).observe(time.perf_counter() - started)
+
+    async def complete_json(
+        self,
+        messages: Sequence[ChatMessage],
+        schema: dict[str, Any],
+        *,
+        schema_name: str,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+    ) -> LLMResult:
+        return await self._call(
+            self.inner.complete_json,
+            messages,
+            schema,
+            schema_name=schema_name,
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
+
+    async def complete_text(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+    ) -> LLMResult:
+        return await self._call(
+            self.inner.complete_text, messages, max_tokens=max_tokens, temperature=temperature
+        )

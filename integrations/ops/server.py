@@ -1,0 +1,112 @@
+"""The operations HTTP endpoint: ``/healthz`` (JSON, 503 when the bot cannot serve) and
+``/metrics`` (Prometheus text), on its own port so a probe never queues behind Slack.
+
+Each request measures afresh (three small queries with a timeout) and `bot.health.decide`
+turns the facts into a status; the same measurement refreshes the queue-depth gauges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from bot.health import HealthFacts, HealthReport, LLMHealth, decide
+from integrations.ops.metrics import CONTENT_TYPE, MeteredLLM, Metrics
+from memory.engine import MemoryEngine
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S = 2.0
+
+
+class OpsServer:
+    """Serves /healthz and /metrics for one running bot."""
+
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        metrics: Metrics,
+        adapters: Mapping[str, Any],
+        *,
+        llm: MeteredLLM | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        queue_warn: int = 1_000,
+    ) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.adapters = adapters
+        self.llm = llm
+        self.host = host
+        self.port = port
+        self.queue_warn = queue_warn
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        sockets = getattr(site._server, "sockets", None) or []
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        log.info("ops endpoint on http://%s:%s (/healthz, /metrics)", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def facts(self) -> HealthFacts:
+        db_ok, db_error, latency = True, None, None
+        writer_pending = embed_pending = 0
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await self.engine.store.db.read("SELECT 1")
+                latency = round((time.perf_counter() - started) * 1000, 1)
+                counts = await self.engine.store.segments.counts()
+                writer_pending = counts.get("segments_pending", 0)
+                embed_pending = await self.engine.store.messages.count_pending_embeddings()
+        except Exception as exc:  # any failure here means the store cannot serve
+            db_ok, db_error = False, f"{type(exc).__name__}: {str(exc)[:120]}"
+        platforms: dict[str, bool] = {}
+        for name, adapter in self.adapters.items():
+            try:
+                platforms[name] = bool(await adapter.connected())
+            except Exception:
+                platforms[name] = False
+        m = self.metrics
+        m.db_up.set(1 if db_ok else 0)
+        m.writer_pending.set(writer_pending)
+        m.embed_pending.set(embed_pending)
+        for name, up in platforms.items():
+            m.platform_up.labels(name).set(1 if up else 0)
+        return HealthFacts(
+            db_ok=db_ok,
+            db_error=db_error,
+            db_latency_ms=latency,
+            platforms=platforms,
+            writer_pending=writer_pending,
+            embed_pending=embed_pending,
+            llm=self.llm.health if self.llm is not None else LLMHealth(configured=False),
+        )
+
+    async def report(self) -> HealthReport:
+        return decide(await self.facts(), queue_warn=self.queue_warn)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        report = await self.report()
+        return web.json_response(report.model_dump(mode="json"), status=report.http_status)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        await self.facts()
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
