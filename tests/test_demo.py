@@ -172,7 +172,9 @@ async def test_demo_with_an_llm_runs_the_writer_over_every_segment(
     text = out.getvalue()
     assert f"Writer: test-model at {llm_server.base_url}" in text
     assert f"from {done} segments" in text
-    writer_calls = [r for r in llm_server.requests if "writer_actions" in str(r["response_format"])]
+    writer_calls = [
+        r for r in llm_server.requests if "writer_actions" in str(r.get("response_format"))
+    ]
     assert len(writer_calls) >= done
 
 
