@@ -97,6 +97,7 @@ def _register_extra() -> None:
     """Command groups live in their own modules; each contributes a `register` function."""
     from integrations.cli import (
         commands_demo,
+        commands_discord,
         commands_doctor,
         commands_ops,
         commands_platform,
@@ -113,6 +114,7 @@ def _register_extra() -> None:
             commands_run.register,
             commands_demo.register,
             commands_doctor.register,
+            commands_discord.register,
             commands_ops.register,
         ]
     )
