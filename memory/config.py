@@ -94,6 +94,8 @@ class RecallConfig(BaseModel):
     speaker BM25 ranking found nothing, or always (rare speakers only)."""
     speaker_dense_max_messages: int = Field(default=400, ge=1)
     """"Rare" speakers for `speaker_dense`: at most this many messages in the channel."""
+    speaker_candidates: bool = True
+    """The speaker ranking also reads the messages of everyone an ambiguous name could mean."""
     reply_slots: int = Field(default=0, ge=0, le=10)
     """The top picks whose reply (by reply link, else the next turn) is placed right after
     them in the evidence, ahead of lower-ranked picks."""

@@ -184,3 +184,22 @@ async def test_claim_check_off_keeps_the_answer(
     )
     assert res.answer.text == "Dave is sailing to Hawaii on a yacht [1]."
     assert res.trace.claims == {}
+
+
+def test_eval_reports_the_dropped_claim_rate() -> None:
+    from memory.datasets.common import EvalQuestion
+    from memory.eval.harness import QuestionResult, claim_rates
+
+    q = EvalQuestion(id="1", scope=SCOPE, question="q", answer="a", category="c")
+    results = [
+        QuestionResult(q, {}, claims={"checked": 3, "dropped": 1, "rewritten": 1, "abstained": 0}),
+        QuestionResult(q, {}, claims={"checked": 1, "dropped": 1, "rewritten": 0, "abstained": 1}),
+        QuestionResult(q, {}),  # extractive answer: nothing to check
+    ]
+    assert claim_rates(results) == {
+        "claims_checked": 4,
+        "dropped_claim_rate": 0.5,
+        "rewritten_claim_rate": 0.25,
+        "abstained": 1,
+    }
+    assert claim_rates([QuestionResult(q, {})])["dropped_claim_rate"] is None

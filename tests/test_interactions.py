@@ -188,3 +188,29 @@ async def test_removing_a_message_row_drops_its_links(engine: MemoryEngine, frie
     assert await engine.store.interactions.replies([m1.pk]) == {}
     assert await engine.store.interactions.addressees([m1.pk]) == {}
     assert await engine.store.interactions.parents([m1.pk]) == {}
+
+
+async def test_writer_prompt_marks_addressees_with_how_and_the_turn_answered(
+    engine: MemoryEngine, friends: Scope
+) -> None:
+    from memory.writer.prompt import WRITER_PROMPT_VERSION, SegmentLinks, render_writer_messages
+
+    await _seed(engine, friends)
+    (pk,) = await engine.channel_pks([friends])
+    roster = await engine.members(friends)
+    await engine.store.interactions.update(pk, interaction_names(roster))
+    segment = list((await engine.store.messages.by_ids(friends, ["m0", "m1", "m2"])).values())
+    segment.sort(key=lambda m: m.turn_index)
+    ids = [m.pk for m in segment]
+    parents = await engine.store.interactions.parents(ids)
+    links = SegmentLinks(
+        addressees=await engine.store.interactions.addressees(ids),
+        parents={k: p for k, (p, _) in parents.items()},
+    )
+    chat, _ = render_writer_messages(roster, [], segment, budget=4, links=links)
+    user = chat[1]["content"]
+    assert "m2 [" in user and "Ross (ross) [answers m1; to Rachel (rachel) (by name)]" in user
+    assert "[answers m2" in user  # Rachel's reply answers Ross
+    plain, _ = render_writer_messages(roster, [], segment, budget=4)
+    assert "answers" not in plain[1]["content"]
+    assert WRITER_PROMPT_VERSION == "writer-v2"

@@ -404,3 +404,28 @@ def test_name_the_channel_uses_as_a_word_is_not_a_person_in_lower_case() -> None
     assert fallback_projection("What did Man want?", HANDLES, common={"man"}).speakers == ["M"]
     assert name_keys(q, HANDLES) == ["man"]
     assert name_keys("What did Ross want?", HANDLES) == []
+
+
+def test_a_bracketed_remark_is_not_a_name() -> None:
+    roster = [
+        RosterMember(user_id="rachel", display_name="Rachel"),
+        RosterMember(user_id="carl", display_name="Carl (Rachel's date)"),
+    ]
+    assert _p("What is Rachel's job?", roster).speakers == ["rachel"]
+    assert _p("Where did Carl take her?", roster).speakers == ["carl"]
+
+
+def test_ambiguous_first_name_gives_candidates_not_speakers() -> None:
+    roster = [
+        RosterMember(user_id="pb", display_name="Phoebe Buffay"),
+        RosterMember(user_id="pa", display_name="Phoebe Abbott"),
+        RosterMember(user_id="r", display_name="Ross"),
+    ]
+    p = _p("How did Phoebe and Ross get stuck in the closet?", roster)
+    assert p.speakers == ["r"]
+    assert sorted(p.candidates) == ["pa", "pb"]
+
+
+def test_issue_of_only_function_words_is_not_made_of_them() -> None:
+    roster = [RosterMember(user_id="bm", display_name="Best Man")]
+    assert _p("Who is the Best Man?", roster).issue == "?"

@@ -159,6 +159,13 @@ def explain(result: RecallResult) -> None:
     table.add_row("budgets", json.dumps(t.budgets))
     table.add_row("tokens", json.dumps(t.tokens))
     table.add_row("latency ms", json.dumps(t.latency_ms))
+    if t.claims:
+        rate = t.claims["dropped"] / t.claims["checked"] if t.claims.get("checked") else 0.0
+        table.add_row(
+            "claims",
+            f"{json.dumps(t.claims)}; dropped rate {rate:.2f}"
+            + "".join(f"\n  dropped: {c}" for c in t.dropped_claims),
+        )
     if t.llm_errors:
         table.add_row("LLM fallbacks", "; ".join(t.llm_errors))
     console.print(table)

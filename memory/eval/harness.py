@@ -27,6 +27,7 @@ from memory.eval.answer_metrics import (
     token_f1,
 )
 from memory.eval.controls import ChannelIndex, hybrid
+from memory.interactions import interaction_names
 from memory.models import Scope
 from memory.ports import LLM, ChatMessage, LLMError
 from memory.query.pipeline import RecallPipeline, RecallRequest
@@ -48,6 +49,8 @@ class QuestionResult:
     answer: str | None = None
     f1: float | None = None
     judged: bool | None = None
+    claims: dict[str, int] = field(default_factory=dict)
+    """The answer's claim check (checked, dropped, rewritten, abstained)."""
 
 
 def _aggregate(
@@ -107,6 +110,15 @@ class EvalHarness:
             self._indexes[scope] = ChannelIndex.build([(c[1], c[2], c[3]) for c in corpus], vectors)
         return self._indexes[scope]
 
+    async def prepare(self, dataset: Dataset) -> None:
+        """Infer the interaction graph of every imported channel before the questions (a live
+        bot does it as messages arrive; /recall only catches up on the newest)."""
+        for scope in dataset.scopes:
+            (pk,) = await self.engine.channel_pks([scope])
+            names = interaction_names(await self.engine.members(scope))
+            while await self.engine.store.interactions.update(pk, names, limit=20_000):
+                pass
+
     async def run_question(self, q: EvalQuestion) -> QuestionResult:
         started = time.perf_counter()
         result = await self.pipeline.run(
@@ -131,6 +143,7 @@ class EvalHarness:
         )
         if self.llm is not None:
             out.answer = result.answer.text
+            out.claims = dict(result.trace.claims)
             out.f1 = token_f1(result.answer.text, q.answer)
             out.judged = await self._judge(q, result.answer.text, out)
         return out
@@ -156,6 +169,7 @@ class EvalHarness:
         on_progress: Callable[[int], None] | None = None,
         with_s2: bool = False,
     ) -> dict[str, Any]:
+        await self.prepare(dataset)
         questions = [q for q in dataset.questions if q.evidence]
         skipped = len(dataset.questions) - len(questions)
         if limit is not None:
@@ -248,8 +262,28 @@ class EvalHarness:
                 "token_f1": round(statistics.fmean(f1s), 4) if f1s else None,
                 "judge_accuracy": round(statistics.fmean(judged), 4) if judged else None,
                 "judged": len(judged),
+                **claim_rates(results),
             }
         return report
+
+
+def claim_rates(results: list[QuestionResult]) -> dict[str, Any]:
+    """Claims of the LLM answers checked against their citations: how many were dropped,
+    re-cited, and how many answers abstained because nothing supported was left."""
+    checked = sum(r.claims.get("checked", 0) for r in results)
+    with_check = [r for r in results if r.claims]
+    return {
+        "claims_checked": checked,
+        "dropped_claim_rate": round(sum(r.claims.get("dropped", 0) for r in results) / checked, 4)
+        if checked
+        else None,
+        "rewritten_claim_rate": round(
+            sum(r.claims.get("rewritten", 0) for r in results) / checked, 4
+        )
+        if checked
+        else None,
+        "abstained": sum(r.claims.get("abstained", 0) for r in with_check),
+    }
 
 
 def _p95(values: list[float]) -> float:
@@ -293,4 +327,9 @@ def markdown_table(report: dict[str, Any]) -> str:
     if "answers" in report:
         a = report["answers"]
         lines.append(f"Answers: token-F1 {a['token_f1']}, judge accuracy {a['judge_accuracy']}.")
+        if a.get("claims_checked"):
+            lines.append(
+                f"Claims: {a['claims_checked']} checked, dropped rate {a['dropped_claim_rate']}, "
+                f"re-cited rate {a['rewritten_claim_rate']}, {a['abstained']} answers abstained."
+            )
     return "\n".join(lines)

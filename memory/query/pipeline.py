@@ -299,6 +299,7 @@ class RecallPipeline:
             speaker_dense_max=cfg.speaker_dense_max_messages,
             relation=cfg.relation_weight > 0,
             relation_max=cfg.relation_max_messages,
+            speaker_candidates=cfg.speaker_candidates,
         )
         weights = {**RANKING_WEIGHTS, "relation": cfg.relation_weight}
         fused = fuse(rankings, k0=cfg.rrf_k0, weights=weights)

@@ -10,6 +10,7 @@ an LLM or when its answer is unusable. Both are pure: no I/O, same input, same o
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -53,6 +54,9 @@ class Projection(BaseModel):
     """User ids named in the question (minus the addressee), in order of appearance."""
     addressee: str | None = None
     """For "what did Alice tell Bob": Bob."""
+    candidates: list[str] = Field(default_factory=list)
+    """Everyone an ambiguous name could mean ("Phoebe" with two Phoebes): not speakers, but
+    their messages still narrow the speaker ranking."""
     method: Literal["llm", "fallback"]
 
 
@@ -190,6 +194,9 @@ _SEPARATORS = re.compile(r"[\s_.\-]+")
 _CHUNK_RE = re.compile(r"[^\W\d_]+|\d+|[^\w\s.\-]+", re.UNICODE)
 
 
+_BRACKETS = re.compile(r"\s*[(\[{][^)\]}]*[)\]}]")
+
+
 def _squash(key: str) -> str:
     """A handle's comparison form: case, spaces, '_', '.', '-' and apostrophes ignored."""
     return _SEPARATORS.sub("", key.replace("'", ""))
@@ -229,10 +236,16 @@ def _build_index(
         for n in (display, *aliases):
             for v in _variants(n):
                 strong.setdefault(v, set()).add(uid)
-        tokens = [t.strip('()[]{},.;:!?"') for t in _key(display).split()]
+        # A remark in brackets ("Carl (Rachel's date)") describes the person; it is not
+        # their name, so only the part before it gives name tokens (and a name by itself).
+        bare = _BRACKETS.sub(" ", display).strip()
+        if bare and bare != display.strip():
+            for v in _variants(bare):
+                strong.setdefault(v, set()).add(uid)
+        tokens = [t.strip('()[]{},.;:!?"') for t in _key(bare or display).split()]
         if len(tokens) > 1:
             for tok in tokens:
-                if len(tok) >= 2 and any(c.isalpha() for c in tok):
+                if len(tok) >= 2 and any(c.isalpha() for c in tok) and not tok.endswith("'s"):
                     for v in _variants(tok):
                         weak.setdefault(v, set()).add(uid)
     weak = {k: v for k, v in weak.items() if k not in strong}
@@ -250,7 +263,9 @@ def _build_index(
             rf"(?<![\w'@])(?P<at>@)?(?P<name>{_alternation(keys)})(?P<poss>'s|s'|')?(?!\w)",
             re.IGNORECASE,
         )
-    id_keys = [uid for uid in names if len(uid) >= 2]
+    # a raw id that reads as a lower-case word ("man", from a slugged name) is left to the
+    # name rules: as an id it would match the word everywhere
+    id_keys = [uid for uid in names if len(uid) >= 2 and not (uid.isalpha() and uid.islower())]
     id_re = None
     if id_keys:
         id_re = re.compile(rf"(?<![\w@<!])(?P<id>{_alternation(id_keys)})(?P<poss>'s)?(?!\w)")
@@ -513,7 +528,7 @@ def _issue(text: str, refs: list[_Ref], time_phrase: str | None, idx: _Index) ->
     if not out:
         rest_words = [re.sub(r"(?:'s|')$", "", w) for w in words]
         out = [w for w in rest_words if w.casefold() not in FUNCTION_WORDS and len(w) > 1]
-        out = list(dict.fromkeys(out or rest_words))
+        out = list(dict.fromkeys(out))
     issue = " ".join(out[:MAX_ISSUE_WORDS])[:MAX_ISSUE_CHARS].strip()
     if not issue and not refs:
         issue = " ".join(text.split())[:MAX_ISSUE_CHARS].strip()
@@ -529,6 +544,7 @@ class _Analysis:
     owner: str | None
     speakers: list[str]
     addressee: str | None
+    candidates: list[str] = dataclasses.field(default_factory=list)
 
 
 def _analyse(question: str, idx: _Index) -> _Analysis:
@@ -560,7 +576,7 @@ def _analyse(question: str, idx: _Index) -> _Analysis:
         addressee = rel.other
         rows = [*named, *ambiguous] + ([GROUP] if group else [])
         speakers = list(named)
-        return _Analysis(issue, rows, tense, None, None, speakers, addressee)
+        return _Analysis(issue, rows, tense, None, None, speakers, addressee, ambiguous)
     if rel and rel.kind == "view":
         assert rel.speaker is not None
         others = [p for p in named if p not in (rel.speaker, rel.other)]
@@ -584,7 +600,7 @@ def _analyse(question: str, idx: _Index) -> _Analysis:
         if not rel:
             owner = None
     speakers = [p for p in named if p != addressee]
-    return _Analysis(issue, rows, tense, source, owner, speakers, addressee)
+    return _Analysis(issue, rows, tense, source, owner, speakers, addressee, ambiguous)
 
 
 def fallback_projection(
@@ -604,6 +620,7 @@ def fallback_projection(
         owner=a.owner,
         speakers=a.speakers,
         addressee=a.addressee,
+        candidates=a.candidates,
         method="fallback",
     )
 
@@ -739,5 +756,6 @@ def projection_from_llm(
         owner=owner if owner != ALL else None,
         speakers=base.speakers,
         addressee=base.addressee,
+        candidates=base.candidates,
         method="llm",
     )

@@ -286,6 +286,7 @@ async def recall_rankings(
     speaker_dense_max: int = 400,
     relation: bool = False,
     relation_max: int = 3_000,
+    speaker_candidates: bool = False,
 ) -> Rankings:
     """Every ranking of the pool, queried concurrently (each on its own reader connection).
 
@@ -299,6 +300,8 @@ async def recall_rankings(
     vector_task = asyncio.ensure_future(engine.embed_query(question))
     issue_match = build_match(projection.issue, extra=extra_terms)
     people = [p for p in projection.speakers if p not in ("GROUP", "ALL")]
+    if speaker_candidates:
+        people += [p for p in projection.candidates if p not in people]
     # One BM25 ranking over the question's words, names matching message text only
     # (measured: better on both dev sets than separate issue and question rankings).
     words = build_match(question, text_only=name_terms, extra=extra_terms) or issue_match

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,7 +25,8 @@ from memory.models import (
     StoredMessage,
 )
 
-WRITER_PROMPT_VERSION = "writer-v1"
+WRITER_PROMPT_VERSION = "writer-v2"
+"""v2: messages carry who they speak to (with how that was found) and the turn they answer."""
 
 MAX_CONTENT_CHARS = 1000
 """Longest record content we accept: a record is a fact, not a transcript."""
@@ -181,6 +183,10 @@ A self-report has source = owner. "Alice believes Bob agreed" is source=Alice's 
 owner=Bob's id. PERSON layers (core, profile) need an owner id from the roster. GROUP layers \
 (interaction, insight) use owner "GROUP"; their source is the id of the person who said it, \
 or "GROUP" when several people established it together.
+Messages are marked with whom they speak to ("to Bob (by name)") and the earlier message they \
+answer ("answers m3"). Use these to keep interaction records straight: who asked, told, \
+offered or agreed to whom; an answer's content belongs to the exchange with the message it \
+answers.
 
 Actions:
 - ADD: {{"type": "ADD", "layer": ..., "source": <id>, "owner": <id or "GROUP">, \
@@ -251,8 +257,27 @@ def _render_heads(heads: Sequence[DerivedRecord], names: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+_HOW = {
+    "platform": "",
+    "reply": " (replying)",
+    "vocative": " (by name)",
+    "name_start": " (by name)",
+    "adjacency": " (two-person exchange)",
+}
+
+
+@dataclass(frozen=True)
+class SegmentLinks:
+    """The interaction graph around a segment: pk -> [(addressee, how)], pk -> parent pk."""
+
+    addressees: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    parents: dict[int, int] = field(default_factory=dict)
+
+
 def _render_segment(
-    segment: Sequence[StoredMessage], names: dict[str, str]
+    segment: Sequence[StoredMessage],
+    names: dict[str, str],
+    links: SegmentLinks | None = None,
 ) -> tuple[str, dict[str, str]]:
     ref_map: dict[str, str] = {}
     local: dict[str, str] = {}
@@ -261,12 +286,23 @@ def _render_segment(
         ref_map[ref] = msg.message_id
         local[msg.message_id] = ref
     lines = []
+    by_pk = {msg.pk: local[msg.message_id] for msg in segment}
     for ref, msg in zip(ref_map, segment, strict=True):
         marks = []
+        inferred = links.addressees.get(msg.pk, []) if links else []
+        parent = links.parents.get(msg.pk) if links else None
         if msg.reply_to:
             target = local.get(msg.reply_to)
             marks.append(f"reply to {target}" if target else "reply to an earlier message")
-        if msg.addressees:
+        elif parent is not None and parent in by_pk:
+            marks.append(f"answers {by_pk[parent]}")
+        if inferred:
+            to = ", ".join(
+                (f"{names[a]} ({a})" if a in names else a) + _HOW.get(how, "")
+                for a, how in inferred
+            )
+            marks.append(f"to {to}")
+        elif msg.addressees:
             to = ", ".join(f"{names[a]} ({a})" if a in names else a for a in msg.addressees)
             marks.append(f"to {to}")
         mark = f" [{'; '.join(marks)}]" if marks else ""
@@ -283,6 +319,7 @@ def render_writer_messages(
     segment: list[StoredMessage],
     *,
     budget: int,
+    links: SegmentLinks | None = None,
 ) -> tuple[list[dict], dict[str, str]]:
     """Build the Writer chat messages and the local ref map {"m1": message_id, ...}.
 
@@ -291,7 +328,7 @@ def render_writer_messages(
     names = {m.user_id: m.display_name for m in roster}
     for msg in segment:
         names.setdefault(msg.speaker_id, msg.speaker_name)
-    seg_text, ref_map = _render_segment(segment, names)
+    seg_text, ref_map = _render_segment(segment, names, links)
     user = (
         "## Roster (id: name)\n"
         f"{_render_roster(roster)}\n\n"

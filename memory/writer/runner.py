@@ -20,13 +20,15 @@ import numpy as np
 
 from memory.config import WriterConfig
 from memory.engine import MemoryEngine
-from memory.models import NewRecord, Scope, Segment, StoredMessage
+from memory.interactions import interaction_names
+from memory.models import NewRecord, RosterMember, Scope, Segment, StoredMessage
 from memory.ports import LLM, ChatMessage, LLMBadOutput, LLMError, LLMUnavailable
 from memory.store import WriterRunLog
 from memory.writer.gate import EvidenceGate
 from memory.writer.prompt import (
     WRITER_PROMPT_VERSION,
     WRITER_SCHEMA,
+    SegmentLinks,
     action_budget,
     render_writer_messages,
     select_heads,
@@ -122,6 +124,22 @@ class Writer:
             names=build_name_index(roster),
         )
 
+    async def _links(
+        self, pks: list[int], roster: list[RosterMember], messages: list[StoredMessage]
+    ) -> SegmentLinks:
+        """Who each message speaks to and what it answers (the interaction graph)."""
+        store = self.engine.store
+        names = interaction_names(roster)
+        for pk in pks:
+            while await store.interactions.update(pk, names) > 0:
+                pass
+        ids = [m.pk for m in messages]
+        parents = await store.interactions.parents(ids)
+        return SegmentLinks(
+            addressees=await store.interactions.addressees(ids),
+            parents={pk: parent for pk, (parent, _) in parents.items()},
+        )
+
     async def flush(self, segment: Segment) -> FlushOutcome:
         """Write one segment (callers hold the channel lock)."""
         store = self.engine.store
@@ -148,7 +166,8 @@ class Writer:
         budget = action_budget(
             len(messages), per_message=self.cfg.budget_per_message, cap=self.cfg.budget_cap
         )
-        chat, refs = render_writer_messages(roster, shown, messages, budget=budget)
+        links = await self._links(pks, roster, messages)
+        chat, refs = render_writer_messages(roster, shown, messages, budget=budget, links=links)
         try:
             result = await self.llm.complete_json(
                 [ChatMessage(**m) for m in chat],
