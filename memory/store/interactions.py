@@ -100,11 +100,14 @@ class InteractionRepo:
         return {r[0]: (r[1], r[2]) for r in rows}
 
     async def replies(self, pks: Sequence[int]) -> dict[int, list[tuple[int, str]]]:
-        """pk -> [(reply pk, how it was found)], earliest first."""
+        """pk -> [(reply pk, how it was found)]: tagged replies first, then those addressed
+        to the speaker, then by shared words, then the plain next turns; earliest first."""
         rows = await self.db.read_in(
             "SELECT l.parent_pk, l.message_pk, l.how FROM message_links l"
             " JOIN messages m ON m.id = l.message_pk"
-            " WHERE l.parent_pk IN ({marks}) AND m.deleted_at IS NULL ORDER BY l.message_pk",
+            " WHERE l.parent_pk IN ({marks}) AND m.deleted_at IS NULL ORDER BY"
+            " CASE l.how WHEN 'explicit' THEN 0 WHEN 'addressed' THEN 1 WHEN 'overlap' THEN 2"
+            " ELSE 3 END, l.message_pk",
             pks,
         )
         out: dict[int, list[tuple[int, str]]] = {}
