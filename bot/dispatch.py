@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from bot.events import (
@@ -20,7 +20,10 @@ from bot.events import (
     MessageEvent,
     RosterEvent,
 )
+from bot.governance import CommandReply, PendingActions
+from bot.governance_commands import run_confirmed, run_memory_command
 from memory.engine import MemoryEngine
+from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
 from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
@@ -29,6 +32,16 @@ from memory.store import IngestStatus
 log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 4000
+
+Notifier = Callable[[Scope, str], Awaitable[None]]
+"""Posts a plain message in a channel (the one-time memory notice)."""
+
+NOTICE_TEXT = (
+    "Heads-up: I remember this channel's conversation so `/recall` can answer questions "
+    "about it with cited messages. `/memory opt-out` stops storing your messages "
+    "(`/memory opt-out forget` also removes what I have); `/memory mine` shows what I hold "
+    "about you."
+)
 
 
 @dataclass
@@ -47,6 +60,7 @@ class Dispatcher:
         on_message_stored: Callable[[], None] | None = None,
         kick_interval_s: float = 1.0,
         on_recall: Callable[[float, str], None] | None = None,
+        governance: Governance | None = None,
     ) -> None:
         """`on_recall(seconds, outcome)` observes each /recall (metrics); outcome is
         answered, refused or failed."""
@@ -55,6 +69,9 @@ class Dispatcher:
         self.on_message_stored = on_message_stored
         self.kick_interval_s = kick_interval_s
         self.on_recall = on_recall
+        self.governance = governance or Governance(engine)
+        self.pending = PendingActions()
+        self._notifiers: dict[str, Notifier] = {}
         self._last_kick = 0.0
         self.stats = DispatchStats()
 
@@ -72,12 +89,21 @@ class Dispatcher:
             if event.speaker_is_bot:
                 self.stats.ignored["bot_message"] += 1
                 return
+            if not await self.governance.channel_enabled(event.scope):
+                self.stats.ignored["channel_off"] += 1
+                return
+            if await self.governance.is_opted_out(
+                event.scope.platform, event.scope.workspace, event.speaker_id
+            ):
+                self.stats.ignored["opted_out"] += 1
+                return
             outcome = await self.engine.ingest(event)
             self.stats.handled[f"message_{outcome.status.value}"] += 1
             if outcome.status is IngestStatus.STORED:
                 self._kick()
+                await self.maybe_notice(event.scope)
         elif isinstance(event, EditEvent):
-            status = await self.engine.edit(event)
+            status, _receipt = await self.governance.apply_edit(event)
             self.stats.handled[f"edit_{status.value}"] += 1
         elif isinstance(event, DeleteEvent):
             status = await self.engine.delete(event)
@@ -86,7 +112,10 @@ class Dispatcher:
             await self.engine.roster(event)
             self.stats.handled[f"roster_{event.action.value}"] += 1
         elif isinstance(event, CommandInvocation):
-            await self.recall(event)
+            if event.command == "memory":
+                await self.memory_command(event)
+            else:
+                await self.recall(event)
         else:  # pragma: no cover - the Event union is closed
             self.stats.ignored[type(event).__name__] += 1
 
@@ -122,6 +151,12 @@ class Dispatcher:
                 for c in inv.readable_channels
             ]
         )
+        if not await self.governance.channel_enabled(inv.scope):
+            self.stats.handled["recall_refused"] += 1
+            return RecallAnswer(
+                text="Memory is off in this channel, so I have nothing to recall here.",
+                refused=True,
+            )
         request = RecallRequest(question, inv.scope, asker=inv.user_id, readable=readable)
         try:
             result = await self.pipeline.run(request)
@@ -137,3 +172,58 @@ class Dispatcher:
             )
         self.stats.handled["recall"] += 1
         return result.answer
+
+    # ---- governance ---------------------------------------------------------------------
+
+    def set_notifier(self, platform: str, notify: Notifier) -> None:
+        """How to post the one-time notice on a platform (adapters register at start)."""
+        self._notifiers[platform] = notify
+
+    async def maybe_notice(self, scope: Scope) -> None:
+        """Post the memory notice the first time memory is on in a channel; never raises."""
+        notify = self._notifiers.get(scope.platform)
+        if notify is None:
+            return
+        try:
+            if not await self.governance.claim_notice(scope):
+                return
+        except Exception:
+            log.exception("could not record the notice for %s", scope)
+            return
+        try:
+            await notify(scope, NOTICE_TEXT)
+            self.stats.handled["notice"] += 1
+        except Exception:
+            self.stats.errors["notice"] += 1
+            log.exception("posting the memory notice in %s failed; will retry later", scope)
+            await self.governance.release_notice(scope)
+
+    async def memory_command(self, inv: CommandInvocation) -> CommandReply:
+        """Run `/memory <subcommand>` for the invoker; every failure is a reply, never raised."""
+        try:
+            return await run_memory_command(self, inv)
+        except Exception:
+            self.stats.errors["memory_command"] += 1
+            log.exception("/memory failed in %s", inv.scope)
+            return CommandReply(
+                text="Sorry, something went wrong with that command. Nothing was changed "
+                "unless a receipt says so; please try again.",
+                refused=True,
+            )
+
+    async def confirm(
+        self, token: str, *, user_id: str, is_admin: bool, accept: bool
+    ) -> CommandReply:
+        """Run (or cancel) a confirmed destructive action: single use, bound to its requester,
+        expiring, and admin is checked again now (fail closed)."""
+        try:
+            return await run_confirmed(
+                self, token, user_id=user_id, is_admin=is_admin, accept=accept
+            )
+        except Exception:
+            self.stats.errors["memory_confirm"] += 1
+            log.exception("/memory confirmation failed")
+            return CommandReply(
+                text="Sorry, that action failed; see `/memory audit` for what changed.",
+                refused=True,
+            )

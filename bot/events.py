@@ -45,6 +45,9 @@ class CommandInvocation(BaseModel):
     options: dict[str, str] = Field(default_factory=dict)
     readable_channels: tuple[str, ...] | None = None
     """Channels the invoker may read, when the platform says so; None = use the roster."""
+    is_admin: bool = False
+    """Set by the adapter from server-side facts at every call (roles, workspace admin flags,
+    the admin list setting); the default denies admin commands."""
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
 

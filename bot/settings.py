@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memory.config import (
+    GovernanceConfig,
     IngestConfig,
     MemoryConfig,
     RecallConfig,
@@ -106,6 +107,12 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     """json: one JSON object per log line (for log shippers)."""
+    # governance (issue 8): defaults are GovernanceConfig's
+    channel_default_enabled: bool = Field(
+        default=GovernanceConfig.model_fields["channel_default_enabled"].default
+    )
+    channel_notice: bool = Field(default=GovernanceConfig.model_fields["channel_notice"].default)
+
 
     # operations endpoint (/healthz, /metrics); off unless a port is set
     ops_host: str = "0.0.0.0"
@@ -152,6 +159,10 @@ class Settings(BaseSettings):
         )
 
     @property
+            governance=GovernanceConfig(
+                channel_default_enabled=self.channel_default_enabled,
+                channel_notice=self.channel_notice,
+            ),
     def llm_configured(self) -> bool:
         return bool(self.llm_base_url)
 

@@ -126,9 +126,21 @@ class WriterConfig(BaseModel):
     gate_dense_threshold: float = Field(default=0.6, ge=-1, le=1)
 
 
+class GovernanceConfig(BaseModel):
+    """What admins and members control (issue 8)."""
+
+    channel_default_enabled: bool = True
+    """Memory in a channel nobody switched on or off (`/memory channel on|off` overrides)."""
+    channel_notice: bool = True
+    """Post one short notice in a channel the first time memory is on there."""
+    forget_batch: int = Field(default=2_000, ge=1, le=50_000)
+    """Messages forgotten per transaction: each batch is complete on its own."""
+
+
 class MemoryConfig(BaseModel):
     store: StoreConfig = StoreConfig()
     ingest: IngestConfig = IngestConfig()
     search: SearchConfig = SearchConfig()
     recall: RecallConfig = RecallConfig()
     writer: WriterConfig = WriterConfig()
+    governance: GovernanceConfig = GovernanceConfig()

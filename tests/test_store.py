@@ -394,7 +394,8 @@ async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
         cols = {r[1] for r in await engine.store.db.read(f"PRAGMA table_info({table})")}
         needed = (
             {"platform", "workspace"}
-            if table in ("users", "user_aliases")
+            # per-workspace tables: people, their preferences, workspace policy, admin audit
+            if table in ("users", "user_aliases", "user_prefs", "workspace_policy", "audit_log")
             else {"platform", "workspace", "channel"}
         )
         assert needed <= cols, table

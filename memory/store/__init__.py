@@ -6,17 +6,22 @@ from memory.config import StoreConfig
 from memory.store.channels import ChannelRepo
 from memory.store.database import Database, StoreBusy, StoreError
 from memory.store.driver import DriverUnavailable, pick_driver, stdlib_can_load_extensions
+from memory.store.governance import AuditEntry, ChannelPolicy, GovernanceRepo, RederiveItem
 from memory.store.interactions import InteractionRepo
 from memory.store.messages import ChangeStatus, IngestOutcome, IngestStatus, MessageRepo
 from memory.store.records import ChainConflict, RecordRepo, WriterRunLog
 from memory.store.segments import SegmentRepo
 
 __all__ = [
+    "AuditEntry",
     "ChainConflict",
     "ChangeStatus",
+    "ChannelPolicy",
     "DriverUnavailable",
+    "GovernanceRepo",
     "IngestOutcome",
     "IngestStatus",
+    "RederiveItem",
     "Store",
     "StoreBusy",
     "StoreError",
@@ -35,6 +40,7 @@ class Store:
         self.messages = MessageRepo(self.db, self.channels, gap_seconds=gap_seconds, window=window)
         self.records = RecordRepo(self.db, self.channels)
         self.segments = SegmentRepo(self.db)
+        self.governance = GovernanceRepo(self.db, self.channels)
         self.interactions = InteractionRepo(self.db)
 
     @property

@@ -58,12 +58,17 @@ class Database:
             )
         except self.driver.error as exc:
             raise StoreError(f"cannot open database {self.path}: {exc}") from exc
+        # Forgotten text must not linger in free pages (secure_delete zeroes them) or in FTS5
+        # index segments (its secure-delete option rewrites the segment without the token).
+        await self._writer.execute("PRAGMA secure_delete = ON")
         await self._migrate()
+        await self._fts_secure_delete()
         for _ in range(self.config.readers):
             conn = await open_async(
                 self.path, self.driver, busy_timeout_ms=self.config.busy_timeout_ms
             )
             await conn.execute("PRAGMA query_only = ON")
+            await conn.execute("PRAGMA secure_delete = ON")
             self._all_readers.append(conn)
             self._readers.put_nowait(conn)
         log.info("store open: %s (driver=%s)", self.path, self.driver.name)
@@ -102,6 +107,30 @@ class Database:
                     (migration.version, migration.name, time.time()),
                 )
             log.info("applied migration %d: %s", migration.version, migration.name)
+
+    async def _fts_secure_delete(self) -> None:
+        """Turn on FTS5 'secure-delete' for both full-text indexes (SQLite 3.42+).
+
+        The option is stored in each index's config table; setting it again is a no-op
+        write, so it runs on every open and also covers databases created before it."""
+        for table in ("messages_fts", "records_fts"):
+            try:
+                async with self.transaction() as tx:
+                    row = await tx.fetchone(
+                        f"SELECT v FROM {table}_config WHERE k = 'secure-delete'"
+                    )
+                    if row is None or int(row[0]) != 1:
+                        await tx.execute(
+                            f"INSERT INTO {table} ({table}, rank) VALUES ('secure-delete', 1)"
+                        )
+            except (StoreError, self.driver.error) as exc:
+                log.warning(
+                    "FTS5 secure-delete unavailable on %s (SQLite %s): forgotten words may stay "
+                    "in index segments until the next merge (%s)",
+                    table,
+                    getattr(self.driver.module, "sqlite_version", "?"),
+                    exc,
+                )
 
     async def schema_version(self) -> int:
         rows = await self.read("SELECT max(version) FROM schema_migrations")

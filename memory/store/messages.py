@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from memory.governance.policy import Receipt
 from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope, StoredMessage
 from memory.search.fts_query import quote
 from memory.sessions import ChannelCursor, place_message
 from memory.store.channels import ChannelRepo
 from memory.store.database import Database, Transaction
+from memory.store.governance import GovernanceRepo
 from memory.store.rows import MESSAGE_COLUMNS, message_from_row, to_ts
 from memory.store.vectors import (
     BITS_CACHE_BYTES,
@@ -65,6 +67,8 @@ class MessageRepo:
         self.window = window
         self._shadow_knn = True  # see _coarse_knn
         self._bits_cache: OrderedDict[int, tuple[bytes, PackedBits]] = OrderedDict()
+        self.last_receipt: Receipt | None = None
+        """What the latest platform delete removed (logs and tests read it)."""
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -263,6 +267,9 @@ class MessageRepo:
         return out
 
     async def edit(self, event: EditEvent) -> ChangeStatus:
+        """Replace the text: the FTS trigger swaps the indexed words, the old vector goes (the
+        embedder makes a new one). Records citing it are re-checked by the caller
+        (`memory.governance.service`), with `citing_records`."""
         async with self.db.transaction() as tx:
             row = await self._locate(tx, event.scope, event.message_id)
             if row is None:
@@ -278,21 +285,28 @@ class MessageRepo:
             return ChangeStatus.APPLIED
 
     async def delete(self, event: DeleteEvent) -> ChangeStatus:
-        """Forget a message's text (tombstone): indexes drop it; the id stays so replays don't
-        bring it back."""
-        async with self.db.transaction() as tx:
-            row = await self._locate(tx, event.scope, event.message_id)
-            if row is None:
-                return ChangeStatus.UNKNOWN
-            pk, _text, deleted = row
-            if deleted is not None:
-                return ChangeStatus.UNCHANGED
-            await tx.execute(
-                "UPDATE messages SET text = '', deleted_at = ?, embedded = 1 WHERE id = ?",
-                (time.time(), pk),
-            )
-            await self._drop_vector(tx, pk)
-            return ChangeStatus.APPLIED
+        """A platform delete: the forgetting cascade (text, indexes, vectors and every record
+        citing it go; a tombstone keeps the id so a replayed create does not bring it back)."""
+        rows = await self.db.read(
+            "SELECT m.id, m.deleted_at, m.speaker_name FROM messages m JOIN channels c"
+            " ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ? AND c.channel = ?"
+            " AND m.message_id = ?",
+            (*event.scope.key(), event.message_id),
+        )
+        if not rows:
+            return ChangeStatus.UNKNOWN
+        pk, deleted, speaker_name = rows[0]
+        cited = await self.db.read(
+            "SELECT 1 FROM record_sources WHERE message_pk = ? LIMIT 1", (pk,)
+        )
+        if deleted is not None and not speaker_name and not cited:
+            return ChangeStatus.UNCHANGED
+        receipt = Receipt(action="platform-delete", target=f"{event.scope}/{event.message_id}")
+        await GovernanceRepo(self.db, self.channels).forget_messages(
+            [pk], receipt, reason="platform-delete"
+        )
+        self.last_receipt = receipt
+        return ChangeStatus.APPLIED
 
     async def _locate(self, tx: Transaction, scope: Scope, message_id: str) -> Any:
         return await tx.fetchone(

@@ -280,6 +280,75 @@ END;
 """
 
 
+GOVERNANCE = """
+-- Per-channel policy, keyed by the channel's ids so a channel can be switched off before
+-- its first message. enabled NULL = the default setting applies.
+CREATE TABLE channel_policy (
+    platform         TEXT NOT NULL,
+    workspace        TEXT NOT NULL,
+    channel          TEXT NOT NULL,
+    enabled          INTEGER,
+    retention_days   INTEGER CHECK (retention_days IS NULL OR retention_days > 0),
+    notice_posted_at REAL,
+    updated_at       REAL NOT NULL,
+    updated_by       TEXT,
+    PRIMARY KEY (platform, workspace, channel)
+) WITHOUT ROWID;
+
+CREATE TABLE workspace_policy (
+    platform       TEXT NOT NULL,
+    workspace      TEXT NOT NULL,
+    retention_days INTEGER CHECK (retention_days IS NULL OR retention_days > 0),
+    updated_at     REAL NOT NULL,
+    updated_by     TEXT,
+    PRIMARY KEY (platform, workspace)
+) WITHOUT ROWID;
+
+CREATE TABLE user_prefs (
+    platform   TEXT NOT NULL,
+    workspace  TEXT NOT NULL,
+    user_id    TEXT NOT NULL,
+    opted_out  INTEGER NOT NULL DEFAULT 0,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (platform, workspace, user_id)
+) WITHOUT ROWID;
+
+-- Admin actions with their receipts (counts per table, never the forgotten text).
+CREATE TABLE audit_log (
+    id        INTEGER PRIMARY KEY,
+    at        REAL NOT NULL,
+    platform  TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    actor     TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    target    TEXT NOT NULL DEFAULT '',
+    args      TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(args)),
+    receipt   TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(receipt))
+);
+CREATE INDEX audit_log_at ON audit_log (at);
+
+-- Records withdrawn because a cited message was forgotten while other cited messages remain:
+-- the Writer derives again from what is left. Only coordinates are kept, never the content.
+CREATE TABLE rederive_queue (
+    id              INTEGER PRIMARY KEY,
+    channel_pk      INTEGER NOT NULL REFERENCES channels(id),
+    platform        TEXT NOT NULL,
+    workspace       TEXT NOT NULL,
+    channel         TEXT NOT NULL,
+    layer           TEXT NOT NULL,
+    owner           TEXT NOT NULL,
+    source          TEXT NOT NULL,
+    from_ids        TEXT NOT NULL CHECK (json_valid(from_ids)),
+    reason          TEXT NOT NULL,
+    queued_at       REAL NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL,
+    last_error      TEXT
+);
+CREATE INDEX rederive_queue_channel ON rederive_queue (channel_pk);
+"""
+
+
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [

@@ -1,0 +1,563 @@
+"""The governance service: every admin and member action, each through the one cascade.
+
+Platform-neutral: the bot layer resolves who asked and whether they are an admin; the CLI
+calls the same methods with actor "cli". Each admin action is written to the audit log with
+its receipt (counts per table, never the forgotten text).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from memory.config import GovernanceConfig
+from memory.engine import MemoryEngine
+from memory.governance.policy import (
+    Receipt,
+    channel_enabled,
+    effective_retention,
+    retention_cutoff,
+)
+from memory.models import GROUP, EditEvent, Scope
+from memory.query.links import LinkResolver, default_link
+from memory.store import ChangeStatus
+from memory.store.rows import RECORD_COLUMNS, record_from_row
+from memory.writer.gate import EvidenceGate, date_terms
+
+log = logging.getLogger(__name__)
+
+LLMProbe = Callable[[], Awaitable[bool]]
+"""Answers whether the LLM endpoint is reachable (built in the composition root)."""
+
+
+class GovernanceError(ValueError):
+    """A governance request that cannot be carried out; the message says why."""
+
+
+class UnknownUser(GovernanceError):
+    pass
+
+
+class AmbiguousUser(GovernanceError):
+    def __init__(self, text: str, candidates: Sequence[tuple[str, str]]) -> None:
+        self.candidates = list(candidates)
+        listed = ", ".join(f"{name} ({uid})" for uid, name in self.candidates)
+        super().__init__(f"{text!r} matches several members: {listed}; use an id or a mention")
+
+
+class UnknownMessage(GovernanceError):
+    pass
+
+
+class Governance:
+    def __init__(
+        self,
+        engine: MemoryEngine,
+        *,
+        config: GovernanceConfig | None = None,
+        llm_probe: LLMProbe | None = None,
+        gate: EvidenceGate | None = None,
+        link: LinkResolver = default_link,
+    ) -> None:
+        self.engine = engine
+        self.repo = engine.store.governance
+        self.cfg = config or engine.config.governance
+        self.llm_probe = llm_probe
+        wc = engine.config.writer
+        self.gate = gate or EvidenceGate(
+            lexical_threshold=wc.gate_lexical_threshold,
+            dense_threshold=wc.gate_dense_threshold,
+            mode=wc.gate_mode,
+        )
+        self.link = link
+
+    # ---- channel switch -----------------------------------------------------------------
+
+    async def channel_enabled(self, scope: Scope) -> bool:
+        policy = await self.repo.channel_policy(scope)
+        return channel_enabled(policy.enabled, self.cfg.channel_default_enabled)
+
+    async def disabled(self, scopes: Sequence[Scope]) -> set[Scope]:
+        return {s for s in scopes if not await self.channel_enabled(s)}
+
+    async def set_channel(self, scope: Scope, on: bool, *, actor: str) -> Receipt:
+        before = await self.repo.set_channel_enabled(scope, on, actor)
+        receipt = Receipt(action="channel-on" if on else "channel-off", target=str(scope))
+        if before is None or before != on:
+            receipt.add("channel_policy", 1)
+        await self._audit(scope.platform, scope.workspace, actor, receipt, {"on": on})
+        return receipt
+
+    async def purge_channel(self, scope: Scope, *, actor: str) -> Receipt:
+        """Memory off, then forget everything the channel holds (its messages and records)."""
+        await self.repo.set_channel_enabled(scope, False, actor)
+        receipt = Receipt(action="channel-off-purge", target=str(scope))
+        receipt.add("channel_policy", 1)
+        pks = await self.repo.channel_message_pks(scope)
+        await self.repo.forget_messages(
+            pks, receipt, reason="channel-purge", batch=self.cfg.forget_batch
+        )
+        # records of the channel with no cited message left (defensive: nothing may stay)
+        pk = await self.engine.store.channels.lookup(scope)
+        if pk is not None:
+            rows = await self.engine.store.db.read(
+                "SELECT id FROM records WHERE channel_pk = ?", (pk,)
+            )
+            if rows:
+                await self.repo.withdraw(
+                    [r[0] for r in rows], receipt, reason="channel-purge", requeue=False
+                )
+        await self._audit(scope.platform, scope.workspace, actor, receipt, {"purge": True})
+        return receipt
+
+    # ---- retention ----------------------------------------------------------------------
+
+    async def set_retention(
+        self,
+        platform: str,
+        workspace: str,
+        channel: str | None,
+        days: int | None,
+        *,
+        actor: str,
+    ) -> Receipt:
+        if channel is None:
+            await self.repo.set_workspace_retention(platform, workspace, days, actor)
+            target = f"{platform}/{workspace}"
+        else:
+            scope = Scope(platform=platform, workspace=workspace, channel=channel)
+            await self.repo.set_channel_retention(scope, days, actor)
+            target = str(scope)
+        receipt = Receipt(action="retention-set", target=target)
+        receipt.add("retention_policy", 1)
+        await self._audit(platform, workspace, actor, receipt, {"days": days})
+        return receipt
+
+    async def apply_retention(
+        self, *, actor: str = "scheduler", now: float | None = None
+    ) -> Receipt:
+        """Forget every message older than its channel's (or workspace's) limit."""
+        now = time.time() if now is None else now
+        receipt = Receipt(action="retention-apply")
+        policies = {p.scope: p for p in await self.repo.channel_policies()}
+        workspaces = await self.repo.workspace_retention()
+        for channel_pk, scope in await self.repo.channels_with_pk():
+            policy = policies.get(scope)
+            days = effective_retention(
+                policy.retention_days if policy else None,
+                workspaces.get((scope.platform, scope.workspace)),
+            )
+            if days is None:
+                continue
+            pks = await self.repo.expired_message_pks(channel_pk, retention_cutoff(now, days))
+            if pks:
+                await self.repo.forget_messages(
+                    pks, receipt, reason="retention", batch=self.cfg.forget_batch
+                )
+        if receipt.counts or actor != "scheduler":
+            await self._audit("*", "*", actor, receipt, {"now": now})
+        return receipt
+
+    # ---- users and aliases --------------------------------------------------------------
+
+    async def resolve_user(
+        self, platform: str, workspace: str, text: str, *, is_id: bool = False
+    ) -> str:
+        """A user id from an id, display name or alias; unknown or ambiguous is an error.
+
+        An id (from a mention) is accepted even if the store never saw it: forgetting or
+        exporting nobody then simply finds nothing."""
+        value = text.strip()
+        if is_id:
+            return value
+        found = await self.repo.user_candidates(platform, workspace, value)
+        if not found:
+            raise UnknownUser(f"no member called {value!r} in this workspace")
+        if len(found) > 1:
+            raise AmbiguousUser(value, found)
+        return found[0][0]
+
+    async def alias(
+        self, platform: str, workspace: str, user_id: str, alias: str, *, add: bool, actor: str
+    ) -> Receipt:
+        if not alias.strip():
+            raise GovernanceError("the alias is empty")
+        if add:
+            clash = [
+                uid
+                for uid, _ in await self.repo.user_candidates(platform, workspace, alias)
+                if uid != user_id
+            ]
+            if clash:
+                raise GovernanceError(
+                    f"{alias!r} already names {', '.join(clash)}; pick another alias"
+                )
+            changed = await self.repo.add_alias(platform, workspace, user_id, alias)
+        else:
+            changed = await self.repo.remove_alias(platform, workspace, user_id, alias)
+        receipt = Receipt(action="alias-add" if add else "alias-remove", target=user_id)
+        receipt.add("user_aliases", int(changed))
+        await self._audit(platform, workspace, actor, receipt, {"alias": alias})
+        return receipt
+
+    # ---- forgetting ---------------------------------------------------------------------
+
+    async def locate_message(
+        self, platform: str, workspace: str, channel: str | None, message_id: str
+    ) -> Scope:
+        if channel is not None:
+            scope = Scope(platform=platform, workspace=workspace, channel=channel)
+            if await self.repo.message_pks(scope, [message_id]):
+                return scope
+        found = await self.repo.find_message(platform, workspace, message_id)
+        if channel is not None:
+            found = [s for s in found if s.channel == channel] or found
+        if not found:
+            raise UnknownMessage(f"I hold no message {message_id} in this workspace")
+        if len(found) > 1:
+            raise UnknownMessage(f"message id {message_id} is in several channels; use its link")
+        return found[0]
+
+    async def forget_message(self, scope: Scope, message_id: str, *, actor: str) -> Receipt:
+        pks = await self.repo.message_pks(scope, [message_id])
+        if not pks:
+            raise UnknownMessage(f"I hold no message {message_id} in {scope.channel}")
+        receipt = Receipt(action="forget-message", target=f"{scope}/{message_id}")
+        await self.repo.forget_messages(pks, receipt, reason="forget-message")
+        await self._audit(scope.platform, scope.workspace, actor, receipt, {})
+        return receipt
+
+    async def forget_user(
+        self,
+        platform: str,
+        workspace: str,
+        user_id: str,
+        *,
+        actor: str,
+        action: str = "forget-user",
+    ) -> Receipt:
+        """Their messages, every record built from them or about them, their name and aliases."""
+        receipt = Receipt(action=action, target=user_id)
+        people = {user_id}
+        pks = await self.repo.user_message_pks(platform, workspace, user_id)
+        await self.repo.forget_messages(
+            pks, receipt, reason=action, forgotten_people=people, batch=self.cfg.forget_batch
+        )
+        about = await self.repo.user_record_ids(platform, workspace, user_id)
+        await self.repo.withdraw(about, receipt, reason=action, forgotten_people=people)
+        await self.repo.delete_user_rows(platform, workspace, user_id, receipt)
+        await self._audit(platform, workspace, actor, receipt, {})
+        return receipt
+
+    async def platform_delete(self, scope: Scope, message_id: str) -> ChangeStatus:
+        """A message deleted on the platform: the same cascade (not audited: nobody asked us)."""
+        from memory.models import DeleteEvent
+
+        return await self.engine.delete(DeleteEvent(scope=scope, message_id=message_id))
+
+    # ---- members ------------------------------------------------------------------------
+
+    async def is_opted_out(self, platform: str, workspace: str, user_id: str) -> bool:
+        return await self.repo.is_opted_out(platform, workspace, user_id)
+
+    async def opt_out(
+        self, platform: str, workspace: str, user_id: str, *, forget: bool, actor: str
+    ) -> Receipt:
+        await self.repo.set_opted_out(platform, workspace, user_id, True)
+        if forget:
+            receipt = await self.forget_user(
+                platform, workspace, user_id, actor=actor, action="opt-out-forget"
+            )
+        else:
+            receipt = Receipt(action="opt-out", target=user_id)
+            receipt.add("user_prefs", 1)
+            await self._audit(platform, workspace, actor, receipt, {})
+        return receipt
+
+    async def opt_in(self, platform: str, workspace: str, user_id: str, *, actor: str) -> Receipt:
+        await self.repo.set_opted_out(platform, workspace, user_id, False)
+        receipt = Receipt(action="opt-in", target=user_id)
+        receipt.add("user_prefs", 1)
+        await self._audit(platform, workspace, actor, receipt, {})
+        return receipt
+
+    # ---- edits --------------------------------------------------------------------------
+
+    async def apply_edit(self, event: EditEvent) -> tuple[ChangeStatus, Receipt]:
+        """Apply an edit, then re-check every record citing the message against the new text:
+        those the evidence no longer supports are withdrawn and queued for re-derivation."""
+        receipt = Receipt(action="edit-recheck", target=f"{event.scope}/{event.message_id}")
+        status = await self.engine.edit(event)
+        if status is not ChangeStatus.APPLIED:
+            return status, receipt
+        pks = await self.repo.message_pks(event.scope, [event.message_id])
+        failing: list[int] = []
+        for rid in await self.repo.records_citing(pks):
+            if not await self._still_supported(rid):
+                failing.append(rid)
+        if failing:
+            await self.repo.withdraw(failing, receipt, reason="edit")
+        return status, receipt
+
+    async def _still_supported(self, record_id: int) -> bool:
+        got = await self.engine.store.records.get_many([record_id])
+        rec = got.get(record_id)
+        if rec is None:
+            return True
+        cited = list((await self.engine.store.messages.by_ids(rec.scope, rec.from_ids)).values())
+        cited = [m for m in cited if not m.deleted]
+        if not cited:
+            return False
+        names: dict[str, list[str]] = {}
+        for member in await self.engine.members(rec.scope, include_left=True):
+            names[member.user_id] = [member.display_name, *member.aliases]
+        speakers: list[str] = []
+        context: list[str] = []
+        for m in cited:
+            speakers.append(m.speaker_name)
+            speakers.extend(names.get(m.speaker_id, []))
+            for uid in m.addressees:
+                context.extend(names.get(uid, [uid]))
+            context.extend(date_terms(m.ts))
+        for uid in (rec.owner, rec.source):
+            if uid != GROUP:
+                context.extend(names.get(uid, []))
+        if rec.supersedes is not None:
+            prev = (await self.engine.store.records.get_many([rec.supersedes])).get(rec.supersedes)
+            if prev is not None:
+                context.append(prev.content)
+        score = self.gate.score(
+            rec.content, [m.text for m in cited], speakers, context_terms=context
+        )
+        return score.passed
+
+    # ---- notices ------------------------------------------------------------------------
+
+    async def claim_notice(self, scope: Scope) -> bool:
+        if not self.cfg.channel_notice:
+            return False
+        return await self.repo.claim_notice(scope)
+
+    async def release_notice(self, scope: Scope) -> None:
+        await self.repo.release_notice(scope)
+
+    # ---- reports ------------------------------------------------------------------------
+
+    async def status(
+        self, platform: str | None = None, workspace: str | None = None
+    ) -> dict[str, Any]:
+        store = self.engine.store
+        messages = await store.messages.counts()
+        records = await store.records.counts()
+        segments = await store.segments.counts()
+        last = await store.db.read(
+            "SELECT max(started_at), (SELECT outcome FROM writer_runs ORDER BY id DESC LIMIT 1)"
+            " FROM writer_runs"
+        )
+        reachable: bool | None = None
+        if self.llm_probe is not None:
+            try:
+                reachable = bool(await self.llm_probe())
+            except Exception:  # a probe that fails means "not reachable"
+                reachable = False
+        channels = []
+        for c in await store.channels.all():
+            scope: Scope = c["scope"]
+            if platform is not None and scope.platform != platform:
+                continue
+            if workspace is not None and scope.workspace != workspace:
+                continue
+            policy = await self.repo.channel_policy(scope)
+            channels.append(
+                {
+                    "channel": str(scope),
+                    "name": c["name"],
+                    "on": channel_enabled(policy.enabled, self.cfg.channel_default_enabled),
+                    "explicit": policy.enabled is not None,
+                    "retention_days": policy.retention_days,
+                    "messages": c["messages"],
+                }
+            )
+        retention = {f"{p}/{w}": d for (p, w), d in (await self.repo.workspace_retention()).items()}
+        return {
+            "messages": messages["messages"],
+            "tombstones": messages["deleted"],
+            "unembedded": messages["unembedded"],
+            "records_active": records["active_records"],
+            "records": records["records"],
+            "writer_queue": {
+                "pending_segments": segments.get("pending", 0),
+                "open_segments": segments.get("open", 0),
+                "rederive": await self.repo.rederive_depth(),
+            },
+            "writer_last_run": last[0][0],
+            "writer_last_outcome": last[0][1],
+            "llm_reachable": reachable,
+            "llm_configured": self.llm_probe is not None,
+            "db_bytes": await store.db_size_bytes(),
+            "channels": channels,
+            "channels_on": sum(1 for c in channels if c["on"]),
+            "channels_off": sum(1 for c in channels if not c["on"]),
+            "default_channel_on": self.cfg.channel_default_enabled,
+            "workspace_retention": retention,
+            "opted_out_members": await self.repo.opted_out_count(),
+        }
+
+    async def audit(
+        self, limit: int = 20, *, platform: str | None = None, workspace: str | None = None
+    ) -> list[dict[str, Any]]:
+        entries = await self.repo.audit(limit, platform=platform, workspace=workspace)
+        return [
+            {
+                "id": e.id,
+                "at": e.at,
+                "actor": e.actor,
+                "action": e.action,
+                "target": e.target,
+                "args": e.args,
+                "receipt": e.receipt,
+                "workspace": f"{e.platform}/{e.workspace}",
+            }
+            for e in entries
+        ]
+
+    async def export_user(self, platform: str, workspace: str, user_id: str) -> dict[str, Any]:
+        """Their messages and every record they are source or owner of, with provenance."""
+        store = self.engine.store
+        messages = [
+            {
+                "channel": r[0],
+                "message_id": r[1],
+                "thread_id": r[2],
+                "ts": r[3],
+                "text": r[4],
+                "edited_at": r[5],
+                "link": self.link(
+                    Scope(platform=platform, workspace=workspace, channel=r[0]), r[1], r[2]
+                ),
+            }
+            for r in await self.repo.user_messages(platform, workspace, user_id)
+        ]
+        rows = await store.db.read(
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE platform = ? AND workspace = ?"
+            " AND (owner = ? OR source = ?) ORDER BY chain_root, id",
+            (platform, workspace, user_id, user_id),
+        )
+        records = []
+        for rec in map(record_from_row, rows):
+            chain = await store.records.chain(rec.id)
+            records.append(
+                {
+                    "id": rec.id,
+                    "channel": rec.scope.channel,
+                    "layer": rec.layer.value,
+                    "scope": rec.record_scope.value,
+                    "content": rec.content,
+                    "owner": rec.owner,
+                    "source": rec.source,
+                    "event": rec.event,
+                    "time": rec.time.isoformat(),
+                    "state": rec.state.value,
+                    "from_ids": list(rec.from_ids),
+                    "chain": [n.id for n in chain],
+                    "supersedes": rec.supersedes,
+                    "superseded_by": rec.superseded_by,
+                    "writer_model": rec.writer_model,
+                    "prompt_version": rec.prompt_version,
+                }
+            )
+        names = await self.repo.user_names(platform, workspace, user_id)
+        return {
+            "platform": platform,
+            "workspace": workspace,
+            "user_id": user_id,
+            "display_name": names["display_name"],
+            "aliases": names["aliases"],
+            "opted_out": await self.repo.is_opted_out(platform, workspace, user_id),
+            "exported_at": time.time(),
+            "messages": messages,
+            "records": records,
+        }
+
+    async def mine(
+        self,
+        platform: str,
+        workspace: str,
+        user_id: str,
+        *,
+        readable: Sequence[Scope] | None = None,
+        limit: int = 25,
+    ) -> dict[str, Any]:
+        """Active records where the member is source or owner, with links to what they cite.
+
+        Only records from channels the member can read (their roster, or what the platform
+        said): a record in a private channel they left does not come back through `mine`."""
+        store = self.engine.store
+        if readable is None:
+            readable = await store.channels.readable_channels(platform, workspace, user_id)
+        allowed = {s.channel for s in readable}
+        rows = await store.db.read(
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE platform = ? AND workspace = ?"
+            " AND (owner = ? OR source = ?) AND state = 'active' ORDER BY time DESC, id DESC",
+            (platform, workspace, user_id, user_id),
+        )
+        out = []
+        hidden = 0
+        for rec in map(record_from_row, rows):
+            if rec.scope.channel not in allowed:
+                hidden += 1
+                continue
+            if len(out) >= limit:
+                continue
+            cited = await store.messages.by_ids(rec.scope, rec.from_ids)
+            out.append(
+                {
+                    "id": rec.id,
+                    "channel": rec.scope.channel,
+                    "layer": rec.layer.value,
+                    "content": rec.content,
+                    "owner": rec.owner,
+                    "source": rec.source,
+                    "links": [
+                        self.link(rec.scope, mid, cited[mid].thread_id if mid in cited else None)
+                        for mid in rec.from_ids
+                    ],
+                }
+            )
+        count = await store.db.read(
+            "SELECT count(*) FROM messages WHERE platform = ? AND workspace = ?"
+            " AND speaker_id = ? AND deleted_at IS NULL",
+            (platform, workspace, user_id),
+        )
+        return {
+            "records": out,
+            "total_records": len(rows) - hidden,
+            "messages": int(count[0][0]),
+            "opted_out": await self.repo.is_opted_out(platform, workspace, user_id),
+        }
+
+    async def _audit(
+        self, platform: str, workspace: str, actor: str, receipt: Receipt, args: dict[str, Any]
+    ) -> None:
+        await self.repo.log(
+            platform=platform,
+            workspace=workspace,
+            actor=actor,
+            action=receipt.action,
+            target=receipt.target,
+            args=args,
+            receipt=receipt,
+        )
+        log.info("%s by %s on %s: %s", receipt.action, actor, receipt.target, receipt.summary())
+
+
+__all__ = [
+    "AmbiguousUser",
+    "Governance",
+    "GovernanceError",
+    "LLMProbe",
+    "UnknownMessage",
+    "UnknownUser",
+]
