@@ -193,6 +193,45 @@ async def test_events_go_through_the_dispatcher_funnel(tmp_path: Path) -> None:
         assert not bot.dispatcher.stats.errors
 
 
+MEMORY_SCRIPT = """\
+n
+/as alice
+The offsite budget is 30k and I think Lisbon is best.
+/as bob
+Lisbon sounds fine to me, the offsite should be cheap.
+/memory status
+/memory channel off purge
+N
+/as alice
+/memory forget-me
+y
+/as bob
+/recall what did Alice say about the offsite budget?
+"""
+
+
+async def test_memory_commands_run_as_admin_and_destructive_ones_ask_first(
+    tmp_path: Path,
+) -> None:
+    out = await session(tmp_path, MEMORY_SCRIPT)
+    status = block_after(out, "Bob in #general> /memory status\n")
+    assert "2 messages" in status
+    # a destructive command asks y/N; N changes nothing
+    assert "Cancelled; nothing was changed." in block_after(
+        out, "Bob in #general> /memory channel off purge\n"
+    )
+    # y runs it: alice's message is gone, bob's stays, and recall no longer finds 30k
+    assert "Forgotten." in block_after(out, "Alice in #general> /memory forget-me\n")
+    answer = block_after(
+        out, "Bob in #general> /recall what did Alice say about the offsite budget?\n"
+    )
+    assert "30k" not in answer
+    async with local_bot(settings_for(tmp_path), background=False) as bot:
+        counts = await bot.engine.store.messages.counts()
+        assert counts["messages"] == 1
+        assert await bot.engine.store.channels.is_private(scope_of("local", "general")) is False
+
+
 def test_speakermem_shell_reads_a_piped_script(tmp_path: Path) -> None:
     env = {**os.environ, "SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
     proc = subprocess.run(

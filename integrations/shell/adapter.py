@@ -248,17 +248,16 @@ class ShellAdapter:
         self.say(render.render_answer(answer, texts))
 
     async def memory(self, text: str) -> None:
-        run = getattr(self.dispatcher, "memory_command", None)
-        if run is None:
-            raise ShellError("/memory is not available in this build")
+        """`/memory …` as the current speaker; the shell's operator is admin. A destructive
+        command asks y/N here, where a chat platform would show Confirm and Cancel buttons."""
         inv = command(self.scope, "memory", self.user_id, self.user_name, text, admin=self.admin)
-        reply = await run(inv)
+        reply = await self.dispatcher.memory_command(inv)
         self.say(reply.text)
         if reply.confirm is None:
             return
-        yes = await self.ask_yes_no(reply.confirm.summary)
-        done = await self.dispatcher.confirm(  # type: ignore[attr-defined]
-            reply.confirm.token, inv, accept=yes
+        yes = await self.ask_yes_no(f"{reply.confirm.confirm_label}?")
+        done = await self.dispatcher.confirm(
+            reply.confirm.token, user_id=self.user_id, is_admin=self.admin, accept=yes
         )
         self.say(done.text)
 
