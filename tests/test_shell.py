@@ -89,6 +89,24 @@ def test_line_source_reads_pipes_plainly() -> None:
     assert isinstance(line_source(io.StringIO("x\n"), out), StreamLines)
 
 
+async def test_prompt_toolkit_reads_lines_and_keeps_history(tmp_path: Path) -> None:
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from integrations.shell.adapter import PromptLines
+
+    history = tmp_path / "hist" / "shell_history"
+    with create_pipe_input() as pipe:
+        lines = PromptLines(history, input=pipe, output=DummyOutput())
+        pipe.send_text("/as alice\r")
+        assert await lines.read("> ") == "/as alice"
+        pipe.send_text("hello there\r")
+        assert await lines.read("> ") == "hello there"
+        pipe.close()
+        assert await lines.read("> ") is None  # end of input ends the shell
+    assert "hello there" in history.read_text()
+
+
 def test_demo_db_is_the_default_only_when_none_was_chosen(tmp_path: Path) -> None:
     assert local_settings(Settings(_env_file=None)).db_path == DEMO_DB  # type: ignore[call-arg]
     chosen = Settings(_env_file=None, db_path=tmp_path / "mine.db")  # type: ignore[call-arg]

@@ -65,13 +65,14 @@ class StreamLines:
 class PromptLines:
     """prompt-toolkit on a terminal: line editing and a history file."""
 
-    def __init__(self, history: Path = HISTORY_FILE) -> None:
+    def __init__(self, history: Path = HISTORY_FILE, **session: Any) -> None:
+        """`session` goes to PromptSession (tests pass a pipe input and a dummy output)."""
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import FileHistory
 
         path = history.expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._session: Any = PromptSession(history=FileHistory(str(path)))
+        self._session: Any = PromptSession(history=FileHistory(str(path)), **session)
 
     async def read(self, prompt: str) -> str | None:
         try:
