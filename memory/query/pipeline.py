@@ -161,7 +161,14 @@ class RecallPipeline:
     # ---- access -------------------------------------------------------------------------
 
     async def allowed_scopes(self, req: RecallRequest) -> list[Scope]:
-        """Channels this request may draw on; raises AccessDenied for an unreadable channel."""
+        """Channels this request may draw on; raises AccessDenied for an unreadable channel.
+
+        A channel whose memory is off (`/memory channel off`) gives no answers: asked there,
+        the request is refused; elsewhere, it is left out."""
+        governance = self.engine.store.governance
+        default_on = self.engine.config.governance.channel_default_enabled
+        if not await governance.is_enabled(req.scope, default=default_on):
+            raise AccessDenied(f"memory is off in {req.scope.channel}")
         if req.asker is None and req.readable is None:
             return [req.scope]
         if req.readable is not None:
@@ -184,6 +191,7 @@ class RecallPipeline:
                 and scope.platform == req.scope.platform
                 and scope.workspace == req.scope.workspace
                 and not await self.engine.store.channels.is_private(scope)
+                and await governance.is_enabled(scope, default=default_on)
             ):
                 out.append(scope)
         return out

@@ -26,6 +26,7 @@ import numpy as np
 
 from memory.config import RecallConfig
 from memory.engine import MemoryEngine
+from memory.governance.policy import visible_records
 from memory.models import GROUP, DerivedRecord, RosterMember, StoredMessage
 from memory.query.projection import ALL, Projection
 from memory.search.fts_query import build_match
@@ -162,6 +163,17 @@ async def system2(
     return result.rows
 
 
+async def visible_record_ids(
+    engine: MemoryEngine, record_ids: Sequence[int], channel_pks: Sequence[int]
+) -> set[int]:
+    """Records the asker may see: every message each cites is in a channel they may read
+    (a PERSON record built partly from a private channel never answers elsewhere)."""
+    if not record_ids:
+        return set()
+    sources = await engine.store.governance.record_source_channels(record_ids)
+    return visible_records(sources, set(channel_pks))
+
+
 async def read_rows(
     engine: MemoryEngine,
     projection: Projection,
@@ -241,9 +253,18 @@ async def read_rows(
     wanted = [rid for row in rows for rid in (*chosen.get(row.key, []), *extra.get(row.key, []))]
     got = await records.get_many(wanted) if wanted else {}
     queries += 1 if wanted else 0
+    if got:  # access: only records whose every cited message the asker may read
+        visible = await visible_record_ids(engine, list(got), channel_pks)
+        got = {rid: rec for rid, rec in got.items() if rid in visible}
+        queries += 1
     chains: dict[int, list[DerivedRecord]] = {}
     if projection.tense == "full" and got:
         chains = await records.chains(list(got))
+        queries += 1
+        nodes = await visible_record_ids(
+            engine, sorted({n.id for chain in chains.values() for n in chain}), channel_pks
+        )
+        chains = {rid: [n for n in chain if n.id in nodes] for rid, chain in chains.items()}
         queries += 1
     for row in rows:
         for rid in (*chosen.get(row.key, []), *extra.get(row.key, [])):

@@ -80,6 +80,23 @@ class GovernanceRepo:
         r = rows[0]
         return ChannelPolicy(scope, None if r[0] is None else bool(r[0]), r[1], r[2])
 
+    async def is_enabled(self, scope: Scope, *, default: bool) -> bool:
+        """Whether memory is on in a channel (its explicit switch, else the default)."""
+        policy = await self.channel_policy(scope)
+        return default if policy.enabled is None else policy.enabled
+
+    async def record_source_channels(self, record_ids: Sequence[int]) -> dict[int, set[int]]:
+        """Record id -> channel pks of the live messages it cites (empty set: none left)."""
+        out: dict[int, set[int]] = {rid: set() for rid in record_ids}
+        rows = await self.db.read_in(
+            "SELECT s.record_id, m.channel_pk FROM record_sources s JOIN messages m"
+            " ON m.id = s.message_pk WHERE m.deleted_at IS NULL AND s.record_id IN ({marks})",
+            list(record_ids),
+        )
+        for rid, channel_pk in rows:
+            out[rid].add(channel_pk)
+        return out
+
     async def channel_policies(self) -> list[ChannelPolicy]:
         rows = await self.db.read(
             "SELECT platform, workspace, channel, enabled, retention_days, notice_posted_at"
