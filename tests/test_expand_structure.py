@@ -143,3 +143,30 @@ def test_locomo_without_sessions_keeps_times_but_drops_markers() -> None:
     assert any(m.session_break for m in marked.messages)
     assert not any(m.session_break for m in hidden.messages)
     assert [m.ts for m in hidden.messages] == [m.ts for m in marked.messages]
+
+
+# ---- sessions from structure -----------------------------------------------------------------
+
+
+def test_a_reply_continues_its_session_across_the_idle_gap() -> None:
+    from memory.sessions import ChannelCursor, place_message
+
+    cur = ChannelCursor(last_ts=0.0, session_id=3, next_turn=7)
+    later = 2 * 3600.0
+    assert place_message(cur, later, gap_seconds=1800).new_session
+    kept = place_message(cur, later, gap_seconds=1800, continues=True)
+    assert (kept.new_session, kept.session_id, kept.turn_index) == (False, 3, 7)
+    # too late even for a reply, and an explicit break always wins
+    assert place_message(cur, 2 * 86400.0, gap_seconds=1800, continues=True).new_session
+    assert place_message(cur, 60.0, gap_seconds=1800, force_break=True, continues=True).new_session
+
+
+async def test_store_keeps_a_late_thread_reply_in_its_session(engine: MemoryEngine) -> None:
+    await engine.ingest(msg(SCOPE, "a", "Ann", "Who owns the release checklist?", 0))
+    await engine.ingest(msg(SCOPE, "b", "Bo", "unrelated chat", 1))
+    await engine.ingest(msg(SCOPE, "c", "Cy", "I do, updated it", 120, thread_id="a"))
+    await engine.ingest(msg(SCOPE, "d", "Dee", "morning all", 200))
+    got = await engine.store.messages.by_ids(SCOPE, ["a", "b", "c", "d"])
+    assert got["c"].session_id == got["a"].session_id
+    assert got["c"].turn_index == 2
+    assert got["d"].session_id == got["a"].session_id + 1  # the gap still splits the rest

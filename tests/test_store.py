@@ -23,6 +23,7 @@ from memory.models import (
     Scope,
 )
 from memory.store import ChainConflict, ChangeStatus, IngestStatus, WriterRunLog
+from memory.store.schema import migrations
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 
@@ -35,11 +36,12 @@ async def count(engine: MemoryEngine, sql: str, params: tuple = ()) -> int:
 async def test_migrations_are_recorded_and_idempotent(tmp_path: Path) -> None:
     cfg = make_config(tmp_path)
     eng = await MemoryEngine.open(cfg)
-    assert await eng.store.db.schema_version() == 1
+    versions = [m.version for m in migrations(cfg.store.vec_chunk_size)]
+    assert await eng.store.db.schema_version() == max(versions)
     await eng.close()
     eng = await MemoryEngine.open(cfg)  # reopening applies nothing twice
     rows = await eng.store.db.read("SELECT version, name FROM schema_migrations")
-    assert [r[0] for r in rows] == [1]
+    assert sorted(r[0] for r in rows) == sorted(versions)
     journal = await eng.store.db.read("PRAGMA journal_mode")
     assert journal[0][0] == "wal"
     await eng.close()
@@ -383,8 +385,10 @@ async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
             "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE '%VIRTUAL%'"
             " AND name NOT LIKE 'messages_fts%' AND name NOT LIKE 'records_fts%'"
             " AND name NOT LIKE '%_vec_%' AND name NOT LIKE 'sqlite_%'"
-            # message_vectors is the float payload of a messages row, keyed by its id
-            " AND name NOT IN ('schema_migrations', 'message_vectors')"
+            # message_vectors is the float payload of a messages row, keyed by its id; the
+            # interaction graph's rows are likewise keyed by message (or channel) pk
+            " AND name NOT IN ('schema_migrations', 'message_vectors', 'message_addressees',"
+            " 'message_links', 'interaction_cursor')"
         )
     ]
     assert {"messages", "records", "record_sources", "roster", "segments", "writer_runs"} <= set(

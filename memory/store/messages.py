@@ -120,6 +120,7 @@ class MessageRepo:
             new_segs: dict[int, list[Any]] = {}
             seg_last = 0.0
             known_here = known.setdefault(pk, set())
+            placed: dict[str, int] = {}  # message id -> session, for replies within the batch
             users = users_by_ws.setdefault(key[:2], (scope, {}))[1]
             members: dict[str, float] = {}
 
@@ -141,9 +142,19 @@ class MessageRepo:
                     continue
                 known_here.add(ev.message_id)
                 ts = to_ts(ev.ts)
+                parent = ev.reply_to or ev.thread_id
+                idle = cursor.last_ts is not None and ts - cursor.last_ts > self.gap_seconds
                 place = place_message(
-                    cursor, ts, gap_seconds=self.gap_seconds, force_break=ev.session_break
+                    cursor,
+                    ts,
+                    gap_seconds=self.gap_seconds,
+                    force_break=ev.session_break,
+                    # only looked up when the gap would start a new session
+                    continues=idle
+                    and parent is not None
+                    and await self._session_of(tx, pk, parent, placed) == cursor.session_id,
                 )
+                placed[ev.message_id] = place.session_id
                 cursor = place.cursor
                 if place.new_session:
                     session_rows.append((pk, *key, place.session_id, ts))
@@ -231,6 +242,19 @@ class MessageRepo:
                 (last_message_pk,),
             )
         return [o for o in outcomes if o is not None]
+
+    @staticmethod
+    async def _session_of(
+        tx: Transaction, channel_pk: int, message_id: str, placed: dict[str, int]
+    ) -> int | None:
+        """The session of a reply's parent: placed earlier in this batch, or stored."""
+        if message_id in placed:
+            return placed[message_id]
+        row = await tx.fetchone(
+            "SELECT session_id FROM messages WHERE channel_pk = ? AND message_id = ?",
+            (channel_pk, message_id),
+        )
+        return None if row is None else int(row[0])
 
     @staticmethod
     async def _existing_pairs(tx: Transaction, pairs: list[tuple[int, str]]) -> dict[int, set[str]]:
