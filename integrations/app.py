@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from bot.settings import Settings
@@ -54,6 +54,18 @@ def build_llm(settings: Settings) -> LLM | None:
         structured_mode=settings.llm_structured_mode,
         max_retries=settings.llm_max_retries,
     )
+
+
+def llm_probe(llm: LLM) -> Callable[[], Awaitable[bool]]:
+    """Whether the LLM endpoint answers (for `status`); never raises."""
+
+    async def probe() -> bool:
+        check = getattr(llm, "check", None)
+        if check is None:
+            return True
+        return str(await check()).startswith("ok")
+
+    return probe
 
 
 @asynccontextmanager

@@ -99,6 +99,7 @@ def _register_extra() -> None:
         commands_demo,
         commands_discord,
         commands_doctor,
+        commands_governance,
         commands_ops,
         commands_platform,
         commands_recall,
@@ -116,6 +117,7 @@ def _register_extra() -> None:
             commands_doctor.register,
             commands_discord.register,
             commands_ops.register,
+            commands_governance.register,
         ]
     )
 

@@ -1,0 +1,433 @@
+"""`speakermem channel|retention|alias|forget|export|status|audit`: governance from the shell.
+
+The same `memory.governance.Governance` the `/memory` commands use; the CLI acts as admin
+with actor "cli" in the audit log. Destructive commands ask first, or need `--yes` when
+stdin is not a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from bot.settings import Settings
+from integrations.app import build_llm, llm_probe, open_engine
+from integrations.cli.commands_store import resolve_channel
+from integrations.cli.errors import CliError
+from integrations.cli.render import console, err_console
+from memory.engine import MemoryEngine
+from memory.governance.policy import Receipt
+from memory.governance.service import Governance, GovernanceError
+from memory.models import Scope
+
+ACTOR = "cli"
+
+HANDLERS = "integrations.cli.commands_governance"
+
+
+def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ignore[type-arg]
+    # -- channel
+    p = sub.add_parser(
+        "channel",
+        help="turn memory on or off in a channel (admin)",
+        description="Memory on or off in a channel; off stops ingestion and answers there. "
+        "--purge also forgets everything the channel holds.",
+    )
+    common(p)
+    p.add_argument("action", choices=["enable", "disable"], help="enable or disable memory")
+    p.add_argument("--channel", required=True, help="channel id or name")
+    p.add_argument("--platform", default=None, help="platform, when the channel is ambiguous")
+    p.add_argument("--purge", action="store_true", help="with disable: forget the channel's data")
+    _yes_json(p)
+    p.set_defaults(handler=f"{HANDLERS}:cmd_channel")
+
+    # -- retention
+    p = sub.add_parser(
+        "retention",
+        help="keep messages N days per channel or workspace, and apply it",
+        description="`retention set DAYS|off` stores the limit (a channel's overrides its "
+        "workspace's); `retention apply` forgets what is past it now (the bot runs it daily).",
+    )
+    common(p)
+    rsub = p.add_subparsers(dest="retention_action", metavar="ACTION")
+    rsub.required = True
+    q = rsub.add_parser(
+        "set",
+        help="set the limit in days, or off",
+        description="Set how many days messages are kept.",
+    )
+    common(q)
+    q.add_argument("days", help="number of days, or off")
+    q.add_argument("--channel", default=None, help="this channel only (id or name)")
+    q.add_argument("--workspace", default=None, help="the whole workspace (id)")
+    q.add_argument("--platform", default=None, help="platform, when the id is ambiguous")
+    q.set_defaults(handler=f"{HANDLERS}:cmd_retention_set")
+    q = rsub.add_parser(
+        "apply",
+        help="forget every message past its limit now",
+        description="Apply retention now through the forgetting cascade.",
+    )
+    common(q)
+    q.add_argument("--json", action="store_true", help="print the receipt as JSON")
+    q.set_defaults(handler=f"{HANDLERS}:cmd_retention_apply")
+
+    # -- alias
+    p = sub.add_parser(
+        "alias",
+        help="add or remove another name a member goes by",
+        description="Aliases are used by /recall's Project step and by the Writer's roster.",
+    )
+    common(p)
+    p.add_argument("action", choices=["add", "remove"], help="add or remove")
+    p.add_argument("user", metavar="USER", help="user id, or an unambiguous display name/alias")
+    p.add_argument("alias", metavar="ALIAS", help="the other name")
+    _workspace(p)
+    p.set_defaults(handler=f"{HANDLERS}:cmd_alias")
+
+    # -- forget
+    p = sub.add_parser(
+        "forget",
+        help="forget a message or a person, with everything derived from them",
+        description="Forgetting removes the text from messages, FTS5 and the vectors, "
+        "withdraws every record built from it, and prints a receipt.",
+    )
+    common(p)
+    fsub = p.add_subparsers(dest="forget_what", metavar="WHAT")
+    fsub.required = True
+    q = fsub.add_parser(
+        "message",
+        help="forget one message",
+        description="Forget one message and every record citing it.",
+    )
+    common(q)
+    q.add_argument("id", metavar="ID", help="the platform's message id (Slack: its ts)")
+    q.add_argument("--channel", required=True, help="channel id or name")
+    q.add_argument("--platform", default=None, help="platform, when the channel is ambiguous")
+    _yes_json(q)
+    q.set_defaults(handler=f"{HANDLERS}:cmd_forget_message")
+    q = fsub.add_parser(
+        "user",
+        help="forget a person",
+        description="Forget a person's messages, every record built from or "
+        "about them, their name and aliases.",
+    )
+    common(q)
+    q.add_argument("user", metavar="USER", help="user id, or an unambiguous display name/alias")
+    _workspace(q)
+    _yes_json(q)
+    q.set_defaults(handler=f"{HANDLERS}:cmd_forget_user")
+
+    # -- export
+    p = sub.add_parser(
+        "export",
+        help="export a person's data as JSON",
+        description="JSON of a person's messages and of every record they are source or owner "
+        "of, with provenance (cited message ids, update chain).",
+    )
+    common(p)
+    esub = p.add_subparsers(dest="export_what", metavar="WHAT")
+    esub.required = True
+    q = esub.add_parser(
+        "user",
+        help="export one person",
+        description="Write a person's messages and records to a JSON file.",
+    )
+    common(q)
+    q.add_argument("user", metavar="USER", help="user id, or an unambiguous display name/alias")
+    q.add_argument("--out", required=True, type=Path, help="JSON file to write")
+    _workspace(q)
+    q.set_defaults(handler=f"{HANDLERS}:cmd_export_user")
+
+    # -- status / audit
+    p = sub.add_parser(
+        "status",
+        help="counts, Writer queue, LLM reachable, DB size, channels on/off",
+        description="What the store holds and whether the bot's parts are healthy.",
+    )
+    common(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=f"{HANDLERS}:cmd_status")
+    p = sub.add_parser(
+        "audit",
+        help="the latest admin actions with their receipts",
+        description="Who did what, when, and the receipt of what changed.",
+    )
+    common(p)
+    p.add_argument("--limit", type=int, default=20, help="how many entries (default 20)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=f"{HANDLERS}:cmd_audit")
+
+
+def _yes_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--json", action="store_true", help="print the receipt as JSON")
+
+
+def _workspace(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workspace", default=None, help="workspace (guild/team) id, if several")
+    p.add_argument("--platform", default=None, help="platform, if several")
+
+
+# ---- helpers ----------------------------------------------------------------------------
+
+
+def confirm(question: str, yes: bool) -> None:
+    """Ask on a terminal; without one, refuse unless --yes (a script must say so)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise CliError(f"{question} This cannot be undone: pass --yes to confirm")
+    err_console.print(f"{question} This cannot be undone. Type yes to confirm: ", end="")
+    answer = sys.stdin.readline().strip().lower()
+    if answer not in ("y", "yes"):
+        raise CliError("cancelled; nothing was changed")
+
+
+def print_receipt(receipt: Receipt, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(receipt.model_dump(), indent=2, sort_keys=True))
+        return
+    console.print(f"{receipt.action} {receipt.target}: {receipt.summary()}", highlight=False)
+
+
+async def workspaces(engine: MemoryEngine) -> list[tuple[str, str]]:
+    rows = await engine.store.db.read(
+        "SELECT platform, workspace FROM channels UNION SELECT platform, workspace FROM users"
+        " ORDER BY 1, 2"
+    )
+    return [(r[0], r[1]) for r in rows]
+
+
+async def pick_workspace(
+    engine: MemoryEngine, workspace: str | None, platform: str | None
+) -> tuple[str, str]:
+    known = await workspaces(engine)
+    found = [
+        (p, w)
+        for p, w in known
+        if (workspace is None or w == workspace) and (platform is None or p == platform)
+    ]
+    if not found:
+        listing = ", ".join(f"{p}/{w}" for p, w in known) or "(none - import first)"
+        raise CliError(f"unknown workspace {workspace or ''!r}; known: {listing}")
+    if len(found) > 1:
+        listing = ", ".join(f"{p}/{w}" for p, w in found)
+        raise CliError(f"several workspaces ({listing}); pass --workspace (and --platform)")
+    return found[0]
+
+
+async def resolve_user(
+    engine: MemoryEngine, user: str, workspace: str | None, platform: str | None
+) -> tuple[str, str, str]:
+    """(platform, workspace, user id) for USER; unknown or ambiguous is an error."""
+    matches: list[tuple[str, str, str, str]] = []
+    for p, w in await workspaces(engine):
+        if (workspace is not None and w != workspace) or (platform is not None and p != platform):
+            continue
+        for uid, name in await engine.store.governance.user_candidates(p, w, user):
+            matches.append((p, w, uid, name))
+        if not any(m[:2] == (p, w) for m in matches):
+            rows = await engine.store.db.read(
+                "SELECT 1 FROM messages WHERE platform = ? AND workspace = ? AND speaker_id = ?"
+                " LIMIT 1",
+                (p, w, user),
+            )
+            if rows:  # a forgotten-name user still has an id in old rows
+                matches.append((p, w, user, user))
+    if not matches:
+        raise CliError(f"no member {user!r}" + (f" in {workspace}" if workspace else ""))
+    if len(matches) > 1:
+        listing = ", ".join(f"{n} ({uid} in {p}/{w})" for p, w, uid, n in matches)
+        raise CliError(f"{user!r} is ambiguous: {listing}; use the user id or --workspace")
+    p, w, uid, _ = matches[0]
+    return p, w, uid
+
+
+async def _channel(engine: MemoryEngine, args: argparse.Namespace) -> Scope:
+    return await resolve_channel(engine, args.channel, args.platform)
+
+
+def governance(settings: Settings, engine: MemoryEngine, *, probe: bool = False) -> Governance:
+    llm = build_llm(settings) if probe else None
+    return Governance(
+        engine,
+        config=settings.memory_config().governance,
+        llm_probe=llm_probe(llm) if llm is not None else None,
+    )
+
+
+# ---- commands ---------------------------------------------------------------------------
+
+
+async def cmd_channel(settings: Settings, args: argparse.Namespace) -> int:
+    if args.purge and args.action != "disable":
+        raise CliError("--purge goes with disable")
+    async with open_engine(settings, with_embedder=False) as engine:
+        scope = await _channel(engine, args)
+        gov = governance(settings, engine)
+        if args.purge:
+            confirm(f"Disable memory in {scope} and forget everything it holds?", args.yes)
+            receipt = await gov.purge_channel(scope, actor=ACTOR)
+        else:
+            receipt = await gov.set_channel(scope, args.action == "enable", actor=ACTOR)
+        print_receipt(receipt, args.json)
+    return 0
+
+
+def parse_days(text: str) -> int | None:
+    if text.lower() in ("off", "none"):
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise CliError(f"DAYS must be a positive number of days or off, not {text!r}")
+    return int(text)
+
+
+async def cmd_retention_set(settings: Settings, args: argparse.Namespace) -> int:
+    days = parse_days(args.days)
+    if args.channel and args.workspace:
+        raise CliError("give --channel or --workspace, not both")
+    async with open_engine(settings, with_embedder=False) as engine:
+        gov = governance(settings, engine)
+        if args.channel:
+            scope = await _channel(engine, args)
+            receipt = await gov.set_retention(
+                scope.platform, scope.workspace, scope.channel, days, actor=ACTOR
+            )
+        else:
+            platform, workspace = await pick_workspace(engine, args.workspace, args.platform)
+            receipt = await gov.set_retention(platform, workspace, None, days, actor=ACTOR)
+        limit = "off" if days is None else f"{days} days"
+        console.print(f"retention {limit} for {receipt.target}", highlight=False)
+    return 0
+
+
+async def cmd_retention_apply(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=False) as engine:
+        receipt = await governance(settings, engine).apply_retention(actor=ACTOR)
+        print_receipt(receipt, args.json)
+    return 0
+
+
+async def cmd_alias(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=False) as engine:
+        platform, workspace, uid = await resolve_user(
+            engine, args.user, args.workspace, args.platform
+        )
+        try:
+            receipt = await governance(settings, engine).alias(
+                platform, workspace, uid, args.alias, add=args.action == "add", actor=ACTOR
+            )
+        except GovernanceError as exc:
+            raise CliError(str(exc)) from exc
+        print_receipt(receipt, False)
+    return 0
+
+
+async def cmd_forget_message(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=False) as engine:
+        scope = await _channel(engine, args)
+        if not await engine.store.governance.message_pks(scope, [args.id]):
+            raise CliError(f"no message {args.id!r} in {scope}")
+        confirm(f"Forget message {args.id} in {scope} and every record citing it?", args.yes)
+        receipt = await governance(settings, engine).forget_message(scope, args.id, actor=ACTOR)
+        print_receipt(receipt, args.json)
+    return 0
+
+
+async def cmd_forget_user(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=False) as engine:
+        platform, workspace, uid = await resolve_user(
+            engine, args.user, args.workspace, args.platform
+        )
+        confirm(
+            f"Forget {uid} in {platform}/{workspace}: their messages, every record built from "
+            "or about them, their name and aliases?",
+            args.yes,
+        )
+        receipt = await governance(settings, engine).forget_user(
+            platform, workspace, uid, actor=ACTOR
+        )
+        print_receipt(receipt, args.json)
+    return 0
+
+
+async def cmd_export_user(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=False) as engine:
+        platform, workspace, uid = await resolve_user(
+            engine, args.user, args.workspace, args.platform
+        )
+        gov = governance(settings, engine)
+        data = await gov.export_user(platform, workspace, uid)
+        await engine.store.governance.log(
+            platform=platform,
+            workspace=workspace,
+            actor=ACTOR,
+            action="export-user",
+            target=uid,
+            args={"out": str(args.out)},
+        )
+    args.out.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    err_console.print(
+        f"wrote {args.out}: {len(data['messages'])} messages, {len(data['records'])} records"
+    )
+    return 0
+
+
+def fmt_at(ts: float | None) -> str:
+    return "never" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=False) as engine:
+        status = await governance(settings, engine, probe=True).status()
+    if args.json:
+        print(json.dumps(status, indent=2, default=str))
+        return 0
+    q = status["writer_queue"]
+    llm = {True: "reachable", False: "NOT reachable", None: "not configured"}
+    console.print(
+        f"messages {status['messages']}, active records {status['records_active']}, "
+        f"db {status['db_bytes'] / 1e6:.1f} MB\n"
+        f"writer queue: {q['pending_segments']} pending segments, {q['rederive']} to re-derive;"
+        f" last run {fmt_at(status['writer_last_run'])} ({status['writer_last_outcome'] or '-'})"
+        f"\nLLM: {llm[status['llm_reachable']]}; new channels "
+        f"{'on' if status['default_channel_on'] else 'off'} by default; "
+        f"{status['opted_out_members']} member(s) opted out",
+        highlight=False,
+    )
+    table = Table("channel", "name", "memory", "retention", "messages")
+    for c in status["channels"]:
+        table.add_row(
+            c["channel"],
+            c["name"] or "-",
+            ("on" if c["on"] else "off") + ("" if c["explicit"] else " (default)"),
+            "-" if c["retention_days"] is None else f"{c['retention_days']} d",
+            str(c["messages"]),
+        )
+    console.print(table)
+    return 0
+
+
+async def cmd_audit(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=False) as engine:
+        entries = await governance(settings, engine).audit(args.limit)
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    table = Table("when (UTC)", "who", "action", "target", "receipt")
+    for e in entries:
+        table.add_row(
+            fmt_at(e["at"]),
+            e["actor"],
+            e["action"],
+            e["target"],
+            Receipt(action=e["action"], counts=e["receipt"]).summary(),
+        )
+    console.print(table)
+    return 0
