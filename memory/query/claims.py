@@ -7,8 +7,8 @@ messages' dates counting as metadata). A claim its citations do not support is r
 to cite the pack excerpt that does, or dropped. When nothing supported remains the reply
 abstains and shows the closest messages instead. Pure: no I/O.
 
-Measured (bench/quality/claim_gate.py, LoCoMo dev): see the README's Evaluation section for
-why the lexical gate is used rather than dense similarity.
+The lexical gate separates true from wrong citations better than MiniLM similarity on LoCoMo
+dev (ROC AUC 0.976 vs 0.966, bench/quality/claim_gate.py), and needs no model call.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from memory.query.compose import EvidencePack, Excerpt
 from memory.writer.gate import EvidenceGate, content_terms, date_terms
 
 ABSTAIN = "I couldn't find that in this channel's memory."
-CLAIM_THRESHOLD = 0.5
-"""Share of a claim's content words its cited excerpts must contain (see claim_gate.py)."""
+CLAIM_THRESHOLD = 0.26
+"""Share of a claim's content words its cited excerpts must contain. Chosen on half A of
+LoCoMo dev QA claims against true vs wrong citations (bench/quality/claim_gate.py):
+balanced accuracy 0.940 on A, 0.936 on B; dense similarity reached 0.904 / 0.894."""
 
 _CITE = re.compile(r"\[(\d+)\]")
 _LEADING_CITES = re.compile(r"^(?:\s*\[\d+\])+")
