@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from typing import Any
 
 from memory.models import RosterAction, RosterEvent, RosterMember, Scope
@@ -11,6 +12,8 @@ from memory.store.database import Database, Transaction
 from memory.store.rows import from_ts, to_ts
 
 WORKSPACE_WIDE = "*"
+MEMBER_CACHE_CHANNELS = 64
+"""Channels whose member lists stay cached (least recently used beyond)."""
 """Channel value of roster events that concern the whole workspace (renames, guild leaves)."""
 
 
@@ -24,6 +27,8 @@ class ChannelRepo:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._pk_cache: dict[tuple[str, str, str], int] = {}
+        self._members: OrderedDict[tuple[int, bool], tuple[int, list[RosterMember]]] = OrderedDict()
+        """(channel pk, include_left) -> (roster revision, members): see `members`."""
 
     async def ensure(self, tx: Transaction, scope: Scope) -> int:
         key = scope.key()
@@ -209,7 +214,69 @@ class ChannelRepo:
                     (at, scope.platform, scope.workspace, event.user_id),
                 )
 
+    async def sync_members(
+        self, scope: Scope, listed: list[tuple[str, str | None, bool]], at: float | None = None
+    ) -> tuple[int, int]:
+        """Make `scope`'s roster exactly `listed` (user id, display name or None, is_bot) in one
+        transaction: new members join, known names are updated, members not listed leave.
+        Returns (joined or renamed, left). A roster of thousands costs one commit, not one
+        per member."""
+        at = time.time() if at is None else at
+        async with self.db.transaction() as tx:
+            pk = await self.ensure(tx, scope)
+            have = {
+                r[0]: r[1]
+                for r in await tx.fetchall(
+                    "SELECT r.user_id, u.display_name FROM roster r LEFT JOIN users u"
+                    " ON u.platform = r.platform AND u.workspace = r.workspace"
+                    " AND u.user_id = r.user_id WHERE r.channel_pk = ? AND r.left_at IS NULL",
+                    (pk,),
+                )
+            }
+            changed = [
+                (uid, name, bot)
+                for uid, name, bot in listed
+                if uid not in have or (name is not None and have[uid] != name)
+            ]
+            named = [(uid, name, bot) for uid, name, bot in changed if name is not None and name]
+            if named:
+                await self.upsert_users(tx, scope, named)
+            await tx.executemany(
+                "INSERT INTO users (platform, workspace, user_id, display_name, is_bot,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [(*scope.key()[:2], uid, uid, int(bot), at) for uid, nm, bot in changed if not nm],
+            )
+            await tx.executemany(
+                "INSERT INTO roster (channel_pk, platform, workspace, channel, user_id,"
+                " joined_at) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (channel_pk, user_id) DO UPDATE SET left_at = NULL,"
+                " joined_at = coalesce(roster.joined_at, excluded.joined_at)",
+                [(pk, *scope.key(), uid, at) for uid, _, _ in changed if uid not in have],
+            )
+            gone = sorted(have.keys() - {uid for uid, _, _ in listed})
+            await tx.executemany(
+                "UPDATE roster SET left_at = ? WHERE channel_pk = ? AND user_id = ?",
+                [(at, pk, uid) for uid in gone],
+            )
+            return len(changed), len(gone)
+
     async def members(self, scope: Scope, *, include_left: bool = False) -> list[RosterMember]:
+        """The channel's members, oldest first. Cached per channel until its roster revision
+        moves (migration 5): a community channel's thousands of members are read once, not
+        on every /recall. The list is shared: callers must not change it."""
+        head = await self.db.read(
+            "SELECT id, roster_rev FROM channels WHERE platform = ? AND workspace = ?"
+            " AND channel = ?",
+            scope.key(),
+        )
+        if not head:
+            return []
+        pk, rev = int(head[0][0]), int(head[0][1])
+        key = (pk, include_left)
+        cached = self._members.get(key)
+        if cached is not None and cached[0] == rev:
+            self._members.move_to_end(key)
+            return cached[1]
         rows = await self.db.read(
             "SELECT r.user_id, coalesce(u.display_name, r.user_id), coalesce(u.is_bot, 0),"
             " r.joined_at, r.left_at,"
@@ -217,11 +284,10 @@ class ChannelRepo:
             "  AND a.workspace = r.workspace AND a.user_id = r.user_id)"
             " FROM roster r LEFT JOIN users u ON u.platform = r.platform"
             " AND u.workspace = r.workspace AND u.user_id = r.user_id"
-            " WHERE r.platform = ? AND r.workspace = ? AND r.channel = ?"
-            " AND (? OR r.left_at IS NULL) ORDER BY r.joined_at, r.user_id",
-            (*scope.key(), int(include_left)),
+            " WHERE r.channel_pk = ? AND (? OR r.left_at IS NULL) ORDER BY r.joined_at, r.user_id",
+            (pk, int(include_left)),
         )
-        return [
+        members = [
             RosterMember(
                 user_id=r[0],
                 display_name=r[1],
@@ -232,6 +298,10 @@ class ChannelRepo:
             )
             for r in rows
         ]
+        self._members[key] = (rev, members)
+        while len(self._members) > MEMBER_CACHE_CHANNELS:
+            self._members.popitem(last=False)
+        return members
 
     async def readable_channels(self, platform: str, workspace: str, user_id: str) -> list[Scope]:
         """Channels whose current roster holds the user (the default read permission)."""
