@@ -3,7 +3,8 @@
 Jobs (AsyncIOScheduler, coroutine jobs, one instance each, coalesced):
 - `close-idle`: close segments of channels quiet for the session gap;
 - `write`: flush every due segment through the Writer (deferred ones back off);
-- `embed`: a safety net that embeds any message the live path left without a vector.
+- `embed`: a safety net that embeds any message the live path left without a vector;
+- `retention`: on start and daily, forget what is past each channel's retention limit.
 `kick()` runs the write job now (a segment just filled its window). Pending segments
 live in the database, so a restart resumes them on the first `write` run.
 """
@@ -19,6 +20,7 @@ from datetime import datetime, timedelta
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from memory.engine import MemoryEngine
+from memory.governance.service import Governance
 from memory.writer.runner import Writer
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,8 @@ class WriterScheduler:
         idle_seconds: float,
         write_interval_s: float = 15.0,
         idle_check_s: float | None = None,
+        governance: Governance | None = None,
+        retention_interval_s: float = 86_400.0,
     ) -> None:
         self.engine = engine
         self.writer = writer
@@ -40,7 +44,9 @@ class WriterScheduler:
         self.write_interval_s = write_interval_s
         self.idle_check_s = idle_check_s or max(1.0, min(60.0, idle_seconds / 4))
         self._scheduler = AsyncIOScheduler()
-        self.runs = {"close-idle": 0, "write": 0, "embed": 0}
+        self.governance = governance
+        self.retention_interval_s = retention_interval_s
+        self.runs = {"close-idle": 0, "write": 0, "embed": 0, "retention": 0}
         self._inflight: set[asyncio.Task[object]] = set()
 
     @contextlib.contextmanager
@@ -71,6 +77,16 @@ class WriterScheduler:
             )
         if self.engine.embedder is not None:
             self._scheduler.add_job(self._embed, "interval", seconds=60, id="embed", **opts)
+        if self.governance is not None:
+            # retention: once right after start, then daily (same cascade as every forget)
+            self._scheduler.add_job(
+                self._retention,
+                "interval",
+                seconds=self.retention_interval_s,
+                id="retention",
+                next_run_time=datetime.now() + timedelta(seconds=1),
+                **opts,
+            )
         self._scheduler.start()
         log.info("scheduler started (writer %s)", "on" if self.writer else "off: no LLM")
 
@@ -99,6 +115,22 @@ class WriterScheduler:
                 await self.writer.flush_due()
             except Exception:  # a failed run must not kill the job; segments stay pending
                 log.exception("writer run failed; pending segments will be retried")
+            try:
+                await self.writer.rederive_due()
+            except Exception:
+                log.exception("re-derivation run failed; the queue is kept")
+
+    async def _retention(self) -> None:
+        self.runs["retention"] += 1
+        assert self.governance is not None
+        with self._tracked():
+            try:
+                receipt = await self.governance.apply_retention(actor="scheduler")
+            except Exception:  # the next daily run tries again
+                log.exception("retention run failed")
+                return
+            if receipt.counts:
+                log.info("retention: %s", receipt.summary())
 
     async def _embed(self) -> None:
         self.runs["embed"] += 1

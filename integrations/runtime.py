@@ -17,9 +17,10 @@ from bot.dispatch import Dispatcher
 from bot.health import LLMHealth
 from bot.scheduler import WriterScheduler
 from bot.settings import Settings
-from integrations.app import build_llm, open_engine
+from integrations.app import build_llm, llm_probe, open_engine
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
+from memory.governance.service import Governance
 from memory.query.pipeline import RecallPipeline
 from memory.writer.runner import Writer
 
@@ -115,12 +116,20 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
     exit_code = 0
     async with open_engine(settings) as engine:
         writer = Writer(engine, writer_llm) if writer_llm is not None else None
+        governance = Governance(engine, llm_probe=llm_probe(llm) if llm is not None else None)
         scheduler = WriterScheduler(
-            engine, writer, idle_seconds=settings.session_gap_minutes * 60.0
+            engine,
+            writer,
+            idle_seconds=settings.session_gap_minutes * 60.0,
+            governance=governance,
         )
         pipeline = RecallPipeline(engine, llm=answer_llm)
         dispatcher = Dispatcher(
-            engine, pipeline, on_message_stored=scheduler.kick, on_recall=metrics.observe_recall
+            engine,
+            pipeline,
+            on_message_stored=scheduler.kick,
+            on_recall=metrics.observe_recall,
+            governance=governance,
         )
         engine.start_background_embedding()
         scheduler.start()

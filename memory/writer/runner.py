@@ -23,7 +23,7 @@ from memory.engine import MemoryEngine
 from memory.interactions import interaction_names
 from memory.models import NewRecord, RosterMember, Scope, Segment, StoredMessage
 from memory.ports import LLM, ChatMessage, LLMBadOutput, LLMError, LLMUnavailable
-from memory.store import WriterRunLog
+from memory.store import ChainConflict, RederiveItem, WriterRunLog
 from memory.writer.gate import EvidenceGate
 from memory.writer.prompt import (
     WRITER_PROMPT_VERSION,
@@ -235,6 +235,78 @@ class Writer:
         if not records or self.engine.embedder is None:
             return None
         return await self.engine.embedder.embed([r.content for r in records])
+
+    async def rederive_due(self, *, limit: int = 20) -> list[FlushOutcome]:
+        """Derive again what a forgetting withdrew while other cited messages remained.
+
+        Each queue entry holds only coordinates (channel, owner, source, the message ids still
+        supporting it); the Writer sees those messages with the channel's current heads and
+        proposes records as for a segment. The entry leaves the queue with the commit.
+        Outcomes carry the negated queue id as `segment_id`.
+        """
+        store = self.engine.store
+        outcomes: list[FlushOutcome] = []
+        for item in await store.governance.due_rederive(limit):
+            async with self._slots, self._lock(item.scope):
+                outcomes.append(await self._rederive(item))
+        return outcomes
+
+    async def _rederive(self, item: RederiveItem) -> FlushOutcome:
+        store = self.engine.store
+        scope = item.scope
+        t0 = time.perf_counter()
+        found = await store.messages.by_ids(scope, item.from_ids)
+        messages = sorted((m for m in found.values() if not m.deleted), key=lambda m: (m.ts, m.pk))
+        if not messages:  # its support was forgotten too: nothing to derive
+            await store.governance.drop_rederive(item.id)
+            return FlushOutcome(-item.id, scope, "empty")
+        pks = await self.engine.channel_pks([scope])
+        roster = await self.engine.members(scope, include_left=True)
+        shown = select_heads(
+            await store.records.heads(pks),
+            {m.speaker_id for m in messages},
+            " ".join(m.text for m in messages),
+            token_budget=self.cfg.heads_token_budget,
+        )
+        budget = action_budget(
+            len(messages), per_message=self.cfg.budget_per_message, cap=self.cfg.budget_cap
+        )
+        chat, refs = render_writer_messages(roster, shown, messages, budget=budget)
+        try:
+            result = await self.llm.complete_json(
+                [ChatMessage(**m) for m in chat],
+                WRITER_SCHEMA,
+                schema_name="writer_actions",
+                max_tokens=self.cfg.max_tokens,
+            )
+            raw, parse_error = result.data, result.parse_error
+        except LLMBadOutput as exc:
+            raw, parse_error = None, f"bad response: {exc}"
+        except LLMError as exc:
+            delay = backoff_seconds(item.attempts, self.cfg)
+            await store.governance.defer_rederive(item.id, str(exc), delay)
+            return FlushOutcome(-item.id, scope, "deferred", error=str(exc))
+        ctx = await self.validation_context(scope, messages, raw, budget)
+        by_id = {m.message_id: m for m in messages}
+        ctx.ref_map = {ref: by_id[mid] for ref, mid in refs.items() if mid in by_id}
+        report = validate_actions(raw, ctx, parse_error=parse_error)
+        records = [a.to_new_record(writer_model=self.llm.model) for a in report.accepted]
+        vectors = await self._embed(records)
+        try:
+            ids = await store.records.add_records(scope, records, vectors, rederive_item=item.id)
+        except ChainConflict as exc:  # a head moved meanwhile: try again later
+            await store.governance.defer_rederive(item.id, str(exc), self.cfg.retry_base_s)
+            return FlushOutcome(-item.id, scope, "deferred", error=str(exc))
+        return FlushOutcome(
+            -item.id,
+            scope,
+            "committed",
+            proposed=report.proposed,
+            accepted=len(ids),
+            rejected=report.reason_counts(),
+            record_ids=ids,
+            latency_ms=(time.perf_counter() - t0) * 1000,
+        )
 
     async def drain(self) -> None:
         """Wait for in-flight flushes to finish (each holds its channel's lock)."""
