@@ -440,3 +440,31 @@ async def test_a_record_citing_a_private_message_never_answers_elsewhere(
         shown = {rr.record.id for row in result.rows for rr in row.records}
         assert mixed not in shown, readers
         assert plain in shown, readers
+
+
+async def test_settings_reach_the_dispatcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embedder: HashEmbedder
+) -> None:
+    """SPEAKERMEM_CHANNEL_DEFAULT_ENABLED and SPEAKERMEM_CHANNEL_NOTICE change what the bot does."""
+    from bot.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPEAKERMEM_CHANNEL_DEFAULT_ENABLED", "false")
+    monkeypatch.setenv("SPEAKERMEM_CHANNEL_NOTICE", "false")
+    settings = Settings(db_path=tmp_path / "s.db")
+    eng = await MemoryEngine.open(settings.memory_config(), embedder)
+    try:
+        d = Dispatcher(eng, RecallPipeline(eng))  # the governance defaults come from settings
+        posted: list[Scope] = []
+
+        async def notify(scope: Scope, text: str) -> None:
+            posted.append(scope)
+
+        d.set_notifier("test", notify)
+        await d.handle(msg(GENERAL, "m1", "Alice", "hello", 0))
+        assert await stored(eng) == set()
+        await d.memory_command(inv("channel on", admin=True))
+        await d.handle(msg(GENERAL, "m2", "Alice", "hello again", 1))
+        assert await stored(eng) == {"m2"} and posted == []
+    finally:
+        await eng.close()

@@ -503,7 +503,7 @@ class Governance:
             " AND (owner = ? OR source = ?) AND state = 'active' ORDER BY time DESC, id DESC",
             (platform, workspace, user_id, user_id),
         )
-        out = []
+        out: list[dict[str, Any]] = []
         hidden = 0
         for rec in map(record_from_row, rows):
             if rec.scope.channel not in allowed:

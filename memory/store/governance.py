@@ -310,7 +310,8 @@ class GovernanceRepo:
     ) -> list[AuditEntry]:
         rows = await self.db.read(
             "SELECT id, at, platform, workspace, actor, action, target, args, receipt"
-            " FROM audit_log WHERE (? IS NULL OR platform = ?) AND (? IS NULL OR workspace = ?)"
+            " FROM audit_log WHERE (? IS NULL OR platform IN (?, '*'))"
+            " AND (? IS NULL OR workspace IN (?, '*'))"
             " ORDER BY id DESC LIMIT ?",
             (platform, platform, workspace, workspace, limit),
         )
