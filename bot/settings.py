@@ -104,15 +104,15 @@ class Settings(BaseSettings):
     discord_gateway_url: str = "wss://gateway.discord.gg/"
     discord_shard_count: int | None = None
 
-    log_level: str = "INFO"
-    log_format: Literal["text", "json"] = "text"
-    """json: one JSON object per log line (for log shippers)."""
     # governance (issue 8): defaults are GovernanceConfig's
     channel_default_enabled: bool = Field(
         default=GovernanceConfig.model_fields["channel_default_enabled"].default
     )
     channel_notice: bool = Field(default=GovernanceConfig.model_fields["channel_notice"].default)
 
+    log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
+    """json: one JSON object per log line (for log shippers)."""
 
     # operations endpoint (/healthz, /metrics); off unless a port is set
     ops_host: str = "0.0.0.0"
@@ -156,13 +156,13 @@ class Settings(BaseSettings):
                 gate_lexical_threshold=self.gate_lexical_threshold,
                 gate_dense_threshold=self.gate_dense_threshold,
             ),
-        )
-
-    @property
             governance=GovernanceConfig(
                 channel_default_enabled=self.channel_default_enabled,
                 channel_notice=self.channel_notice,
             ),
+        )
+
+    @property
     def llm_configured(self) -> bool:
         return bool(self.llm_base_url)
 
