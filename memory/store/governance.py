@@ -497,6 +497,13 @@ class GovernanceRepo:
                 (platform, workspace, user_id),
             )
             receipt.add("user_aliases", cur.rowcount)
+            if await self._has_table(tx, "message_addressees"):
+                cur = await tx.execute(
+                    "DELETE FROM message_addressees WHERE addressee = ? AND message_pk IN"
+                    " (SELECT id FROM messages WHERE platform = ? AND workspace = ?)",
+                    (user_id, platform, workspace),
+                )
+                receipt.add("message_addressees", cur.rowcount)
             cur = await tx.execute(
                 "DELETE FROM rederive_queue WHERE platform = ? AND workspace = ?"
                 " AND (owner = ? OR source = ?)",
@@ -504,6 +511,14 @@ class GovernanceRepo:
             )
             receipt.add("rederive_queue_dropped", cur.rowcount)
         return receipt
+
+    @staticmethod
+    async def _has_table(tx: Transaction, name: str) -> bool:
+        """Tables of later migrations (the interaction graph) are cleaned when present."""
+        row = await tx.fetchone(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        )
+        return row is not None
 
     async def _forget_batch(
         self,
@@ -561,6 +576,15 @@ class GovernanceRepo:
         )
         await tx.executemany("DELETE FROM messages_vec WHERE rowid = ?", [(pk,) for pk in pks])
         receipt.add("messages_vec", bits)
+        # Interaction rows (who a message speaks to, which turn it answers) go with it.
+        for table, where in (
+            ("message_addressees", f"message_pk IN ({marks})"),
+            ("message_links", f"message_pk IN ({marks}) OR parent_pk IN ({marks})"),
+        ):
+            if await self._has_table(tx, table):
+                params = pks * where.count("IN")
+                cur = await tx.execute(f"DELETE FROM {table} WHERE {where}", params)
+                receipt.add(table, cur.rowcount)
         # Tombstone: channel + message id stay (a replayed create must not add it back);
         # the trigger takes the live ones out of FTS5 with the old text.
         cur = await tx.execute(
