@@ -498,3 +498,31 @@ async def test_edit_recheck_withdraws_records_the_new_text_no_longer_supports(
     )
     queued = await engine.store.db.read("SELECT owner, source, from_ids FROM rederive_queue")
     assert [tuple(q) for q in queued] == [("alice", "bob", '["b2"]')]
+
+
+async def test_a_crash_mid_cascade_leaves_nothing_half_applied(
+    engine: MemoryEngine, embedder: HashEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch is one transaction: a failure after records were withdrawn rolls it all back,
+    and running the forget again finishes the job."""
+    from memory.store.governance import GovernanceRepo
+
+    await seed(engine, embedder)
+    before = await counts(engine)
+    original = GovernanceRepo._withdraw_tx
+
+    async def crash(self: GovernanceRepo, *args: Any, **kwargs: Any) -> None:
+        await original(self, *args, **kwargs)
+        raise RuntimeError("power cut")
+
+    monkeypatch.setattr(GovernanceRepo, "_withdraw_tx", crash)
+    gov = Governance(engine)
+    with pytest.raises(RuntimeError):
+        await gov.forget_user("test", "w1", "alice", actor="cli")
+    assert await counts(engine) == before
+    assert await fts_hits(engine, "zorblatt")
+    assert await gov.audit(5) == []  # nothing reported as done
+    monkeypatch.setattr(GovernanceRepo, "_withdraw_tx", original)
+    receipt = await gov.forget_user("test", "w1", "alice", actor="cli")
+    assert_receipt_matches(receipt, before, await counts(engine))
+    await assert_gone(engine, embedder, ALICE_WORDS, {"a1", "a2", "a3"})
