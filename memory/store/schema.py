@@ -387,6 +387,7 @@ def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [
         Migration(1, "initial dual-track schema", _initial(chunk_size)),
+        Migration(2, "governance: channel and workspace policy, preferences, audit", GOVERNANCE),
         Migration(4, "interaction graph: inferred addressees and reply links", INTERACTIONS),
         Migration(5, "scale: per-channel roster revisions for the roster cache", ROSTER_REVISIONS),
     ]
