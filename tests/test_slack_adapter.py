@@ -385,7 +385,10 @@ async def test_concurrent_first_sight_syncs_each_channel_once(rig: Rig) -> None:
     # one auth.test (at start), one paged member listing per channel (2 pages each)
     assert len(rig.standin.method_calls("auth.test")) == 1
     assert len(rig.standin.method_calls("conversations.members")) == 4
-    assert len(rig.standin.method_calls("users.info")) == 4  # U1-U3 and the bot, once each
+    # names from one paged users.list for the workspace, not a users.info per member
+    pages = -(-len(rig.standin.users) // rig.standin.page_size)
+    assert len(rig.standin.method_calls("users.list")) == pages
+    assert not rig.standin.method_calls("users.info")
     assert await rig.engine.store.channels.is_private(gscope(PRIVATE))
     assert not await rig.engine.store.channels.is_private(gscope(GENERAL))
 
@@ -401,15 +404,17 @@ async def test_resync_leaves_members_slack_no_longer_lists(rig: Rig) -> None:
     assert len(rig.standin.calls) == calls
 
 
-async def test_users_info_rate_limit_is_retried(rig: Rig) -> None:
-    rig.standin.rate_limit("users.info", retry_after=0)
+async def test_users_list_rate_limit_is_retried(rig: Rig) -> None:
+    rig.standin.rate_limit("users.list", retry_after=0)
     assert await rig.event(message(GENERAL, "U2", "hi all", 1)) == 200
     stored = await rig.engine.store.messages.get(gscope(), ts(1))
     assert stored is not None and stored.speaker_name == "Bob"
     members = {m.user_id: m.display_name for m in await rig.engine.members(gscope())}
     assert members == {"U1": "Alice", "U2": "Bob", "U3": "Carol", BOT_USER_ID: "mem"}
-    # four members, one 429 retried
-    assert len(rig.standin.method_calls("users.info")) == 5
+    # the directory's pages, the first one asked twice (one 429, retried); no users.info
+    pages = -(-len(rig.standin.users) // rig.standin.page_size)
+    assert len(rig.standin.method_calls("users.list")) == pages + 1
+    assert not rig.standin.method_calls("users.info")
 
 
 # --- signatures ------------------------------------------------------------------------------

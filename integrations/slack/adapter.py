@@ -49,6 +49,7 @@ from bot.events import Event, MessageEvent, RosterAction, RosterEvent, Scope
 from bot.inflight import InFlight
 from bot.settings import Settings
 from integrations.slack.render import fallback_text, render_blocks
+from integrations.slack.roster_sync import SlackDirectory, sync_channel_roster
 from integrations.slack.translate import (
     PLATFORM,
     PayloadError,
@@ -176,6 +177,8 @@ class SlackAdapter:
         self._sync_failed = _TTLCache(roster_retry_s)
         self._sync_locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._users = _TTLCache(user_ttl_s)
+        self.directory = SlackDirectory(self.client, ttl_s=roster_ttl_s, retry_s=roster_retry_s)
+        """The workspace's users from paged users.list (integrations.slack.roster_sync)."""
         self._users_missing = _TTLCache(roster_retry_s)
         self._user_lookups: dict[tuple[str, str], asyncio.Future[tuple[str, bool] | None]] = {}
         self._permalinks = _TTLCache(24 * 3600.0)
@@ -385,6 +388,7 @@ class SlackAdapter:
         key = (event.scope.workspace, event.user_id)
         if event.action is RosterAction.RENAME and event.name:
             self._users.put(key, (event.name, event.is_bot))
+            self.directory.put(event.scope.workspace, event.user_id, event.name, event.is_bot)
         if event.action is RosterAction.LEAVE and event.user_id == self.bot_user_id:
             # without the bot in the channel its roster can no longer be checked
             self._synced.pop((event.scope.workspace, event.scope.channel))
@@ -417,18 +421,6 @@ class SlackAdapter:
             self._sync_failed.pop(key)
             return True
 
-    async def _channel_members(self, channel: str) -> list[str]:
-        members: list[str] = []
-        cursor: str | None = None
-        while True:
-            page = await self.client.conversations_members(
-                channel=channel, limit=200, cursor=cursor
-            )
-            members.extend(m for m in page.get("members") or [] if isinstance(m, str))
-            cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
-            if not cursor:
-                return list(dict.fromkeys(members))
-
     async def _channel_meta(self, scope: Scope) -> None:
         try:
             info = await self.client.conversations_info(channel=scope.channel)
@@ -447,32 +439,19 @@ class SlackAdapter:
         )
 
     async def _sync_roster(self, scope: Scope) -> None:
-        """JOIN everyone Slack lists (with names), LEAVE everyone the store has who is gone."""
-        listed = await self._channel_members(scope.channel)
+        """Everyone Slack lists joins (names from the paged users.list directory), everyone
+        the store has who is gone leaves: one roster write, no users.info per member."""
+        outcome = await sync_channel_roster(
+            self.engine, self.directory, scope, user_info=self.user_info
+        )
         await self._channel_meta(scope)
-        current = {m.user_id: m for m in await self.engine.members(scope)}
-        infos = await asyncio.gather(*(self.user_info(scope.workspace, u) for u in listed))
-        for uid, info in zip(listed, infos, strict=True):
-            name, is_bot = info if info is not None else (None, False)
-            known = current.get(uid)
-            if known is not None and (name is None or known.display_name == name):
-                continue
-            await self.dispatcher.handle(
-                RosterEvent(
-                    scope=scope, action=RosterAction.JOIN, user_id=uid, name=name, is_bot=is_bot
-                )
-            )
-        for uid in current.keys() - set(listed):
-            await self.dispatcher.handle(
-                RosterEvent(scope=scope, action=RosterAction.LEAVE, user_id=uid)
-            )
         self.stats["roster_synced"] += 1
-        log.debug("slack roster synced for %s: %d members", scope.channel, len(listed))
+        log.debug("slack roster synced for %s: %d members", scope.channel, outcome.members)
 
     async def user_info(self, team: str, user_id: str) -> tuple[str, bool] | None:
         """(display name, is_bot) from cache or ``users.info``; one call per user at a time."""
         key = (team, user_id)
-        cached = self._users.get(key)
+        cached = self._users.get(key) or self.directory.get(team, user_id)
         if cached is not None:
             return cached
         if self._users_missing.get(key) is not None:

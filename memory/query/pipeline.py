@@ -157,6 +157,9 @@ class RecallPipeline:
         self.llm = llm
         self.cfg = config or engine.config.recall
         self.link = link
+        self._terms: tuple[list[RosterMember], frozenset[str]] | None = None
+        """The last roster's name terms: a cached roster (one list object while it does not
+        change) is tokenised once, not on every /recall."""
 
     # ---- access -------------------------------------------------------------------------
 
@@ -423,15 +426,23 @@ class RecallPipeline:
     async def _with_linked_context(
         self, fused: list[tuple[int, float]], messages: dict[int, StoredMessage]
     ) -> list[tuple[int, float]]:
-        """Soft Expand along reply links: the replies and parent of each top pick (tagged or
-        inferred) join the fusion as one more ranking."""
+        """Soft Expand along reply links: the replies and parent of each top pick join the
+        fusion as one more ranking. Only tagged links and links to a person addressed by
+        name count; a turn with neither uses the turns just after and before (links guessed
+        from shared words or turn order measured worse than plain neighbours)."""
         cfg = self.cfg
         anchors = [pk for pk, _ in fused[: cfg.context_anchors]]
         store = self.engine.store
-        parents = {pk: p for pk, (p, _) in (await store.interactions.parents(anchors)).items()}
+        strong = {"explicit", "addressed"}
+        parents = {
+            pk: p
+            for pk, (p, how) in (await store.interactions.parents(anchors)).items()
+            if how in strong
+        }
         replies = {
-            pk: [c for c, _ in kids]
+            pk: kept
             for pk, kids in (await store.interactions.replies(anchors)).items()
+            if (kept := [c for c, how in kids if how in strong])
         }
         around: dict[int, tuple[int | None, int | None]] = {}
         for pk in anchors:
@@ -505,8 +516,11 @@ class RecallPipeline:
             known = [scope for scope, _ in pairs]
             pks = [pk for _, pk in pairs]
             roster: list[RosterMember] = []
-            for scope in scopes:
-                roster.extend(await self.engine.members(scope))
+            if len(scopes) == 1:  # the store's cached list itself (read only)
+                roster = await self.engine.members(scopes[0])
+            else:
+                for scope in scopes:
+                    roster.extend(await self.engine.members(scope))
         trace.channels = [str(s) for s in scopes]
         with stage("project"):
             projection = await self.project(question, roster, trace, pks)
@@ -526,7 +540,7 @@ class RecallPipeline:
                     await self.engine.store.interactions.update(
                         pk, index, limit=self.cfg.interaction_catchup
                     )
-            terms = name_terms(n for m in roster for n in (m.display_name, *m.aliases))
+            terms = self._name_terms(roster)
             s1 = (
                 await self.system1(
                     question,
@@ -595,6 +609,12 @@ class RecallPipeline:
             result = await self._answer(pack, trace) if answer else RecallAnswer(text="")
         trace.latency_ms = timings
         return RecallResult(answer=result, pack=pack, trace=trace, rows=rows)
+
+    def _name_terms(self, roster: list[RosterMember]) -> frozenset[str]:
+        if self._terms is None or self._terms[0] is not roster:
+            terms = name_terms(n for m in roster for n in (m.display_name, *m.aliases))
+            self._terms = (roster, terms)
+        return self._terms[1]
 
     async def _support(self, rows: list[Row]) -> dict[str, StoredMessage]:
         wanted: dict[Scope, set[str]] = {}

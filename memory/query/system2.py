@@ -32,7 +32,9 @@ from memory.query.projection import ALL, Projection
 from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
 
-DENSE_RECORD_POOL = 100
+DENSE_PER_OWNER = 200
+"""A row short of lexical matches is filled from its owner's latest this-many records, by
+cosine to the issue (one batched query for all short rows, not a channel-wide KNN)."""
 OWNER_POOL_PER_PERSON = 8
 """Matching records looked at per allowed person when ranking who is relevant to an ALL row."""
 PEOPLE_RRF_K0 = 10
@@ -98,6 +100,7 @@ def choose_people(
     evidence_speakers: Sequence[str] = (),
     evidence_addressees: Sequence[str] = (),
     record_owners: Sequence[str] = (),
+    eligible: Sequence[str] | None = None,
 ) -> PeopleChoice:
     """The rows' people: pure, so the selection can be tested without a store.
 
@@ -107,7 +110,7 @@ def choose_people(
     best matching records. Only eligible (active, human) members count; at most `limit`.
     """
     if ALL in projection.rows:
-        people = eligible_people(roster)
+        people = list(eligible) if eligible is not None else eligible_people(roster)
         if len(people) <= limit:
             return PeopleChoice([*people, GROUP], len(people), 0, "everyone")
         allowed = set(people)
@@ -189,7 +192,8 @@ async def read_rows(
     match = build_match(projection.issue)
     queries = 0
     owners: list[str] = []
-    if ALL in projection.rows and len(eligible_people(roster)) > cfg.s2_max_people and match:
+    eligible = eligible_people(roster) if ALL in projection.rows else []
+    if ALL in projection.rows and len(eligible) > cfg.s2_max_people and match:
         owners = await records.matching_owners(
             match, channel_pks, cfg.s2_max_people * OWNER_POOL_PER_PERSON
         )
@@ -201,6 +205,7 @@ async def read_rows(
         evidence_speakers=[m.speaker_id for m in evidence],
         evidence_addressees=[a for m in evidence for a in m.addressees],
         record_owners=owners,
+        eligible=eligible,
     )
     names = {m.user_id: m.display_name for m in roster}
     rows = [Row(key=k, label="GROUP" if k == GROUP else names.get(k, k)) for k in people.keys]
@@ -227,10 +232,11 @@ async def read_rows(
         if any(len(lexical.get(r.key, [])) < cfg.s2_k for r in rows):
             vector = await query_vector() if callable(query_vector) else query_vector
             if vector is not None:
-                found = await records.dense(vector, channel_pks, DENSE_RECORD_POOL)
+                short = [r.key for r in rows if len(lexical.get(r.key, [])) < cfg.s2_k]
+                found = await records.dense_owned(vector, channel_pks, short, DENSE_PER_OWNER)
                 dense_ids = [rid for rid, _ in found]
                 dense_records = await records.get_many(dense_ids)
-                queries += len(channel_pks) + 1
+                queries += 3
         for row in rows:
             lex = lexical.get(row.key, [])
             owned = set(lex)

@@ -331,6 +331,42 @@ class RecordRepo:
             out.setdefault(grp, []).append(rid)
         return out
 
+    async def dense_owned(
+        self,
+        query: np.ndarray,
+        channel_pks: Sequence[int],
+        owners: Sequence[str],
+        per_owner: int,
+    ) -> list[tuple[int, float]]:
+        """Cosine similarity of the owners' latest `per_owner` active records each, best
+        first: the dense fill of System 2's rows scores only the rows' people's records
+        (found through the (channel, owner, state) index), not the whole channel's."""
+        owners = list(dict.fromkeys(owners))
+        if not owners or not channel_pks or per_owner <= 0:
+            return []
+        pk_marks = ",".join("?" * len(channel_pks))
+        rows = await self.db.read(
+            "SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY owner"
+            " ORDER BY time DESC, id DESC) AS rn FROM records"
+            f" WHERE channel_pk IN ({pk_marks}) AND owner IN ({','.join('?' * len(owners))})"
+            " AND state = 'active') WHERE rn <= ?",
+            [*channel_pks, *owners, per_owner],
+        )
+        vectors = await self.db.read_in(
+            "SELECT rowid, embedding FROM records_vec WHERE rowid IN ({marks})",
+            [r[0] for r in rows],
+        )
+        if not vectors:
+            return []
+        ids = [int(r[0]) for r in vectors]
+        matrix = np.frombuffer(b"".join(r[1] for r in vectors), dtype=np.float32)
+        matrix = matrix.reshape(len(ids), -1)
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
+        norms = np.linalg.norm(matrix, axis=1) * (float(np.linalg.norm(q)) or 1.0)
+        sims = (matrix @ q) / np.where(norms == 0, 1.0, norms)
+        order = np.argsort(-sims, kind="stable")
+        return [(ids[i], float(sims[i])) for i in order]
+
     async def matching_owners(
         self, match: str, channel_pks: Sequence[int], limit: int
     ) -> list[str]:

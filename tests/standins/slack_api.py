@@ -7,7 +7,8 @@ every call lands in `calls` as ``(method, args)``.
 
 Supported methods: auth.test, conversations.members (cursor pagination,
 `page_size` per page unless ``limit`` is smaller), conversations.info,
-users.info, chat.getPermalink, chat.postMessage, chat.postEphemeral,
+users.info, users.list (paged like conversations.members), chat.getPermalink,
+chat.postMessage, chat.postEphemeral,
 apps.connections.open (returns ``ws://…/socket``). `rate_limit(method)` makes the
 next call(s) answer 429 with ``Retry-After``. ``/response/{key}`` records what
 ``respond()`` posts. The socket sends ``hello`` then queued envelopes and
@@ -187,6 +188,19 @@ class SlackApiStandIn:
         if channel not in self.members:
             return {"ok": False, "error": "channel_not_found"}
         return {"ok": True, "channel": {"id": channel, "name": channel.lower(), "is_member": True}}
+
+    def _m_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Every user in `users`, cursor-paged like conversations.members."""
+        everyone = list(self.users)
+        start = int(args.get("cursor") or 0)
+        size = min(self.page_size, int(args.get("limit") or self.page_size))
+        page = everyone[start : start + size]
+        nxt = start + size if start + size < len(everyone) else None
+        return {
+            "ok": True,
+            "members": [{"id": u, "team_id": self.team_id, **self.users[u]} for u in page],
+            "response_metadata": {"next_cursor": str(nxt) if nxt is not None else ""},
+        }
 
     def _m_users_info(self, args: dict[str, Any]) -> dict[str, Any]:
         uid = args.get("user")
