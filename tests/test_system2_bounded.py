@@ -1,0 +1,178 @@
+"""System 2 at community scale: the rows' people are few and relevant, and the number of
+store queries does not grow with the number of people in the channel."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from memory.config import RecallConfig
+from memory.engine import MemoryEngine
+from memory.models import GROUP, LAYER_SCOPE, Layer, NewRecord, RosterMember, Scope
+from memory.query.pipeline import RecallPipeline, RecallRequest
+from memory.query.projection import ALL, Projection, fallback_projection
+from memory.query.system2 import choose_people, read_rows
+from tests.conftest import T0, make_config, msg
+from tests.fakes import HashEmbedder
+
+SCOPE = Scope(platform="test", workspace="w", channel="big")
+
+
+def member(uid: str, *, bot: bool = False, left: bool = False) -> RosterMember:
+    return RosterMember(
+        user_id=uid, display_name=uid.title(), is_bot=bot, left_at=T0 if left else None
+    )
+
+
+def everyone(issue: str = "launch") -> Projection:
+    return Projection(issue=issue, rows=[ALL], tense="head", method="fallback")
+
+
+def test_a_small_team_is_read_whole_and_a_large_one_by_relevance() -> None:
+    small = [member(f"p{i}") for i in range(4)] + [member("bot", bot=True)]
+    choice = choose_people(everyone(), small, 5)
+    assert choice.keys == ["p0", "p1", "p2", "p3", GROUP] and choice.how == "everyone"
+
+    large = [member(f"p{i}") for i in range(500)] + [member("gone", left=True)]
+    choice = choose_people(
+        everyone(),
+        large,
+        3,
+        evidence_speakers=["p7", "p7", "p9", "gone", "stranger"],
+        evidence_addressees=["p9"],
+        record_owners=["p42", "p9", "p7"],
+    )
+    # p9 and p7 are in all three rankings; people who left or are not members never count
+    assert choice.keys[:2] == ["p9", "p7"] and choice.keys[2] == "p42"
+    assert choice.keys[-1] == GROUP and choice.how == "relevance"
+    assert (choice.considered, choice.left_out) == (500, 497)
+
+
+def test_named_rows_are_capped_in_question_order() -> None:
+    roster = [member(f"p{i}") for i in range(20)]
+    proj = Projection(
+        issue="x", rows=[f"p{i}" for i in range(12)] + [GROUP], tense="head", method="llm"
+    )
+    choice = choose_people(proj, roster, 5)
+    assert choice.keys == ["p0", "p1", "p2", "p3", "p4", GROUP]
+    assert choice.left_out == 7 and choice.how == "named"
+
+
+async def _channel(tmp_path: Path, people: int) -> MemoryEngine:
+    engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
+    events = [
+        msg(
+            SCOPE,
+            f"m{i}",
+            f"P{i % people}",
+            f"the launch plan looks {'late' if i % 3 else 'fine'} to me, says number {i}",
+            i,
+        )
+        for i in range(people * 3)
+    ]
+    await engine.ingest_many(events)
+    await engine.embed_pending()
+    records = [
+        NewRecord(
+            layer=Layer.CORE,
+            record_scope=LAYER_SCOPE[Layer.CORE],
+            content=f"P{p} thinks the launch should wait for the beta {p}",
+            source=f"p{(p + 1) % people}" if p % 4 == 0 else f"p{p}",
+            owner=f"p{p}",
+            event="launch",
+            time=T0 + timedelta(minutes=p),
+            session_id=1,
+            from_ids=(f"m{p}",),
+            writer_model="t",
+            prompt_version="t",
+        )
+        for p in range(0, people, 2)  # half the people have a record
+    ]
+    records.append(
+        NewRecord(
+            layer=Layer.INSIGHT,
+            record_scope=LAYER_SCOPE[Layer.INSIGHT],
+            content="The team agreed the launch waits for the beta",
+            source=GROUP,
+            owner=GROUP,
+            event="launch",
+            time=T0,
+            session_id=1,
+            from_ids=("m0",),
+            writer_model="t",
+            prompt_version="t",
+        )
+    )
+    vecs = HashEmbedder().embed_sync([r.content for r in records])
+    await engine.store.records.add_records(SCOPE, records, vecs)
+    return engine
+
+
+async def _count_reads(engine: MemoryEngine, people: int) -> tuple[int, int, list[str]]:
+    """(store reads by System 2, rows' people, their keys) for an ALL question."""
+    roster = await engine.members(SCOPE)
+    assert len([m for m in roster if not m.is_bot]) == people
+    pks = await engine.channel_pks([SCOPE])
+    projection = fallback_projection("What does everyone think about the launch plan?", roster)
+    assert projection.rows == [ALL]
+    hits = await engine.store.messages.lexical("launch", pks, 10)
+    evidence = list((await engine.store.messages.get_many([pk for pk, _ in hits])).values())
+    db = engine.store.db
+    calls = 0
+    original = db.read
+
+    async def counting(sql: str, params: object = ()) -> list[object]:
+        nonlocal calls
+        calls += 1
+        return await original(sql, params)  # type: ignore[arg-type]
+
+    db.read = counting  # type: ignore[method-assign]
+    try:
+        result = await read_rows(
+            engine,
+            projection,
+            roster,
+            pks,
+            RecallConfig(),
+            query_vector=await engine.embed_query(projection.issue),
+            evidence=evidence,
+        )
+    finally:
+        db.read = original  # type: ignore[method-assign]
+    keys = [r.key for r in result.rows if r.key != GROUP]
+    assert calls >= result.queries > 0
+    return calls, len(keys), keys
+
+
+@pytest.mark.parametrize("people", [40, 400])
+async def test_all_rows_cost_a_fixed_number_of_queries(tmp_path: Path, people: int) -> None:
+    engine = await _channel(tmp_path, people)
+    try:
+        calls, n_people, keys = await _count_reads(engine, people)
+    finally:
+        await engine.close()
+    # 5 people at most, and at most ~10 store reads, however many people exist (the old
+    # per-row loop made 2-4 reads per person: 80-1,600 here)
+    assert n_people == RecallConfig().s2_max_people
+    assert calls <= 12
+    assert all(k.startswith("p") for k in keys)
+
+
+async def test_the_pack_says_who_was_left_out(tmp_path: Path) -> None:
+    engine = await _channel(tmp_path, 60)
+    try:
+        result = await RecallPipeline(engine).run(
+            RecallRequest("What does everyone think about the launch plan?", SCOPE)
+        )
+    finally:
+        await engine.close()
+    people = result.trace.s2_people
+    assert people["how"] == "relevance" and people["considered"] == 60
+    assert people["left_out"] == 55
+    # the chosen are the ones the evidence and the records point at
+    speakers = {m.speaker_id for m in result.pack.excerpts if m.track == "s1"}
+    owners = {rr.record.owner for r in result.rows for rr in r.records}
+    chosen = {r.key for r in result.rows if r.key != GROUP}
+    assert chosen <= speakers | owners
