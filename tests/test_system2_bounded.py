@@ -3,6 +3,7 @@ store queries does not grow with the number of people in the channel."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from pathlib import Path
 
@@ -176,3 +177,44 @@ async def test_the_pack_says_who_was_left_out(tmp_path: Path) -> None:
     owners = {rr.record.owner for r in result.rows for rr in r.records}
     chosen = {r.key for r in result.rows if r.key != GROUP}
     assert chosen <= speakers | owners
+
+
+async def test_explain_shows_who_was_read_and_what_was_cut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = await _channel(tmp_path, 60)
+    await engine.close()
+    monkeypatch.setenv("SPEAKERMEM_EMBEDDER", "none")
+    monkeypatch.setenv("SPEAKERMEM_RECALL_S2_PACK_TOKENS", "100")
+    monkeypatch.setenv("SPEAKERMEM_RECALL_S1_PACK_TOKENS", "100")
+    monkeypatch.setenv("COLUMNS", "400")
+    from integrations.cli.main import main
+
+    question = "What does everyone think about the launch plan?"
+    db = str(tmp_path / "test.db")
+    code = await asyncio.to_thread(
+        main, ["--db", db, "recall", question, "--channel", "big", "--explain"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert '"how": "relevance"' in out and '"left_out": 55' in out
+    assert "cut to fit" in out and "left out" in out
+
+
+async def test_the_max_people_setting_bounds_the_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bot.settings import Settings
+
+    monkeypatch.setenv("SPEAKERMEM_RECALL_S2_MAX_PEOPLE", "2")
+    cfg = Settings().memory_config().recall
+    assert cfg.s2_max_people == 2
+    engine = await _channel(tmp_path, 60)
+    try:
+        result = await RecallPipeline(engine, config=cfg).run(
+            RecallRequest("What does everyone think about the launch plan?", SCOPE)
+        )
+    finally:
+        await engine.close()
+    assert [r.key for r in result.rows][-1] == GROUP and len(result.rows) == 3
+    assert result.trace.s2_people["left_out"] == 58

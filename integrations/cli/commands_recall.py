@@ -156,7 +156,10 @@ def explain(result: RecallResult) -> None:
     table.add_row("S1 evidence", ", ".join(t.s1_evidence) or "-")
     for row, items in t.s2_rows.items():
         table.add_row(f"S2 row {row}", " | ".join(items))
+    if t.s2_people:
+        table.add_row("S2 people", json.dumps(t.s2_people))
     table.add_row("budgets", json.dumps(t.budgets))
+    table.add_row("cut to fit", "; ".join(t.cut) or "-")
     table.add_row("tokens", json.dumps(t.tokens))
     table.add_row("latency ms", json.dumps(t.latency_ms))
     if t.claims:
