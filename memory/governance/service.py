@@ -251,12 +251,6 @@ class Governance:
         await self._audit(platform, workspace, actor, receipt, {})
         return receipt
 
-    async def platform_delete(self, scope: Scope, message_id: str) -> ChangeStatus:
-        """A message deleted on the platform: the same cascade (not audited: nobody asked us)."""
-        from memory.models import DeleteEvent
-
-        return await self.engine.delete(DeleteEvent(scope=scope, message_id=message_id))
-
     # ---- members ------------------------------------------------------------------------
 
     async def is_opted_out(self, platform: str, workspace: str, user_id: str) -> bool:

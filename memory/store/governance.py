@@ -702,14 +702,3 @@ class GovernanceRepo:
             " ORDER BY ts, id",
             (platform, workspace, user_id),
         )
-
-    async def table_text_columns(self) -> dict[str, list[str]]:
-        """Every table's TEXT/BLOB columns (for `doctor`-style scans and the forget tests)."""
-        out: dict[str, list[str]] = {}
-        tables = await self.db.read(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
-        )
-        for (name,) in tables:
-            cols = await self.db.read(f"SELECT name, type FROM pragma_table_info('{name}')")
-            out[name] = [c[0] for c in cols]
-        return out
