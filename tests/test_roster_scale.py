@@ -130,3 +130,91 @@ async def test_a_refused_listing_keeps_the_old_directory(
     standin.rate_limit("users.list", retry_after=1, times=5)
     assert await directory.ensure(TEAM_ID, force=True)  # stale names beat none
     assert directory.size(TEAM_ID) == N + 1
+
+
+# --- Discord: lazy members, cached permissions -------------------------------------------------
+
+
+def big_guild(members: int, channels: int) -> dict[str, object]:
+    """A guild payload: @everyone reads, every 10th channel only for role R1 (half of all)."""
+    from integrations.discord import translate as tr
+
+    hidden = [
+        {"id": "G", "type": 0, "allow": "0", "deny": str(tr.VIEW_CHANNEL)},
+        {"id": "R1", "type": 0, "allow": str(tr.VIEW_CHANNEL), "deny": "0"},
+    ]
+    return {
+        "id": "G",
+        "owner_id": "O",
+        "member_count": members,
+        "roles": [
+            {"id": "G", "permissions": str(tr.READ_CHANNEL)},
+            {"id": "R1", "permissions": "0"},
+        ],
+        "channels": [
+            {
+                "id": f"C{c}",
+                "type": 0,
+                "name": f"c{c}",
+                "permission_overwrites": hidden if c % 10 == 0 else [],
+            }
+            for c in range(channels)
+        ],
+        "members": [
+            {"user": {"id": f"M{i}", "username": f"m{i}"}, "roles": ["R1"] if i % 2 else []}
+            for i in range(members)
+        ],
+    }
+
+
+def test_permission_answers_are_cached_and_dropped_on_changes() -> None:
+    from integrations.discord.adapter import GuildState
+    from integrations.discord.members import PermissionCache
+
+    state = GuildState.from_guild_create(big_guild(20, 100))
+    cache = PermissionCache()
+    with_role = cache.readable(state, "M1", ["R1"])
+    assert len(with_role) == 100 and len(cache.readable(state, "M2", [])) == 90
+    again = cache.readable(state, "M1", ["R1"])
+    assert again is with_role and (cache.hits, cache.misses) == (1, 2)
+
+    # R1 loses its overwrite on C0: a cached answer is stale until the guild is invalidated
+    state.put_channel({"id": "C0", "type": 0, "name": "c0", "permission_overwrites": []})
+    state.channels["C0"] = state.parse_channel(
+        {
+            "id": "C0",
+            "type": 0,
+            "permission_overwrites": [
+                {"id": "G", "type": 0, "allow": "0", "deny": "1024"},
+            ],
+        }
+    )
+    assert "C0" in cache.readable(state, "M1", ["R1"])  # cached
+    cache.invalidate_guild("G")
+    assert "C0" not in cache.readable(state, "M1", ["R1"])
+    cache.invalidate_member("G", "M1")
+    assert ("G", "M1", frozenset({"R1"})) not in cache._entries
+
+
+def test_permission_cache_is_bounded() -> None:
+    from integrations.discord.adapter import GuildState
+    from integrations.discord.members import PermissionCache
+
+    state = GuildState.from_guild_create(big_guild(2_000, 50))
+    cache = PermissionCache(max_entries=500)
+    for i in range(2_000):
+        cache.readable(state, f"M{i}", ["R1"] if i % 2 else [])
+    assert len(cache) == 500
+
+
+def test_a_message_teaches_its_author_roles() -> None:
+    from integrations.discord.members import member_from_message
+
+    d = {
+        "author": {"id": "M9", "username": "m9"},
+        "member": {"roles": ["R1"], "nick": "Nine"},
+        "content": "hi",
+    }
+    assert member_from_message(d) == {"roles": ["R1"], "nick": "Nine", "user": d["author"]}
+    assert member_from_message({**d, "author": {"id": "B", "bot": True}}) is None
+    assert member_from_message({"author": d["author"]}) is None

@@ -59,6 +59,7 @@ from bot.dispatch import Dispatcher
 from bot.events import RosterAction, RosterEvent, Scope
 from bot.settings import Settings
 from integrations.discord import translate as tr
+from integrations.discord.members import PermissionCache, member_from_message
 from integrations.discord.render import render_embed
 from integrations.payload import PayloadError, opt_str, req_dict, req_str
 from memory.engine import MemoryEngine
@@ -394,6 +395,8 @@ class DiscordAdapter:
         self.ready_timeout = ready_timeout
         self.guilds: dict[str, GuildState] = {}
         self.granted: dict[str, dict[str, set[str]]] = {}
+        self.permissions = PermissionCache()
+        """Readable channels per (member, roles), dropped on permission changes."""
         """guild → channel → user ids the store's roster holds (as far as we wrote it)."""
         self.stats: Counter[str] = Counter()
         self.processed = 0
@@ -415,7 +418,9 @@ class DiscordAdapter:
             "enable_debug_events": True,  # raw payloads via on_socket_raw_receive
             "guild_ready_timeout": self.guild_ready_timeout,
             "max_messages": None,  # we never read discord.py's message cache
-            "chunk_guilds_at_startup": True,
+            # members are learned lazily (messages, interactions, member events), not as
+            # 100 chunk pages per 100,000-member guild before ready (integrations.discord.members)
+            "chunk_guilds_at_startup": False,
         }
         shards = self.settings.discord_shard_count
         if shards:
@@ -588,6 +593,16 @@ class DiscordAdapter:
             return {cid: str(channel.parent_id)}, kind == _PRIVATE_THREAD
         return (state.parents() if state is not None else {}), False
 
+    async def _learn_author(self, guild_id: str | None, d: Mapping[str, Any]) -> None:
+        """A member not known yet (no start-up chunks): their message carries their roles."""
+        state = self.guilds.get(guild_id or "")
+        member = member_from_message(d)
+        if state is None or member is None or member["user"]["id"] in state.members:
+            return
+        uid = state.put_member(member)
+        self.stats["member_learned"] += 1
+        await self._reconcile(state, users=[uid])
+
     async def _on_message_event(self, event: str, d: dict[str, Any]) -> None:
         guild_id = opt_str(d, "guild_id", f"discord {event}")
         parents, private = self._channel_parent(guild_id, d.get("channel_id"))
@@ -602,6 +617,7 @@ class DiscordAdapter:
                 self.stats["bot_message_skipped"] += 1
                 return
             await self.dispatcher.handle(msg)
+            await self._learn_author(guild_id, d)
         elif event == "MESSAGE_UPDATE":
             edit = tr.message_update(d, channel_parent=parents)
             if edit is not None:
@@ -636,6 +652,12 @@ class DiscordAdapter:
         leaves: bool = True,
     ) -> None:
         """Bring the store's roster of `channels` × `users` (default all) to who can read."""
+        if users is None:  # a role, overwrite or guild change: any cached answer may be stale
+            self.permissions.invalidate_guild(state.guild_id)
+        else:
+            for uid in users:
+                self.permissions.invalidate_member(state.guild_id, uid)
+            users = list(users)
         granted = self.granted.setdefault(state.guild_id, {})
         targets = list(channels) if channels is not None else state.text_channels()
         only = set(users) if users is not None else None
@@ -752,6 +774,7 @@ class DiscordAdapter:
         if state is None:
             return
         cid = req_str(d, "id", "discord CHANNEL_DELETE")
+        self.permissions.invalidate_guild(state.guild_id)
         state.threads.pop(cid, None)
         if state.channels.pop(cid, None) is None:
             return
@@ -800,6 +823,7 @@ class DiscordAdapter:
         state = self.guilds.get(event.scope.workspace)
         if state is None:
             return
+        self.permissions.invalidate_member(state.guild_id, event.user_id)
         if state.members.pop(event.user_id, None) is not None:
             state.member_count = max(0, state.member_count - 1)
         for have in self.granted.get(state.guild_id, {}).values():
@@ -879,7 +903,7 @@ class DiscordAdapter:
             if inv is not None and state is not None:
                 raw_member = payload.get("member")
                 member: dict[str, Any] = raw_member if isinstance(raw_member, dict) else {}
-                readable = state.readable(inv.user_id, tr.member_roles(member))
+                readable = self.permissions.readable(state, inv.user_id, tr.member_roles(member))
         except PayloadError as exc:
             log.warning("discord: malformed /recall interaction: %s", exc)
         # The answer is private when the asker cannot read here (nothing to leak, but

@@ -1,0 +1,83 @@
+"""Discord at community scale: lazily known members and cached read permissions.
+
+A large guild's member list is not requested at start-up (``chunk_guilds_at_startup`` off):
+a guild of 100,000 members would be 100 GUILD_MEMBERS_CHUNK pages before the bot is ready,
+and its whole permission matrix (members x channels) computed at once. Members are learned
+as they show up instead: a message carries its author's roles (`member_from_message`), an
+interaction its asker's, member events the rest.
+
+Who can read which channel is computed per (member, roles) and cached (`PermissionCache`),
+because every /recall asks it and the computation walks every channel of the guild. The
+cache is dropped for a guild on any role, channel-overwrite or guild change, and for a
+member on their own change; it is an LRU, so its memory stays bounded however many members
+ask.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+MAX_CACHED = 20_000
+"""Cached (member, roles) answers over all guilds."""
+
+
+class ReadableState(Protocol):
+    """What the cache needs of a guild's state (`integrations.discord.adapter.GuildState`)."""
+
+    @property
+    def guild_id(self) -> str: ...
+
+    def readable(self, uid: str, roles: Iterable[str] | None = None) -> tuple[str, ...]: ...
+
+
+class PermissionCache:
+    """(guild, member, roles) -> readable channel ids, invalidated on permission changes."""
+
+    def __init__(self, max_entries: int = MAX_CACHED) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str, frozenset[str]], tuple[str, ...]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def readable(
+        self, state: ReadableState, uid: str, roles: Iterable[str] | None
+    ) -> tuple[str, ...]:
+        """The channels `uid` with `roles` can read (roles None: as the state knows them)."""
+        if roles is None:  # the state's own view of the member: not keyed, not cached
+            return state.readable(uid)
+        key = (state.guild_id, uid, frozenset(roles))
+        found = self._entries.get(key)
+        if found is not None:
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return found
+        self.misses += 1
+        value = state.readable(uid, key[2])
+        self._entries[key] = value
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return value
+
+    def invalidate_guild(self, guild_id: str) -> None:
+        """A role, a channel's overwrites or the guild changed: every answer may be wrong."""
+        for key in [k for k in self._entries if k[0] == guild_id]:
+            del self._entries[key]
+
+    def invalidate_member(self, guild_id: str, uid: str) -> None:
+        for key in [k for k in self._entries if k[0] == guild_id and k[1] == uid]:
+            del self._entries[key]
+
+
+def member_from_message(d: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A GUILD_MEMBER-shaped payload from a MESSAGE_CREATE (its `member` lacks `user`)."""
+    member, author = d.get("member"), d.get("author")
+    if not isinstance(member, Mapping) or not isinstance(author, Mapping):
+        return None
+    if not isinstance(author.get("id"), str) or author.get("bot"):
+        return None
+    return {**member, "user": dict(author)}
