@@ -16,9 +16,9 @@ Stages (--stages, default all):
 - `slack`: roster sync of a 10,000-member channel in a 10,000-member workspace against the
   local Slack stand-in (tests/standins/slack_api.py): paged `users.list` (cached) instead of
   one `users.info` per member; API calls, wall time, and a run with 429 + Retry-After.
-- `discord`: the Discord permission state for 100,000 members across 1,000 channels (lazy
-  chunks: members arrive in GUILD_MEMBERS_CHUNK-sized batches), readable channels of 5,000
-  members through the permission cache, and the RSS that costs.
+- `discord`: the Discord permission state for 100,000 members across 1,000 channels (as
+  member events would fill it), readable channels of 5,000 askers through the permission
+  cache (cold and cached), and the RSS that costs.
 
 Usage (from the repository root):
     python bench/bench_community.py                     # build once (~2-4 min), then measure
@@ -554,6 +554,79 @@ async def stage_slack(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------
+# Stage: discord
+
+
+def stage_discord(args: argparse.Namespace) -> dict[str, Any]:
+    """The Discord permission state for --rss-members members across --rss-channels channels
+    (every 10th channel only for a role half the members hold), and the permission cache for
+    5,000 askers: RSS growth, cold and cached readable-channel time."""
+    import gc
+
+    from integrations.discord import translate as tr
+    from integrations.discord.adapter import GuildState
+    from integrations.discord.members import PermissionCache
+
+    gc.collect()
+    rss0 = rss_mb()
+    n, c = args.rss_members, args.rss_channels
+    hidden = [
+        {"id": "G", "type": 0, "allow": "0", "deny": str(tr.VIEW_CHANNEL)},
+        {"id": "R1", "type": 0, "allow": str(tr.VIEW_CHANNEL), "deny": "0"},
+    ]
+    t0 = time.perf_counter()
+    state = GuildState.from_guild_create(
+        {
+            "id": "G",
+            "owner_id": "O",
+            "member_count": n,
+            "roles": [
+                {"id": "G", "permissions": str(tr.READ_CHANNEL)},
+                {"id": "R1", "permissions": "0"},
+            ],
+            "channels": [
+                {
+                    "id": f"C{i}",
+                    "type": 0,
+                    "name": f"c{i}",
+                    "permission_overwrites": hidden if i % 10 == 0 else [],
+                }
+                for i in range(c)
+            ],
+        }
+    )
+    for i in range(n):  # as member chunks / events would bring them
+        state.put_member(
+            {"user": {"id": f"M{i:06d}", "username": f"m{i}"}, "roles": ["R1"] if i % 2 else []}
+        )
+    build_s = time.perf_counter() - t0
+    gc.collect()
+    rss_state = rss_mb()
+    cache = PermissionCache()
+    cold: list[float] = []
+    warm: list[float] = []
+    for i in range(5_000):
+        roles = ["R1"] if i % 2 else []
+        t0 = time.perf_counter()
+        cache.readable(state, f"M{i:06d}", roles)
+        cold.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        cache.readable(state, f"M{i:06d}", roles)
+        warm.append((time.perf_counter() - t0) * 1000)
+    gc.collect()
+    return {
+        "members": n,
+        "channels": c,
+        "state_build_s": round(build_s, 2),
+        "rss_state_mb": round(rss_state - rss0, 1),
+        "rss_state_and_cache_mb": round(rss_mb() - rss0, 1),
+        "cached_answers": len(cache),
+        "readable_cold_p50_ms": round(pct(cold, 50), 3),
+        "readable_cached_p50_ms": round(pct(warm, 50), 4),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -574,6 +647,9 @@ async def main_async(args: argparse.Namespace) -> int:
         print(report_recall(r))
         ok &= all(v["p95_ms"] <= TARGET_P95_MS for v in r["kinds"].values())
         ok &= r["packs_over_budget"] == 0
+    if "discord" in stages:
+        results["discord"] = stage_discord(args)
+        print(json.dumps(results["discord"], indent=2))
     if "slack" in stages:
         results["slack"] = await stage_slack(args)
         print(json.dumps(results["slack"], indent=2))
@@ -588,7 +664,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--db-dir", default="/tmp/speakermem-bench-community")
     p.add_argument("--rebuild", action="store_true")
-    p.add_argument("--stages", default="recall,slack")
+    p.add_argument("--stages", default="recall,slack,discord")
     p.add_argument("--channels", type=int, default=1_000)
     p.add_argument("--members", type=int, default=50_000)
     p.add_argument("--speakers", type=int, default=5_000)
