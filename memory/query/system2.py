@@ -128,16 +128,6 @@ def choose_people(
     return PeopleChoice(order, len(named), max(0, len(named) - limit), "named")
 
 
-def expand_rows(
-    projection: Projection, roster: Sequence[RosterMember], limit: int | None = None
-) -> list[tuple[str, str]]:
-    """(key, label) rows in order, for a projection without evidence (tests, tools)."""
-    cap = limit if limit is not None else max(len(roster), 1)
-    names = {m.user_id: m.display_name for m in roster}
-    keys = choose_people(projection, roster, cap).keys
-    return [(k, "GROUP" if k == GROUP else names.get(k, k)) for k in keys]
-
-
 def rank_row(lexical: Sequence[int], dense: Sequence[int], owned: set[int], k: int) -> list[int]:
     """Lexical matches first, then dense matches, among the row's own records; k at most."""
     out: list[int] = []
