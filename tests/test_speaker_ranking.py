@@ -95,7 +95,9 @@ async def test_fallback_mode_ranks_by_dense_only_when_bm25_finds_nothing(
     engine: MemoryEngine, stage: Scope
 ) -> None:
     await _seed(engine, stage)
-    pipe = RecallPipeline(engine)  # default: "fallback"
+    pipe = RecallPipeline(
+        engine, config=engine.config.recall.model_copy(update={"speaker_dense": "fallback"})
+    )
     found = await pipe.run(RecallRequest("What did Ross say about the cake?", stage), answer=False)
     assert found.trace.rankings.get("speaker", 0) >= 1
     assert "speaker_dense" not in found.trace.rankings
