@@ -89,9 +89,10 @@ class RecallConfig(BaseModel):
     X) and Y's replies to them, by dense similarity (0 = off)."""
     relation_max_messages: int = Field(default=3_000, ge=1)
     """A relation with more messages than this narrows nothing and is skipped."""
-    speaker_dense: Literal["off", "fallback", "always"] = "fallback"
+    speaker_dense: Literal["off", "fallback", "always"] = "off"
     """Rank a named person's own messages by dense similarity: never, only when the
-    speaker BM25 ranking found nothing, or always (rare speakers only)."""
+    speaker BM25 ranking found nothing, or always (rare speakers only). Off: on half A of
+    FriendsQA "fallback" gained 0.2 points with sessions but lost 2.1 without them."""
     speaker_dense_max_messages: int = Field(default=400, ge=1)
     """"Rare" speakers for `speaker_dense`: at most this many messages in the channel."""
     speaker_candidates: bool = True

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ablation import half  # type: ignore[import-not-found]
+
 from bot.settings import load_settings
 from integrations.app import open_engine
 from memory.datasets import DATASET_READERS
