@@ -97,6 +97,9 @@ class Settings(BaseSettings):
     slack_http_port: int = 3000
     slack_http_path: str = "/slack/events"
     slack_api_url: str = "https://slack.com/api/"
+    slack_admin_users: str = ""
+    """Comma-separated Slack user ids who may run admin `/memory` commands, besides the
+    workspace's admins and owners (read from users.info at every call)."""
 
     # Discord
     discord_token: SecretStr | None = None
@@ -161,6 +164,10 @@ class Settings(BaseSettings):
                 channel_notice=self.channel_notice,
             ),
         )
+
+    @property
+    def slack_admin_ids(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.slack_admin_users.split(",") if u.strip())
 
     @property
     def llm_configured(self) -> bool:

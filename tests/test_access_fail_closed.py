@@ -8,6 +8,9 @@ signed HTTP against the Web API stand-in) with a real store and the real recall 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from integrations.discord.adapter import GuildState
 from integrations.discord.translate import (
     READ_MESSAGE_HISTORY,
@@ -37,9 +40,25 @@ from tests.standins.discord_gateway import (
     VIEW,
     default_guild,
 )
+from tests.test_discord_adapter import Bot as DiscordBot
+from tests.test_discord_adapter import post as discord_post
+from tests.test_discord_adapter import start_bot as start_discord
+from tests.test_discord_adapter import until
+from tests.test_slack_adapter import GENERAL as SLACK_GENERAL
+from tests.test_slack_adapter import PRIVATE as SLACK_PRIVATE
+from tests.test_slack_adapter import _rig as slack_rig
+from tests.test_slack_adapter import gscope as slack_scope
+from tests.test_slack_adapter import message as slack_message
+from tests.test_slack_adapter import section_text
+from tests.test_slack_adapter import seed as slack_seed
 
 ALICE = "700000000000000302"
 BOB = "700000000000000303"
+
+
+def question(text: str) -> list[dict[str, Any]]:
+    return [{"name": "question", "type": 3, "value": text}]
+
 
 # --- the store: privacy nobody reported is private ------------------------------------------
 
@@ -165,3 +184,133 @@ def test_slack_channel_type_gives_privacy() -> None:
     assert (
         channel_privacy({"event": {"type": "member_joined_channel", "channel_type": "C"}}) is False
     )
+
+
+# --- Slack, end to end --------------------------------------------------------------------------
+
+
+async def test_slack_private_channel_refuses_when_its_roster_cannot_be_listed(
+    tmp_path: Path,
+) -> None:
+    rig, close = await slack_rig(tmp_path)
+    try:
+        await slack_seed(rig)
+        _, _, posted = await rig.recall("U1", SLACK_PRIVATE, "what is the launch code word?")
+        assert "pineapple" in section_text(posted["blocks"])  # a member, roster listed
+
+        rig.standin.fail("conversations.members", times=10)
+        _, _, posted = await rig.recall("U1", SLACK_PRIVATE, "what is the launch code word?")
+        text = section_text(posted["blocks"])
+        assert "pineapple" not in text and "private channel" in text
+        assert posted["response_type"] == "ephemeral"
+        assert rig.adapter.stats["recall_roster_unavailable"] == 1
+        # a public channel keeps answering from its (recent) roster meanwhile
+        _, _, posted = await rig.recall("U1", SLACK_GENERAL, "when is the trip to Lisbon?")
+        assert "Lisbon" in section_text(posted["blocks"])
+    finally:
+        await close()
+
+
+async def test_slack_member_who_left_a_private_channel_gets_nothing_a_second_later(
+    tmp_path: Path,
+) -> None:
+    rig, close = await slack_rig(tmp_path)
+    try:
+        await slack_seed(rig)
+        _, _, posted = await rig.recall("U3", SLACK_PRIVATE, "what is the launch code word?")
+        assert "pineapple" in section_text(posted["blocks"])
+        # Carol leaves; the member_left_channel event has not arrived (or never will)
+        rig.standin.members[SLACK_PRIVATE].remove("U3")
+        _, _, posted = await rig.recall("U3", SLACK_PRIVATE, "what is the launch code word?")
+        text = section_text(posted["blocks"])
+        assert "pineapple" not in text and "cannot read" in text
+        assert posted["response_type"] == "ephemeral"
+        assert "U3" not in {m.user_id for m in await rig.engine.members(slack_scope(SLACK_PRIVATE))}
+        # Alice, still a member, is unaffected
+        _, _, posted = await rig.recall("U1", SLACK_PRIVATE, "what is the launch code word?")
+        assert "pineapple" in section_text(posted["blocks"])
+    finally:
+        await close()
+
+
+async def test_slack_privacy_comes_from_the_events_channel_type(tmp_path: Path) -> None:
+    rig, close = await slack_rig(tmp_path)
+    try:
+        channels = rig.engine.store.channels
+        rig.standin.members.update({"CGROUP": ["U1"], "CPUBLIC": ["U1"], "CQUIET": ["U1"]})
+        rig.standin.fail("conversations.info", times=10)  # Slack will not say; the event does
+        await rig.event(slack_message("CGROUP", "U1", "private words", 1, channel_type="group"))
+        await rig.event(slack_message("CPUBLIC", "U1", "public words", 2, channel_type="channel"))
+        quiet = slack_message("CQUIET", "U1", "who knows", 3)
+        del quiet["channel_type"]
+        await rig.event(quiet)
+        assert await channels.is_private(slack_scope("CGROUP"))
+        assert not await channels.is_private(slack_scope("CPUBLIC"))
+        assert await channels.is_private(slack_scope("CQUIET"))  # unknown: private
+        # the type changes (a channel converted to private): the store follows
+        await rig.event(slack_message("CPUBLIC", "U1", "now private", 4, channel_type="group"))
+        assert await channels.is_private(slack_scope("CPUBLIC"))
+    finally:
+        await close()
+
+
+# --- Discord, end to end ------------------------------------------------------------------------
+
+
+async def _discord_recall(bot: DiscordBot, payload: dict[str, Any]) -> dict[str, Any]:
+    before = len(bot.standin.followups)
+    await bot.standin.dispatch("INTERACTION_CREATE", payload)
+    await until(lambda: len(bot.standin.followups) > before)
+    return bot.standin.followups[-1]["embeds"][0]
+
+
+async def test_discord_view_without_read_message_history_is_refused(tmp_path: Path) -> None:
+    guild = default_guild()
+    general = next(c for c in guild["channels"] if c["id"] == GENERAL)
+    general["permission_overwrites"] = [
+        {"id": EVERYONE, "type": 0, "allow": "0", "deny": str(HISTORY)},
+        {"id": ROLE_MEMBERS, "type": 0, "allow": str(HISTORY), "deny": "0"},
+    ]
+    bot, close = await start_discord(tmp_path, guild)
+    try:
+        assert ALICE not in await bot.roster(GENERAL)  # she sees #general, not its past
+        assert BOB in await bot.roster(GENERAL)
+        await discord_post(bot, "the cabin code is 2468", author_index=2)
+        ask = "what is the cabin code?"
+        refused = await _discord_recall(bot, bot.standin.interaction("recall", question(ask)))
+        assert "2468" not in str(refused) and "cannot read" in refused["description"]
+        assert bot.standin.interaction_callbacks[-1]["data"]["flags"] & 64
+        answered = await _discord_recall(
+            bot, bot.standin.interaction("recall", question(ask), member_index=2)
+        )
+        assert "2468" in str(answered)
+    finally:
+        await close()
+
+
+async def test_discord_permissions_are_computed_when_the_question_is_asked(
+    tmp_path: Path,
+) -> None:
+    bot, close = await start_discord(tmp_path)
+    try:
+        await discord_post(bot, "the vault code is 1357", author_index=2, channel_id=SECRET)
+        ask = question("what is the vault code?")
+        ok = bot.standin.interaction("recall", ask, member_index=2, channel_id=SECRET)
+        assert "1357" in str(await _discord_recall(bot, ok))
+        # Bob's role was just taken away: the interaction carries his roles as of now,
+        # before any GUILD_MEMBER_UPDATE reached the bot (his roster row is still there)
+        assert BOB in await bot.roster(SECRET)
+        now = bot.standin.interaction("recall", ask, member_index=2, channel_id=SECRET, roles=[])
+        refused = await _discord_recall(bot, now)
+        assert "1357" not in str(refused) and "cannot read" in refused["description"]
+        # Discord's own computed permissions for the channel must agree too
+        blind = bot.standin.interaction(
+            "recall", ask, member_index=2, channel_id=SECRET, permissions=VIEW
+        )
+        assert "1357" not in str(await _discord_recall(bot, blind))
+        # a server whose permissions the bot does not know yet answers nothing
+        elsewhere = bot.standin.interaction("recall", ask, member_index=2, channel_id=SECRET)
+        elsewhere["guild_id"] = "700000000000009999"
+        assert "1357" not in str(await _discord_recall(bot, elsewhere))
+    finally:
+        await close()

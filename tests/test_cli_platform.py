@@ -131,14 +131,21 @@ def _settings(standin: DiscordStandIn | None, tmp_path: Path, token: str | None 
 async def test_sync_commands_registers_recall_globally_and_per_guild(tmp_path: Path):
     standin = await DiscordStandIn().start()
     try:
-        assert await sync_commands(_settings(standin, tmp_path), GUILD_ID) == ["recall"]
-        (command,) = standin.commands[f"applications/{APP_ID}/guilds/{GUILD_ID}"]
+        names = ["recall", "memory", "memory-admin"]
+        assert await sync_commands(_settings(standin, tmp_path), GUILD_ID) == names
+        synced = {
+            c["name"]: c for c in standin.commands[f"applications/{APP_ID}/guilds/{GUILD_ID}"]
+        }
+        command = synced["recall"]
         (option,) = command["options"]
         assert option["name"] == "question" and option["required"] is True
         assert option["type"] == 3 and option["max_length"] == 2000
         assert command["description"].startswith("Ask what this channel remembers")
-        assert await sync_commands(_settings(standin, tmp_path), None) == ["recall"]
-        assert [c["name"] for c in standin.commands[f"applications/{APP_ID}"]] == ["recall"]
+        # members' /memory is open to all; /memory-admin defaults to Manage Server (1 << 5)
+        assert synced["memory"]["default_member_permissions"] is None
+        assert synced["memory-admin"]["default_member_permissions"] == 32
+        assert await sync_commands(_settings(standin, tmp_path), None) == names
+        assert [c["name"] for c in standin.commands[f"applications/{APP_ID}"]] == names
         # the gateway was never opened: sync is REST only
         assert standin.identify is None
     finally:
@@ -154,7 +161,7 @@ async def test_discord_sync_command(tmp_path: Path, capsys: pytest.CaptureFixtur
     standin = await DiscordStandIn().start()
     try:
         assert await commands_platform.cmd_discord_sync(_settings(standin, tmp_path), args) == 0
-        assert "registered /recall in guild" in stderr(capsys)
+        assert "registered /recall, /memory, /memory-admin in guild" in stderr(capsys)
     finally:
         await standin.close()
     with pytest.raises(CliError, match="cannot reach Discord"):

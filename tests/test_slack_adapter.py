@@ -50,16 +50,7 @@ USERS: dict[str, dict[str, Any]] = {
 }
 
 
-class StandIn(SlackApiStandIn):
-    """The shared stand-in, plus `is_private` in conversations.info as real Slack sends it."""
-
-    private: set[str] = {PRIVATE}
-
-    def _m_conversations_info(self, args: dict[str, Any]) -> dict[str, Any]:
-        out = super()._m_conversations_info(args)
-        if out.get("ok"):
-            out["channel"]["is_private"] = args.get("channel") in self.private
-        return out
+StandIn = SlackApiStandIn
 
 
 def gscope(channel: str = GENERAL) -> Scope:
@@ -77,7 +68,7 @@ def message(channel: str, user: str, text: str, n: int, **extra: Any) -> dict[st
         "user": user,
         "text": text,
         "ts": ts(n),
-        "channel_type": "channel",
+        "channel_type": "group" if channel == PRIVATE else "channel",  # as Slack sends them
         **extra,
     }
 
@@ -163,6 +154,7 @@ async def _rig(
             GENERAL: ["U1", "U2", "U3", BOT_USER_ID],
             PRIVATE: ["U1", "U3", BOT_USER_ID],
         },
+        private={PRIVATE},
     )
     await standin.start()
     config = make_config(tmp_path)

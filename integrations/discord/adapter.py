@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import io
 import json
 import logging
 from collections import Counter, OrderedDict
@@ -54,11 +55,19 @@ import discord
 import yarl
 from discord import app_commands
 
-from bot.commands import COMMANDS, RECALL, CommandSpec
+from bot.commands import COMMANDS, MEMORY, RECALL, CommandSpec
 from bot.dispatch import Dispatcher
 from bot.events import RosterAction, RosterEvent, Scope
+from bot.governance import CommandReply, ConfirmPrompt
 from bot.settings import Settings
 from integrations.discord import translate as tr
+from integrations.discord.commands import (
+    build_memory_groups,
+    confirm_custom_id,
+    memory_line,
+    parse_confirm_custom_id,
+    reply_parts,
+)
 from integrations.discord.members import PermissionCache, member_from_message
 from integrations.discord.render import render_embed
 from integrations.payload import PayloadError, opt_str, req_dict, req_str
@@ -236,9 +245,22 @@ def build_tree(
     tree: app_commands.CommandTree[Any] = app_commands.CommandTree(client)
     for spec in COMMANDS:
         handler = handlers.get(spec.name)
-        if handler is not None:
-            tree.add_command(build_command(spec, handler))
+        if handler is None:
+            continue
+        if spec.name == MEMORY.name:
+            # subcommands with typed options, in two groups (see integrations.discord.commands)
+            for group in build_memory_groups(_without_options(handler)):
+                tree.add_command(group)
+            continue
+        tree.add_command(build_command(spec, handler))
     return tree
+
+
+def _without_options(handler: CommandHandler) -> Callable[[discord.Interaction], Awaitable[None]]:
+    async def forward(interaction: discord.Interaction) -> None:
+        await handler(interaction, {})
+
+    return forward
 
 
 async def sync_commands(settings: Settings, guild_id: str | None) -> list[str]:
@@ -434,8 +456,13 @@ class DiscordAdapter:
         self._endpoints.enter_context(discord_endpoints(self.settings))
         client = self.client = self._make_client()
         guard_parsers(client)
-        self.tree = build_tree(client, {RECALL.name: self._on_recall})
+        self.tree = build_tree(client, {RECALL.name: self._on_recall, MEMORY.name: self._on_memory})
         self.tree.error(self._on_tree_error)
+        self.dispatcher.set_notifier(tr.PLATFORM, self.notify)
+
+        async def on_interaction(interaction: discord.Interaction) -> None:
+            if interaction.type is discord.InteractionType.component:
+                await self._on_component(interaction)
 
         async def on_socket_raw_receive(msg: Any) -> None:
             self._receive(msg)
@@ -446,6 +473,7 @@ class DiscordAdapter:
 
         client.event(on_socket_raw_receive)
         client.event(on_ready)
+        client.event(on_interaction)
         self._worker = asyncio.create_task(self._work(), name="speakermem-discord-events")
         self._runner = asyncio.create_task(client.start(token), name="speakermem-discord")
         self._runner.add_done_callback(self._runner_done)
@@ -613,7 +641,9 @@ class DiscordAdapter:
             msg = tr.message_create(d, channel_parent=parents)
             if msg is None:
                 return
-            if msg.speaker_is_bot:
+            me = self.client.user if self.client is not None else None
+            if msg.speaker_is_bot or (me is not None and msg.speaker_id == str(me.id)):
+                # any bot, and this bot's own posts (answers, notices) even unflagged
                 self.stats["bot_message_skipped"] += 1
                 return
             await self.dispatcher.handle(msg)
@@ -900,10 +930,8 @@ class DiscordAdapter:
             inv = tr.interaction_recall(
                 payload, channel_parent=state.parents() if state is not None else None
             )
-            if inv is not None and state is not None:
-                raw_member = payload.get("member")
-                member: dict[str, Any] = raw_member if isinstance(raw_member, dict) else {}
-                readable = self.permissions.readable(state, inv.user_id, tr.member_roles(member))
+            if inv is not None:
+                readable = self._readable_now(payload, inv.user_id, inv.scope.channel, state)
         except PayloadError as exc:
             log.warning("discord: malformed /recall interaction: %s", exc)
         # The answer is private when the asker cannot read here (nothing to leak, but
@@ -923,6 +951,209 @@ class DiscordAdapter:
         )
         await interaction.followup.send(embed=discord.Embed.from_dict(embed), ephemeral=ephemeral)
         self.stats["recall_answered"] += 1
+
+    @staticmethod
+    def _member(payload: Mapping[str, Any]) -> dict[str, Any]:
+        raw = payload.get("member")
+        return raw if isinstance(raw, dict) else {}
+
+    def _readable_now(
+        self, payload: Mapping[str, Any], user_id: str, here: str, state: GuildState | None
+    ) -> tuple[str, ...]:
+        """Channels the invoker can read at this moment (fail closed).
+
+        The member's roles in this very interaction against the guild's current roles
+        and overwrites, never the store's roster; and Discord's own computed permissions
+        for the invoking channel (``member.permissions``) must agree. A guild whose
+        permissions are not known yet gives nothing.
+        """
+        if state is None:
+            return ()
+        readable = self.permissions.readable(state, user_id, tr.member_roles(self._member(payload)))
+        bits = tr.member_channel_permissions(payload)
+        if bits is not None and bits & tr.READ_CHANNEL != tr.READ_CHANNEL:
+            readable = tuple(c for c in readable if c != here)
+        return readable
+
+    def _is_admin(self, payload: Mapping[str, Any], user_id: str) -> bool:
+        """Owner, Administrator or Manage Server from the member's roles in this interaction
+        and the guild's role permissions as the gateway last sent them; unknown → no."""
+        guild_id = payload.get("guild_id")
+        state = self.guilds.get(str(guild_id)) if guild_id else None
+        if state is None:
+            return False
+        return tr.is_guild_admin(tr.member_roles(self._member(payload)), user_id, state.perms)
+
+    # ---- /memory --------------------------------------------------------------------------
+
+    async def _on_memory(self, interaction: discord.Interaction, options: dict[str, Any]) -> None:
+        """`/memory …` and `/memory-admin …`: one text line for the dispatcher; ephemeral."""
+        payload = self._interaction_payload(interaction)
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        subcommand = "memory"
+        try:
+            group, line = memory_line(req_dict(payload, "data", "discord /memory"))
+            subcommand = line.split(" ", 1)[0]
+            guild_id = payload.get("guild_id")
+            state = self.guilds.get(str(guild_id)) if guild_id else None
+            inv = tr.interaction_invocation(
+                payload,
+                command=MEMORY.name,
+                text=line,
+                options={"group": group},
+                channel_parent=state.parents() if state is not None else None,
+            )
+            if inv is None:
+                reply = CommandReply(text="Memory commands work in a server.", refused=True)
+            else:
+                inv = inv.model_copy(
+                    update={
+                        "is_admin": self._is_admin(payload, inv.user_id),
+                        "readable_channels": self._readable_now(
+                            payload, inv.user_id, inv.scope.channel, state
+                        ),
+                    }
+                )
+                reply = await self.dispatcher.memory_command(inv)
+        except PayloadError as exc:
+            log.warning("discord: malformed /memory interaction: %s", exc)
+            reply = CommandReply(text="Sorry, I could not read that command.", refused=True)
+        except Exception:
+            self.stats["command_errors"] += 1
+            log.exception("discord: /memory failed")
+            reply = CommandReply(
+                text="Sorry, something went wrong with that command. Please try again.",
+                refused=True,
+            )
+        await self._send_reply(interaction, payload, reply, subcommand)
+        self.stats["memory_refused" if reply.refused else "memory_answered"] += 1
+
+    @staticmethod
+    def _attachment_limit(payload: Mapping[str, Any]) -> int:
+        limit = payload.get("attachment_size_limit")
+        return limit if isinstance(limit, int) and limit > 0 else 8 * 1024 * 1024
+
+    @staticmethod
+    def _confirm_view(prompt: ConfirmPrompt) -> discord.ui.View:
+        """Confirm/Cancel buttons whose custom_ids carry the token; clicks are handled in
+        `_on_component` (by custom_id, so they work whatever discord.py's view store holds)."""
+        view = discord.ui.View(timeout=None)
+        view.add_item(
+            discord.ui.Button(
+                label=prompt.confirm_label[:80],
+                style=discord.ButtonStyle.danger,
+                custom_id=confirm_custom_id(prompt.token, accept=True),
+            )
+        )
+        view.add_item(
+            discord.ui.Button(
+                label=prompt.cancel_label[:80],
+                style=discord.ButtonStyle.secondary,
+                custom_id=confirm_custom_id(prompt.token, accept=False),
+            )
+        )
+        return view
+
+    async def _send_reply(
+        self,
+        interaction: discord.Interaction,
+        payload: Mapping[str, Any],
+        reply: CommandReply,
+        subcommand: str,
+    ) -> None:
+        """A follow-up (the response was deferred), always ephemeral, pinging nobody."""
+        text = reply.text
+        if reply.confirm is not None and reply.confirm.summary not in text:
+            text = f"{text}\n{reply.confirm.summary}"
+        content, attachment = reply_parts(
+            text,
+            reply.data,
+            subcommand=subcommand,
+            attachment_limit=self._attachment_limit(payload),
+        )
+        kwargs: dict[str, Any] = {
+            "content": content,
+            "ephemeral": True,
+            "allowed_mentions": discord.AllowedMentions.none(),
+        }
+        if reply.confirm is not None:
+            kwargs["view"] = self._confirm_view(reply.confirm)
+        if attachment is not None:
+            kwargs["file"] = discord.File(io.BytesIO(attachment[1]), filename=attachment[0])
+        try:
+            await interaction.followup.send(**kwargs)
+        except discord.HTTPException as exc:
+            self.stats["reply_failed"] += 1
+            log.warning("discord: could not send the /memory reply (%s)", exc)
+
+    async def _on_component(self, interaction: discord.Interaction) -> None:
+        """A Confirm/Cancel click: admin rights and identity are checked again, now."""
+        payload = self._interactions.pop(str(interaction.id), None)
+        if payload is None:
+            self.stats["interaction_rebuilt"] += 1
+            roles = getattr(interaction.user, "roles", [])
+            payload = {
+                "type": 3,
+                "guild_id": str(interaction.guild_id) if interaction.guild_id else None,
+                "member": {
+                    "user": {"id": str(interaction.user.id)},
+                    "roles": [str(r.id) for r in roles if not r.is_default()],
+                },
+                "data": interaction.data or {},
+            }
+        try:
+            parsed = parse_confirm_custom_id(payload)
+        except PayloadError:
+            parsed = None
+        if parsed is None:
+            return  # not one of our buttons
+        token, accept = parsed
+        user_id = str(interaction.user.id)
+        try:
+            reply = await self.dispatcher.confirm(
+                token, user_id=user_id, is_admin=self._is_admin(payload, user_id), accept=accept
+            )
+        except Exception:
+            self.stats["command_errors"] += 1
+            log.exception("discord: confirmation failed")
+            reply = CommandReply(
+                text="Sorry, something went wrong. Please try again.", refused=True
+            )
+        content, attachment = reply_parts(
+            reply.text,
+            reply.data,
+            subcommand="confirm",
+            attachment_limit=self._attachment_limit(payload),
+        )
+        none = discord.AllowedMentions.none()
+        try:
+            if reply.refused:
+                # leave the buttons to whoever asked; say why to whoever clicked
+                await interaction.response.send_message(
+                    content, ephemeral=True, allowed_mentions=none
+                )
+            else:
+                await interaction.response.edit_message(
+                    content=content, view=None, allowed_mentions=none
+                )
+                if attachment is not None:
+                    await interaction.followup.send(
+                        file=discord.File(io.BytesIO(attachment[1]), filename=attachment[0]),
+                        ephemeral=True,
+                    )
+        except discord.HTTPException as exc:
+            self.stats["reply_failed"] += 1
+            log.warning("discord: could not answer a confirmation click (%s)", exc)
+        self.stats["confirm_refused" if reply.refused else "confirm_done"] += 1
+
+    async def notify(self, scope: Scope, text: str) -> None:
+        """Post a normal message in a channel (the one-time "I remember this channel" notice)."""
+        if self.client is None:
+            raise RuntimeError("the Discord client is not running")
+        channel = self.client.get_partial_messageable(
+            int(scope.channel), guild_id=int(scope.workspace)
+        )
+        await channel.send(text, allowed_mentions=discord.AllowedMentions.none())
 
     async def _on_tree_error(
         self, interaction: discord.Interaction, error: app_commands.AppCommandError

@@ -43,16 +43,25 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.commands import RECALL
+from bot.commands import MEMORY, RECALL
 from bot.dispatch import Dispatcher
 from bot.events import Event, MessageEvent, RosterAction, RosterEvent, Scope
+from bot.governance import CommandReply
 from bot.inflight import InFlight
 from bot.settings import Settings
-from integrations.slack.render import fallback_text, render_blocks
+from integrations.slack.render import (
+    CANCEL_ACTION,
+    CONFIRM_ACTION,
+    escape,
+    fallback_text,
+    render_blocks,
+    reply_blocks,
+)
 from integrations.slack.roster_sync import SlackDirectory, sync_channel_roster
 from integrations.slack.translate import (
     PLATFORM,
     PayloadError,
+    channel_privacy,
     display_name,
     translate_command,
     translate_event,
@@ -90,6 +99,10 @@ def _brief(exc: BaseException) -> str:
     """An error for the log: its type and a bounded message (payload errors name fields)."""
     text = str(exc).replace("\n", " ")
     return f"{type(exc).__name__}: {text[:160]}"
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 class _TTLCache:
@@ -167,6 +180,10 @@ class SlackAdapter:
             logger=logging.getLogger("slack_bolt.speakermem"),
         )
         self.app.command(f"/{RECALL.name}")(self._on_recall)
+        self.app.command(f"/{MEMORY.name}")(self._on_memory)
+        self.app.action(CONFIRM_ACTION)(self._on_confirm_action)
+        self.app.action(CANCEL_ACTION)(self._on_confirm_action)
+        self.dispatcher.set_notifier(PLATFORM, self.notify)
         self.app.event(_ANY_EVENT)(self._on_event)
         self.app.error(self._on_bolt_error)
 
@@ -182,6 +199,8 @@ class SlackAdapter:
         self._users_missing = _TTLCache(roster_retry_s)
         self._user_lookups: dict[tuple[str, str], asyncio.Future[tuple[str, bool] | None]] = {}
         self._permalinks = _TTLCache(24 * 3600.0)
+        self._privacy: dict[tuple[str, str], bool] = {}
+        """Channel privacy as last written to the store (from events' channel_type)."""
         self._lookups = asyncio.Semaphore(lookup_concurrency)
         self.stats: Counter[str] = Counter()
         self.inflight = InFlight("slack")
@@ -334,6 +353,7 @@ class SlackAdapter:
             # bolt drops self events already; this also covers its middleware being off
             self.stats["ignored"] += 1
             return None
+        await self._note_privacy(event, channel_privacy(body))
         try:
             event = await self._enrich(event)
         except Exception as exc:  # enrichment is best effort; the event still goes in
@@ -343,6 +363,20 @@ class SlackAdapter:
         if isinstance(event, RosterEvent):
             self._after_roster_event(event)
         return event
+
+    async def _note_privacy(self, event: Event, private: bool | None) -> None:
+        """Record what the event's channel_type says about privacy (only when it changes)."""
+        if private is None or event.scope.channel == "*":
+            return
+        key = (event.scope.workspace, event.scope.channel)
+        if self._privacy.get(key) is private:
+            return
+        try:
+            await self.engine.store.channels.set_meta(event.scope, name=None, is_private=private)
+        except Exception as exc:  # the store default (private) still holds
+            log.warning("could not record slack channel privacy (%s)", _brief(exc))
+            return
+        self._privacy[key] = private
 
     def _known_names(self, body: Mapping[str, Any]) -> dict[str, str]:
         """Cached display names for the user ids a body mentions (no API calls)."""
@@ -437,6 +471,8 @@ class SlackAdapter:
         await self.engine.store.channels.set_meta(
             scope, name=name, is_private=private if isinstance(private, bool) else None
         )
+        if isinstance(private, bool):
+            self._privacy[(scope.workspace, scope.channel)] = private
 
     async def _sync_roster(self, scope: Scope) -> None:
         """Everyone Slack lists joins (names from the paged users.list directory), everyone
@@ -501,9 +537,8 @@ class SlackAdapter:
             )
             return
         try:
-            # The asker's access is their roster membership: check it is current first.
-            await self.ensure_roster(inv.scope, max_age_s=self.recall_roster_max_age_s)
-            answer = await self.dispatcher.recall(inv)
+            refusal = await self.check_access(inv.scope)
+            answer = refusal or await self.dispatcher.recall(inv)
             links = {} if answer.refused else await self.permalinks(answer)
         except Exception:
             self.stats["recall_failed"] += 1
@@ -515,6 +550,30 @@ class SlackAdapter:
             links = {}
         self.stats["recall_refused" if answer.refused else "recall_answered"] += 1
         await self._respond(respond, answer, links)
+
+    async def check_access(self, scope: Scope) -> RecallAnswer | None:
+        """Make the roster the asker is checked against current; a refusal if it cannot be.
+
+        Slack events do not say who can read a channel, so the roster is the permission.
+        A private channel (or one whose privacy is unknown) is re-listed now, at every
+        question, so someone who left a second ago is already out; if Slack will not list
+        it, the stale roster is not trusted and the answer is a refusal. A public channel
+        is re-listed when its roster is older than `recall_roster_max_age_s`.
+        """
+        if not await self.engine.store.channels.is_private(scope):
+            await self.ensure_roster(scope, max_age_s=self.recall_roster_max_age_s)
+            return None
+        if await self.ensure_roster(scope, force=True):
+            return None
+        self.stats["recall_roster_unavailable"] += 1
+        return RecallAnswer(
+            text=(
+                "Sorry: I cannot check who is in this private channel right now (Slack did "
+                "not list its members), so I will not recall anything from it. Please try "
+                "again in a minute."
+            ),
+            refused=True,
+        )
 
     async def _respond(self, respond: Respond, answer: RecallAnswer, links: dict[int, str]) -> None:
         ephemeral = answer.refused or self.settings.recall_ephemeral
@@ -557,3 +616,114 @@ class SlackAdapter:
             *(one(c) for c in answer.citations)
         )
         return {n: link for n, link in pairs if link}
+
+    # ---- /memory ------------------------------------------------------------------------
+
+    async def is_admin(self, team: str, user_id: str) -> bool:
+        """Workspace admin, owner or primary owner per ``users.info`` now (never cached), or
+        listed in SPEAKERMEM_SLACK_ADMIN_USERS. Any failure means no (fail closed)."""
+        if user_id in self.settings.slack_admin_ids:
+            return True
+        try:
+            async with self._lookups:
+                resp = await self.client.users_info(user=user_id)
+        except (TimeoutError, SlackApiError, SlackClientError, OSError) as exc:
+            self.stats["admin_check_failed"] += 1
+            log.warning("users.info failed; treating the user as no admin (%s)", _brief(exc))
+            return False
+        user = resp.get("user")
+        if not isinstance(user, Mapping) or user.get("deleted"):
+            return False
+        if user.get("team_id") not in (None, team):
+            return False  # a guest from another workspace (Slack Connect) is no admin here
+        return any(user.get(k) is True for k in ("is_admin", "is_owner", "is_primary_owner"))
+
+    async def _on_memory(
+        self, ack: Callable[..., Awaitable[Any]], command: dict[str, Any], respond: Respond
+    ) -> None:
+        with self.inflight.track():
+            await ack()
+            await self.answer_memory(command, respond)
+
+    async def answer_memory(self, command: Mapping[str, Any], respond: Respond) -> None:
+        """Run `/memory …` after the ack; the reply is always ephemeral; never raises."""
+        try:
+            inv = translate_command(command)
+            inv = inv.model_copy(
+                update={"is_admin": await self.is_admin(inv.scope.workspace, inv.user_id)}
+            )
+            reply = await self.dispatcher.memory_command(inv)
+        except PayloadError as exc:
+            self.stats["malformed"] += 1
+            log.warning("malformed slack /memory command skipped (%s)", _brief(exc))
+            reply = CommandReply(text="Sorry, I could not read that command.", refused=True)
+        except Exception:
+            self.stats["memory_failed"] += 1
+            log.exception("slack /memory failed")
+            reply = CommandReply(
+                text="Sorry, something went wrong with that command. Please try again.",
+                refused=True,
+            )
+        self.stats["memory_refused" if reply.refused else "memory_answered"] += 1
+        await self._respond_reply(respond, reply, replace_original=False)
+
+    async def _respond_reply(
+        self, respond: Respond, reply: CommandReply, *, replace_original: bool
+    ) -> None:
+        try:
+            await respond(
+                text=escape(reply.text)[:3000],
+                blocks=reply_blocks(reply.text, confirm=reply.confirm, data=reply.data),
+                response_type="ephemeral",
+                replace_original=replace_original,
+                unfurl_links=False,
+                unfurl_media=False,
+            )
+        except Exception as exc:
+            self.stats["respond_failed"] += 1
+            log.warning("could not post the /memory reply to response_url (%s)", _brief(exc))
+
+    async def _on_confirm_action(
+        self, ack: Callable[..., Awaitable[Any]], body: dict[str, Any], respond: Respond
+    ) -> None:
+        """A Confirm/Cancel click: who clicked and their admin rights are checked now."""
+        with self.inflight.track():
+            await ack()
+            await self.answer_confirm(body, respond)
+
+    async def answer_confirm(self, body: Mapping[str, Any], respond: Respond) -> None:
+        try:
+            user = _mapping(body.get("user"))
+            team_obj = _mapping(body.get("team"))
+            actions = body.get("actions")
+            action = _mapping(actions[0] if isinstance(actions, list) and actions else None)
+            user_id, token = user.get("id"), action.get("value")
+            team = team_obj.get("id") or user.get("team_id")
+            if not (isinstance(user_id, str) and isinstance(token, str) and isinstance(team, str)):
+                raise PayloadError("slack block_actions: no user, team or token")
+            reply = await self.dispatcher.confirm(
+                token,
+                user_id=user_id,
+                is_admin=await self.is_admin(team, user_id),
+                accept=action.get("action_id") == CONFIRM_ACTION,
+            )
+        except PayloadError as exc:
+            self.stats["malformed"] += 1
+            log.warning("malformed slack button click skipped (%s)", _brief(exc))
+            reply = CommandReply(text="Sorry, I could not read that click.", refused=True)
+        except Exception:
+            self.stats["memory_failed"] += 1
+            log.exception("slack confirmation failed")
+            reply = CommandReply(
+                text="Sorry, something went wrong. Please try again.", refused=True
+            )
+        self.stats["confirm_refused" if reply.refused else "confirm_done"] += 1
+        # done or cancelled: the buttons are replaced by the outcome; a refusal is a new
+        # message so the requester's buttons stay usable
+        await self._respond_reply(respond, reply, replace_original=not reply.refused)
+
+    async def notify(self, scope: Scope, text: str) -> None:
+        """Post a normal message in a channel (the one-time "I remember this channel" notice)."""
+        await self.client.chat_postMessage(
+            channel=scope.channel, text=text, unfurl_links=False, unfurl_media=False
+        )

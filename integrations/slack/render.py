@@ -9,17 +9,24 @@ block, 50 blocks per message.
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping
+from typing import Any
 
+from bot.governance import ConfirmPrompt
 from memory.query.answer import Citation, RecallAnswer
 
 __all__ = [
+    "CANCEL_ACTION",
+    "CONFIRM_ACTION",
     "MAX_BLOCKS",
     "MAX_CONTEXT_ELEMENTS",
     "MAX_TEXT",
     "escape",
     "fallback_text",
     "render_blocks",
+    "reply_blocks",
 ]
 
 MAX_TEXT = 3000
@@ -126,3 +133,65 @@ def fallback_text(answer: RecallAnswer) -> str:
     if len(text) > MAX_FALLBACK:
         text = text[: MAX_FALLBACK - 1] + "…"
     return escape(text)
+
+
+# --- /memory replies ------------------------------------------------------------------------
+
+CONFIRM_ACTION = "speakermem_confirm"
+CANCEL_ACTION = "speakermem_cancel"
+"""``action_id``s of the Confirm/Cancel buttons; the button's ``value`` is the token."""
+MAX_BUTTON_TEXT = 75
+
+
+def reply_blocks(
+    text: str, *, confirm: ConfirmPrompt | None = None, data: Mapping[str, Any] | None = None
+) -> list[dict]:
+    """A `/memory` reply: escaped text, JSON data inline when it fits (else a pointer to
+    the CLI), and Confirm/Cancel buttons for a destructive action."""
+    body = escape(text.strip() or "(nothing to say)")
+    if confirm is not None and confirm.summary not in text:
+        body += "\n" + escape(confirm.summary)
+    blocks: list[dict] = [
+        {"type": "section", "text": {"type": "mrkdwn", "text": chunk}} for chunk in _chunks(body)
+    ]
+    if data is not None:
+        raw = json.dumps(data, ensure_ascii=False, indent=1, default=str)
+        fenced = "```" + escape(raw) + "```"
+        if len(fenced) <= MAX_TEXT:
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": fenced}})
+        else:
+            note = (
+                f"_The JSON is {len(raw):,} characters, too long for a Slack message: run "
+                "`speakermem export user` on the bot's machine for the full file._"
+            )
+            blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": note}]})
+    blocks = blocks[: MAX_BLOCKS - 1]
+    if confirm is not None:
+        blocks.append(
+            {
+                "type": "actions",
+                "block_id": "speakermem_confirm",
+                "elements": [
+                    {
+                        "type": "button",
+                        "action_id": CONFIRM_ACTION,
+                        "style": "danger",
+                        "value": confirm.token,
+                        "text": {
+                            "type": "plain_text",
+                            "text": confirm.confirm_label[:MAX_BUTTON_TEXT],
+                        },
+                    },
+                    {
+                        "type": "button",
+                        "action_id": CANCEL_ACTION,
+                        "value": confirm.token,
+                        "text": {
+                            "type": "plain_text",
+                            "text": confirm.cancel_label[:MAX_BUTTON_TEXT],
+                        },
+                    },
+                ],
+            }
+        )
+    return blocks

@@ -471,7 +471,16 @@ class DiscordStandIn:
             "version": 1,
             "guild_id": self.guild["id"],
             "channel_id": channel_id,
-            "channel": {"id": channel_id, "type": 0, "guild_id": self.guild["id"]},
+            "channel": {
+                "id": channel_id,
+                "type": 0,
+                "guild_id": self.guild["id"],
+                "name": next(
+                    (c["name"] for c in self.guild["channels"] if c["id"] == channel_id), "chat"
+                ),
+                "position": 0,
+                "permission_overwrites": [],
+            },
             "member": member_payload,
             "app_permissions": str(VIEW | SEND | HISTORY),
             "locale": "en-US",

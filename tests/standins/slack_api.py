@@ -5,6 +5,10 @@ Build ``AsyncWebClient(token=..., base_url=standin.base_url)`` and pass it to
 this server only. Arguments are accepted as query string, form or JSON, and
 every call lands in `calls` as ``(method, args)``.
 
+`users` entries are returned by users.info as given (``is_admin``, ``is_owner``…), and
+`private` channels are ``is_private`` in conversations.info. `fail(method)` makes the
+next call(s) answer ``ok: false``.
+
 Supported methods: auth.test, conversations.members (cursor pagination,
 `page_size` per page unless ``limit`` is smaller), conversations.info,
 users.info, users.list (paged like conversations.members), chat.getPermalink,
@@ -59,11 +63,15 @@ class SlackApiStandIn:
         users: dict[str, dict[str, Any]] | None = None,
         members: dict[str, list[str]] | None = None,
         page_size: int = 2,
+        private: set[str] | None = None,
     ) -> None:
         self.team_id = team_id
         self.users = users if users is not None else {}
         self.members = members if members is not None else {}
         self.page_size = page_size
+        self.private = private if private is not None else set()
+        """Channels conversations.info reports as ``is_private``."""
+        self._failures: dict[str, list[str]] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.posted: list[dict[str, Any]] = []
         self.responses: list[tuple[str, dict[str, Any]]] = []
@@ -118,6 +126,10 @@ class SlackApiStandIn:
         self._holds[method] = pair
         return pair
 
+    def fail(self, method: str, error: str = "internal_error", *, times: int = 1) -> None:
+        """Answer the next `times` calls of `method` with ``{"ok": false, "error": error}``."""
+        self._failures.setdefault(method, []).extend([error] * times)
+
     def method_calls(self, method: str) -> list[dict[str, Any]]:
         return [args for name, args in self.calls if name == method]
 
@@ -142,6 +154,9 @@ class SlackApiStandIn:
         if held is not None:
             held[0].set()
             await held[1].wait()
+        failing = self._failures.get(method)
+        if failing:
+            return web.json_response({"ok": False, "error": failing.pop(0)})
         pending = self._rate_limits.get(method)
         if pending:
             retry_after = pending.pop(0)
@@ -187,7 +202,15 @@ class SlackApiStandIn:
         channel = args.get("channel")
         if channel not in self.members:
             return {"ok": False, "error": "channel_not_found"}
-        return {"ok": True, "channel": {"id": channel, "name": channel.lower(), "is_member": True}}
+        return {
+            "ok": True,
+            "channel": {
+                "id": channel,
+                "name": channel.lower(),
+                "is_member": True,
+                "is_private": channel in self.private,
+            },
+        }
 
     def _m_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
         """Every user in `users`, cursor-paged like conversations.members."""
