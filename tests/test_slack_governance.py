@@ -34,6 +34,11 @@ from tests.test_slack_adapter import (
 )
 
 ADMIN, MEMBER, OTHER = "U1", "U2", "U3"
+REFUSED = "is for workspace admins"
+
+
+async def status_text(rig: Rig, user: str) -> str:
+    return section_text((await memory(rig, user, "status"))["blocks"])
 
 
 @pytest.fixture
@@ -133,10 +138,13 @@ async def test_admin_runs_admin_commands_and_members_are_refused(rig: Rig) -> No
     await seed(rig)
     ok = await memory(rig, ADMIN, "status")
     assert ok["response_type"] == "ephemeral"
+    assert REFUSED not in section_text(ok["blocks"])
     refused = await memory(rig, MEMBER, "status")
     assert refused["response_type"] == "ephemeral"
-    assert "admin" in section_text(refused["blocks"]).lower()
-    assert section_text(ok["blocks"]) != section_text(refused["blocks"])
+    assert REFUSED in section_text(refused["blocks"])
+    # member commands are open to everyone, ephemeral too
+    mine = await memory(rig, MEMBER, "mine")
+    assert mine["response_type"] == "ephemeral" and REFUSED not in section_text(mine["blocks"])
     # users.info was asked at each call (no cached admin flag)
     asked = [a["user"] for a in rig.standin.method_calls("users.info")]
     assert asked.count(ADMIN) >= 1 and asked.count(MEMBER) >= 1
@@ -144,32 +152,38 @@ async def test_admin_runs_admin_commands_and_members_are_refused(rig: Rig) -> No
 
 async def test_admin_rights_are_read_at_every_call_and_fail_closed(rig: Rig) -> None:
     await seed(rig)
-    allowed = section_text((await memory(rig, ADMIN, "status"))["blocks"])
+    assert REFUSED not in await status_text(rig, ADMIN)
     # demoted in Slack: the next call knows
     rig.standin.users[ADMIN]["is_admin"] = False
-    assert "admin" in section_text((await memory(rig, ADMIN, "status"))["blocks"]).lower()
+    assert REFUSED in await status_text(rig, ADMIN)
     # owners and primary owners are admins too
     rig.standin.users[ADMIN]["is_owner"] = True
-    assert section_text((await memory(rig, ADMIN, "status"))["blocks"]) != ""
+    assert REFUSED not in await status_text(rig, ADMIN)
     rig.standin.users[ADMIN]["is_owner"] = False
     rig.standin.users[ADMIN]["is_primary_owner"] = True
-    assert (await memory(rig, ADMIN, "status"))["response_type"] == "ephemeral"
+    assert REFUSED not in await status_text(rig, ADMIN)
+    # a deleted account, or one from another workspace, is not
+    rig.standin.users[ADMIN]["deleted"] = True
+    assert REFUSED in await status_text(rig, ADMIN)
+    del rig.standin.users[ADMIN]["deleted"]
+    rig.standin.users[ADMIN]["team_id"] = "T0ELSEWHERE"
+    assert REFUSED in await status_text(rig, ADMIN)
+    del rig.standin.users[ADMIN]["team_id"]
+    assert REFUSED not in await status_text(rig, ADMIN)
     # users.info failing means no admin, whatever the user really is
     rig.standin.fail("users.info", times=5)
-    refused = section_text((await memory(rig, ADMIN, "status"))["blocks"])
-    assert "admin" in refused.lower() and refused != allowed
+    assert REFUSED in await status_text(rig, ADMIN)
     assert rig.adapter.stats["admin_check_failed"] >= 1
 
 
 async def test_admin_users_setting_grants_admin(rig: Rig) -> None:
     await seed(rig)
-    refused = section_text((await memory(rig, MEMBER, "status"))["blocks"])
+    assert REFUSED in await status_text(rig, MEMBER)
     rig.adapter.settings.slack_admin_users = f" {OTHER}, {MEMBER} "
-    allowed = section_text((await memory(rig, MEMBER, "status"))["blocks"])
-    assert allowed != refused and "admin" in refused.lower()
+    assert REFUSED not in await status_text(rig, MEMBER)
     # the setting needs no users.info at all: it works while Slack is failing
     rig.standin.fail("users.info", times=5)
-    assert section_text((await memory(rig, MEMBER, "status"))["blocks"]) == allowed
+    assert REFUSED not in await status_text(rig, MEMBER)
 
 
 # --- confirmation ---------------------------------------------------------------------------------
@@ -189,11 +203,13 @@ async def test_forget_user_asks_first_and_only_the_requester_can_confirm(rig: Ri
     rig.standin.users[OTHER]["is_admin"] = True
     stolen = await click(rig, OTHER, token, accept=True)
     assert stolen["response_type"] == "ephemeral" and stolen["replace_original"] is False
+    assert "only the person who ran the command" in section_text(stolen["blocks"])
     assert MEMBER in await speakers(rig)
 
     # cancel: nothing removed, the buttons are replaced by the outcome
     cancelled = await click(rig, ADMIN, token, accept=False)
     assert cancelled["replace_original"] is True and not buttons(cancelled)
+    assert "Cancelled" in section_text(cancelled["blocks"])
     assert MEMBER in await speakers(rig)
     # a used token does not run again
     again = await click(rig, ADMIN, token, accept=True)
@@ -214,7 +230,8 @@ async def test_admin_rights_are_checked_again_at_the_click(rig: Rig) -> None:
     token = buttons(await memory(rig, ADMIN, f"forget user <@{MEMBER}>"))[CONFIRM_ACTION]
     rig.standin.users[ADMIN]["is_admin"] = False  # demoted between command and click
     refused = await click(rig, ADMIN, token, accept=True)
-    assert "admin" in section_text(refused["blocks"]).lower()
+    assert "no longer an admin" in section_text(refused["blocks"])
+    assert refused["response_type"] == "ephemeral"
     assert MEMBER in await speakers(rig)
 
 
@@ -269,3 +286,16 @@ async def test_opted_out_member_is_not_stored_until_opt_in(rig: Rig) -> None:
     await rig.event(message(GENERAL, MEMBER, "keep this one", 3), 3)
     assert MEMBER in await speakers(rig)
     assert await rig.engine.store.messages.get(gscope(), "1709283780.000003") is not None
+
+
+async def test_export_shows_the_json_inline(rig: Rig) -> None:
+    await seed(rig)
+    exported = await memory(rig, ADMIN, f"export user <@{MEMBER}>")
+    assert exported["response_type"] == "ephemeral" and not buttons(exported)
+    fenced = [
+        b["text"]["text"]
+        for b in exported["blocks"]
+        if b["type"] == "section" and b["text"]["text"].startswith("```")
+    ]
+    assert len(fenced) == 1 and "noodle place" in fenced[0]
+    assert "Lisbon" not in fenced[0]  # only Bob's messages
