@@ -656,20 +656,6 @@ class MessageRepo:
         )
         return {r[0]: np.frombuffer(r[1], dtype=np.float32) for r in rows}
 
-    async def session_term_counts(
-        self, terms: Sequence[str], channel_pks: Sequence[int], *, cap: int = 2000
-    ) -> dict[str, dict[tuple[int, int], int]]:
-        """Per query term: matching messages per (channel pk, session) — a session-level
-        term frequency for scoring whole sessions.
-
-        A term matching more than `cap` messages of the channels is left out: it is too
-        common to tell sessions apart (its session IDF is near zero), and counting it would
-        cost a row lookup per match (a speaker's name matches all their messages).
-        """
-        if not channel_pks:
-            return {}
-        tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
-        out: dict[str, dict[tuple[int, int], int]] = {}
     async def lowercase_share(
         self, word: str, channel_pks: Sequence[int], *, sample: int = 200
     ) -> tuple[int, float]:
@@ -734,6 +720,20 @@ class MessageRepo:
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         return await asyncio.to_thread(rescore, [(r[0], r[1]) for r in blobs], q, limit)
 
+    async def session_term_counts(
+        self, terms: Sequence[str], channel_pks: Sequence[int], *, cap: int = 2000
+    ) -> dict[str, dict[tuple[int, int], int]]:
+        """Per query term: matching messages per (channel pk, session) — a session-level
+        term frequency for scoring whole sessions.
+
+        A term matching more than `cap` messages of the channels is left out: it is too
+        common to tell sessions apart (its session IDF is near zero), and counting it would
+        cost a row lookup per match (a speaker's name matches all their messages).
+        """
+        if not channel_pks:
+            return {}
+        tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
+        out: dict[str, dict[tuple[int, int], int]] = {}
         async with self.db.reader() as conn:
             for term in terms:
                 match = f"{{text speaker_name}} : ({term}) AND channel_tag : ({tags})"
@@ -812,9 +812,6 @@ class MessageRepo:
         }
 
 
-def embed_text(speaker_name: str, text: str) -> str:
-    """What the dense index embeds: the speaker's name with the text, so 'who said' matches."""
-    return f"{speaker_name}: {text}"
 _NAME_TOKEN = re.compile(r"[^\W_]", re.UNICODE)
 
 
@@ -829,3 +826,6 @@ def speaker_phrase(name: str) -> str:
     return quote(name) if _NAME_TOKEN.search(name) else ""
 
 
+def embed_text(speaker_name: str, text: str) -> str:
+    """What the dense index embeds: the speaker's name with the text, so 'who said' matches."""
+    return f"{speaker_name}: {text}"
