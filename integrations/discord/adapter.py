@@ -69,10 +69,12 @@ from integrations.discord.commands import (
     reply_parts,
 )
 from integrations.discord.members import PermissionCache, member_from_message
+from integrations.discord.history import DiscordCatchUp
 from integrations.discord.render import render_embed
 from integrations.payload import PayloadError, opt_str, req_dict, req_str
 from memory.engine import MemoryEngine
 from memory.query.answer import RecallAnswer
+from memory.store.catchup import CatchupRepo
 
 __all__ = [
     "DEFAULT_API_URL",
@@ -431,6 +433,8 @@ class DiscordAdapter:
         self._runner: asyncio.Task[None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._endpoints: contextlib.ExitStack | None = None
+        self.catchup: DiscordCatchUp | None = None
+        """History catch-up around gateway sessions (integrations/discord/history.py)."""
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -470,9 +474,26 @@ class DiscordAdapter:
         async def on_ready() -> None:
             log.info("discord: connected as %s to %d guild(s)", client.user, len(client.guilds))
             self._ready.set()
+            catchup.on_ready()
 
+        async def on_disconnect() -> None:
+            await catchup.on_disconnect()
+
+        async def on_resumed() -> None:
+            catchup.on_resumed()
+
+        catchup = self.catchup = DiscordCatchUp(
+            self.dispatcher,
+            CatchupRepo(self.engine.store.db),
+            client,
+            parents=lambda gid: self.guilds[gid].parents() if gid in self.guilds else {},
+            names=self._channel_names,
+        )
+        await catchup.before_connect()
         client.event(on_socket_raw_receive)
         client.event(on_ready)
+        client.event(on_disconnect)
+        client.event(on_resumed)
         client.event(on_interaction)
         self._worker = asyncio.create_task(self._work(), name="speakermem-discord-events")
         self._runner = asyncio.create_task(client.start(token), name="speakermem-discord")
@@ -527,8 +548,17 @@ class DiscordAdapter:
         if self._runner is not None:
             await asyncio.shield(self._runner)
 
+    def _channel_names(self) -> dict[Scope, str]:
+        return {
+            Scope(platform=tr.PLATFORM, workspace=gid, channel=cid): name
+            for gid, state in self.guilds.items()
+            for cid, name in state.names.items()
+        }
+
     async def stop(self, *, drain_timeout: float = 5.0) -> None:
         """Close the connection, finish queued events (bounded), restore endpoints."""
+        if self.catchup is not None:
+            await self.catchup.stop()  # its cursors are saved per page: the next start resumes
         if self.client is not None and not self.client.is_closed():
             await self.client.close()
         if self._runner is not None:

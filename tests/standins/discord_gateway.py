@@ -183,6 +183,13 @@ class DiscordStandIn:
         self.followups: list[dict[str, Any]] = []
         self.commands: dict[str, list[dict[str, Any]]] = {}
         self.identify: dict[str, Any] | None = None
+        self.history: dict[str, list[dict[str, Any]]] = {}
+        """channel id -> messages (ascending ids) served by GET /channels/{id}/messages."""
+        self.history_rate_limits: list[float] = []
+        self.resumable = True
+        """Whether a RESUME (op 6) succeeds (RESUMED) or gets INVALID_SESSION."""
+        self.resumes = 0
+        """Retry-After values: the next history GETs answer 429 with these, in order."""
         self.identified = asyncio.Event()
         self._ws: web.WebSocketResponse | None = None
         self._seq = itertools.count(1)
@@ -264,6 +271,15 @@ class DiscordStandIn:
                 self.identified.set()
             elif op == 8:
                 await self._send_chunk(ws, payload["d"])
+            elif op == 6:  # RESUME
+                self.resumes += 1
+                if self.resumable:
+                    await ws.send_str(
+                        json.dumps({"op": 0, "t": "RESUMED", "s": next(self._seq), "d": {}})
+                    )
+                    self.identified.set()
+                else:  # INVALID_SESSION, not resumable: the client identifies anew
+                    await ws.send_str(json.dumps({"op": 9, "d": False}))
         return ws
 
     async def _send_ready(self, ws: web.WebSocketResponse) -> None:
@@ -361,6 +377,13 @@ class DiscordStandIn:
             if method == "GET":
                 return _json(self.commands.get(key, []))
         if (
+            method == "GET"
+            and len(parts) == 3
+            and parts[0] == "channels"
+            and parts[2] == "messages"
+        ):
+            return self._history(parts[1], request.query)
+        if (
             method == "POST"
             and len(parts) == 3
             and parts[0] == "channels"
@@ -375,6 +398,52 @@ class DiscordStandIn:
             return self._webhook(method, parts, body or {})
         log.warning("discord stand-in: unhandled %s %s", method, path)
         return _json({"message": "404: Not Found", "code": 0}, status=404)
+
+    def add_history(
+        self, channel_id: str, content: str, at: datetime, *, member_index: int = 1
+    ) -> dict[str, Any]:
+        """A message posted while the bot was away: in history, never dispatched. Its id is
+        a snowflake of `at`, as Discord's are."""
+        msgs = self.history.setdefault(channel_id, [])
+        ms = int(at.timestamp() * 1000) - 1420070400000
+        mid = str((ms << 22) + len(msgs) % 4096)
+        m = self.guild["members"][member_index]
+        msg = self.message(channel_id, {"content": content}, author=m["user"])
+        msg.update(id=mid, timestamp=at.isoformat())
+        msg.pop("guild_id", None)  # REST message objects carry no guild_id
+        msgs.append(msg)
+        msgs.sort(key=lambda x: int(x["id"]))
+        return msg
+
+    def _history(self, channel_id: str, query: Any) -> web.Response:
+        """Discord's paging: `after` gives the `limit` messages right after it, newest first."""
+        if self.history_rate_limits:
+            retry = self.history_rate_limits.pop(0)
+            return web.Response(
+                body=json.dumps(
+                    {
+                        "message": "You are being rate limited.",
+                        "retry_after": retry,
+                        "global": False,
+                    }
+                ).encode(),
+                status=429,
+                headers={
+                    "Content-Type": "application/json",
+                    "Retry-After": str(retry),
+                    "Via": "1.1 google",
+                    "X-RateLimit-Scope": "user",
+                },
+            )
+        msgs = self.history.get(channel_id, [])
+        limit = min(100, int(query.get("limit", 50)))
+        if "after" in query:
+            after = int(query["after"])
+            page = [m for m in msgs if int(m["id"]) > after][:limit]
+        else:
+            before = int(query.get("before", 1 << 63))
+            page = [m for m in msgs if int(m["id"]) < before][-limit:]
+        return _json(list(reversed(page)))
 
     @staticmethod
     async def _multipart(request: web.Request) -> dict[str, Any]:

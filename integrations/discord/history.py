@@ -1,0 +1,142 @@
+"""Discord channel history for catch-up and backfill (REST ``GET /channels/{id}/messages``).
+
+`DiscordHistory` pages forward with ``after=`` (100 per request; Discord answers newest
+first, so each page is reversed); discord.py's HTTP client already waits out 429s by their
+``Retry-After`` and its per-route buckets. Payloads go through the same pure translator as
+gateway MESSAGE_CREATEs.
+
+`DiscordCatchUp` ties it to the gateway's life: a snapshot of where every channel stands
+before connecting; catch-up once ready; on a disconnect, a new snapshot, dropped if the
+session RESUMEs (Discord replays what was missed) and caught up from if a new session
+starts (nothing is replayed then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import discord
+
+from bot.catchup import CatchUp, Start
+from bot.dispatch import Dispatcher
+from bot.events import MessageEvent, Scope
+from integrations.discord import translate as tr
+from integrations.payload import PayloadError
+from memory.store.catchup import CatchupRepo
+
+log = logging.getLogger(__name__)
+
+PAGE = 100
+DISCORD_EPOCH_MS = 1420070400000
+
+
+def snowflake_at(ts: float) -> int:
+    """The smallest snowflake of a moment (for ``after=`` a time)."""
+    return max(0, (int(ts * 1000) - DISCORD_EPOCH_MS) << 22)
+
+
+class DiscordHistory:
+    platform = tr.PLATFORM
+
+    def __init__(
+        self,
+        client: discord.Client,
+        *,
+        parents: Callable[[str], dict[str, str]] | None = None,
+        page_size: int = PAGE,
+    ) -> None:
+        self.client = client
+        self.parents = parents or (lambda guild_id: {})
+        self.page_size = page_size
+        self.skipped = 0
+
+    async def pages(
+        self, scope: Scope, *, after_id: str | None, after_ts: float | None
+    ) -> AsyncIterator[list[MessageEvent]]:
+        after = int(after_id) if after_id else snowflake_at(after_ts or 0.0)
+        parents = self.parents(scope.workspace)
+        while True:
+            raw = await self.client.http.logs_from(int(scope.channel), self.page_size, after=after)
+            if not raw:
+                return
+            page: list[MessageEvent] = []
+            for d in reversed(raw):
+                after = max(after, int(d["id"]))
+                try:
+                    event = tr.message_create(
+                        {**d, "guild_id": scope.workspace}, channel_parent=parents
+                    )
+                except PayloadError as exc:
+                    self.skipped += 1
+                    log.warning("discord history: skipped a malformed message (%s)", exc)
+                    continue
+                if event is not None:
+                    page.append(event)
+            yield page
+            if len(raw) < self.page_size:
+                return
+
+
+class DiscordCatchUp:
+    """Catch-up around the gateway session: see the module docstring."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        repo: CatchupRepo,
+        client: discord.Client,
+        *,
+        parents: Callable[[str], dict[str, str]] | None = None,
+        names: Callable[[], Mapping[Scope, str]] | None = None,
+    ) -> None:
+        self.catchup = CatchUp(dispatcher, repo, DiscordHistory(client, parents=parents))
+        self.names = names or dict
+        self._pending: dict[Scope, Start] | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self.runs = 0
+
+    async def before_connect(self) -> None:
+        self._pending = await self.catchup.plan(await self.catchup.snapshot())
+
+    async def on_disconnect(self) -> None:
+        if self._pending is None:  # the first disconnect of an outage marks the gap
+            self._pending = await self.catchup.plan(await self.catchup.snapshot())
+
+    def on_resumed(self) -> None:
+        self._pending = None  # a RESUME replays the missed events itself
+
+    def on_ready(self) -> None:
+        """A new session (first connect or after one that could not resume): catch up."""
+        starts, self._pending = self._pending, None
+        if not starts:
+            return
+        if self._task is not None and not self._task.done():
+            return  # the running pass resumes from its cursors; the next one starts after
+        self.runs += 1
+        self._task = asyncio.create_task(self._run(starts), name="speakermem-discord-catchup")
+
+    async def _run(self, starts: dict[Scope, Start]) -> None:
+        try:
+            results = await self.catchup.run(starts, self.names())
+        except Exception:
+            log.exception("discord catch-up failed; the next start resumes it")
+            return
+        total = sum(p.fetched for p in results)
+        log.info("discord catch-up done: %d channel(s), %d message(s)", len(results), total)
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def lines(self) -> list[str]:
+        return self.catchup.lines()

@@ -1,0 +1,169 @@
+"""Catch-up after downtime against the Discord stand-in: REST history, paged, rate-limited,
+resumable; a gateway session that RESUMEs needs none, a new session catches up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bot.dispatch import Dispatcher
+from integrations.discord.adapter import DiscordAdapter
+from memory.engine import MemoryEngine
+from memory.models import Scope
+from memory.query.pipeline import RecallPipeline
+from memory.store.catchup import CatchupRepo
+from tests.conftest import make_config
+from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn
+from tests.test_discord_adapter import settings_for
+
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(days=1)
+CHANNEL = Scope(platform="discord", workspace=GUILD_ID, channel=GENERAL)
+
+
+@dataclass
+class Run:
+    engine: MemoryEngine
+    adapter: DiscordAdapter
+
+    async def stop(self) -> None:
+        await self.adapter.stop()
+        await self.engine.close()
+
+
+async def start(standin: DiscordStandIn, tmp_path: Path) -> Run:
+    engine = await MemoryEngine.open(make_config(tmp_path))
+    adapter = DiscordAdapter(
+        settings_for(standin, tmp_path),
+        Dispatcher(engine, RecallPipeline(engine)),
+        engine,
+        guild_ready_timeout=0.05,
+        ready_timeout=10.0,
+    )
+    await adapter.start()
+    return Run(engine, adapter)
+
+
+async def message_ids(engine: MemoryEngine) -> list[str]:
+    rows = await engine.store.db.read(
+        "SELECT m.message_id FROM messages m JOIN channels c ON c.id = m.channel_pk"
+        " WHERE c.channel = ?",
+        (GENERAL,),
+    )
+    return [r[0] for r in rows]
+
+
+async def until(predicate: Callable[[], Any], within: float = 20.0) -> None:
+    async with asyncio.timeout(within):
+        while not await predicate():  # noqa: ASYNC110 - polling the store
+            await asyncio.sleep(0.05)
+
+
+def live(standin: DiscordStandIn, msg: dict[str, Any]) -> dict[str, Any]:
+    return {**msg, "guild_id": GUILD_ID, "member": {"roles": [], "nick": None}}
+
+
+async def test_300_messages_posted_while_down_are_stored_exactly_once(tmp_path: Path) -> None:
+    standin = await DiscordStandIn().start()
+    try:
+        first = standin.add_history(GENERAL, "before the outage", T0)
+        run = await start(standin, tmp_path)
+        await standin.dispatch("MESSAGE_CREATE", live(standin, first))
+
+        async def first_stored() -> bool:
+            return len(await message_ids(run.engine)) == 1
+
+        await until(first_stored)  # GUILD_CREATE and the message
+        assert await message_ids(run.engine) == [first["id"]]
+        await run.stop()
+
+        # the bot is down: 300 messages arrive, history answers 429 once on the way
+        posted = [
+            standin.add_history(GENERAL, f"while down {i}", T0 + timedelta(seconds=10 * (i + 1)))
+            for i in range(300)
+        ]
+        standin.history_rate_limits = [0.3]
+        started = time.monotonic()
+        run = await start(standin, tmp_path)
+        try:
+            assert run.adapter.catchup is not None
+            await run.adapter.catchup.wait()
+            elapsed = time.monotonic() - started
+            ids = await message_ids(run.engine)
+            assert len(ids) == 301 == len(set(ids))
+            assert set(ids) == {first["id"], *(m["id"] for m in posted)}
+            # paged with after=, 100 at a time, and the 429 was waited out, not skipped
+            gets = [r for r in standin.requests if r[0] == "GET" and r[1].endswith("/messages")]
+            assert len(gets) >= 4 and elapsed >= 0.3
+            lines = run.adapter.catchup.lines()
+            assert lines == [
+                f"#general caught up to {T0 + timedelta(seconds=3000):%Y-%m-%d %H:%M}, 300 messages"
+            ]
+            cursor = (await CatchupRepo(run.engine.store.db).cursors("discord"))[0]
+            assert cursor.finished and cursor.cursor_id == posted[-1]["id"]
+            # a late gateway replay of one of them changes nothing
+            before = run.adapter.processed
+            await standin.dispatch("MESSAGE_CREATE", live(standin, posted[5]))
+            await run.adapter.wait_processed(before + 1)
+            assert len(await message_ids(run.engine)) == 301
+        finally:
+            await run.stop()
+    finally:
+        await standin.close()
+
+
+async def test_resume_replays_and_new_session_catches_up(tmp_path: Path) -> None:
+    standin = await DiscordStandIn().start()
+    try:
+        first = standin.add_history(GENERAL, "start", T0)
+        run = await start(standin, tmp_path)
+        try:
+            assert run.adapter.catchup is not None
+            await standin.dispatch("MESSAGE_CREATE", live(standin, first))
+
+            async def first_stored() -> bool:
+                return len(await message_ids(run.engine)) == 1
+
+            await until(first_stored)
+            runs = run.adapter.catchup.runs
+
+            # 1. the connection drops and the session RESUMEs: the gateway replays what was
+            #    missed, so no history is fetched
+            missed = standin.add_history(GENERAL, "missed, replayed", T0 + timedelta(minutes=1))
+            gets_before = sum(1 for r in standin.requests if r[1].endswith("/messages"))
+            standin.resumable = True
+            await standin.close_gateway(4000)
+            await asyncio.wait_for(standin.identified.wait(), 20)
+            assert standin.resumes == 1
+            before = run.adapter.processed
+            await standin.dispatch("MESSAGE_CREATE", live(standin, missed))
+            await run.adapter.wait_processed(before + 1)
+            await asyncio.sleep(0.3)
+            assert run.adapter.catchup.runs == runs
+            assert sum(1 for r in standin.requests if r[1].endswith("/messages")) == gets_before
+
+            # 2. it drops again and cannot resume: a new session, nothing replayed; catch-up
+            gap = [
+                standin.add_history(GENERAL, f"gap {i}", T0 + timedelta(minutes=2, seconds=i))
+                for i in range(30)
+            ]
+            standin.resumable = False
+            await standin.close_gateway(4000)
+
+            async def all_in() -> bool:
+                return len(await message_ids(run.engine)) == 32
+
+            await until(all_in)
+            await run.adapter.catchup.wait()
+            assert run.adapter.catchup.runs == runs + 1
+            ids = await message_ids(run.engine)
+            assert len(ids) == len(set(ids)) == 32
+            assert {m["id"] for m in gap} <= set(ids)
+        finally:
+            await run.stop()
+    finally:
+        await standin.close()
