@@ -68,8 +68,8 @@ from integrations.discord.commands import (
     parse_confirm_custom_id,
     reply_parts,
 )
-from integrations.discord.members import PermissionCache, member_from_message
 from integrations.discord.history import DiscordCatchUp
+from integrations.discord.members import PermissionCache, member_from_message
 from integrations.discord.render import render_embed
 from integrations.payload import PayloadError, opt_str, req_dict, req_str
 from memory.engine import MemoryEngine
