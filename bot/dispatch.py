@@ -6,6 +6,7 @@ takes the bot down and never leaves a partial row (each store write is one trans
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import Counter
@@ -72,6 +73,7 @@ class Dispatcher:
         self.governance = governance or Governance(engine)
         self.pending = PendingActions()
         self._notifiers: dict[str, Notifier] = {}
+        self._notice_tasks: set[asyncio.Task[None]] = set()
         self._last_kick = 0.0
         self.stats = DispatchStats()
 
@@ -101,7 +103,7 @@ class Dispatcher:
             self.stats.handled[f"message_{outcome.status.value}"] += 1
             if outcome.status is IngestStatus.STORED:
                 self._kick()
-                await self.maybe_notice(event.scope)
+                self.maybe_notice(event.scope)
         elif isinstance(event, EditEvent):
             status, _receipt = await self.governance.apply_edit(event)
             self.stats.handled[f"edit_{status.value}"] += 1
@@ -179,11 +181,24 @@ class Dispatcher:
         """How to post the one-time notice on a platform (adapters register at start)."""
         self._notifiers[platform] = notify
 
-    async def maybe_notice(self, scope: Scope) -> None:
-        """Post the memory notice the first time memory is on in a channel; never raises."""
+    def maybe_notice(self, scope: Scope) -> None:
+        """Post the memory notice the first time memory is on in a channel.
+
+        Runs as its own task: posting goes out over the platform's API, and the event that
+        triggered it must not wait for that (nor fail with it)."""
         notify = self._notifiers.get(scope.platform)
         if notify is None:
             return
+        task = asyncio.create_task(self._post_notice(scope, notify), name="speakermem-notice")
+        self._notice_tasks.add(task)
+        task.add_done_callback(self._notice_tasks.discard)
+
+    async def drain_notices(self) -> None:
+        """Wait for notices being posted (shutdown, tests)."""
+        while self._notice_tasks:
+            await asyncio.gather(*list(self._notice_tasks), return_exceptions=True)
+
+    async def _post_notice(self, scope: Scope, notify: Notifier) -> None:
         try:
             if not await self.governance.claim_notice(scope):
                 return

@@ -194,7 +194,7 @@ async def _execute(
             )
         receipt = await gov.set_channel(scope, cmd.on, actor=actor)
         if cmd.on:
-            await d.maybe_notice(scope)
+            d.maybe_notice(scope)
             return CommandReply(text="Memory is on in this channel.")
         return CommandReply(
             text="Memory is off in this channel: nothing new is stored and /recall answers "

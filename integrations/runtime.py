@@ -175,6 +175,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                     await adapter.stop()
                 except Exception:
                     log.exception("adapter stop failed")
+            with contextlib.suppress(TimeoutError):  # a notice being posted may finish
+                await asyncio.wait_for(dispatcher.drain_notices(), timeout=5.0)
             await scheduler.shutdown()
             await engine.stop_background_embedding()
             if ops is not None:

@@ -369,6 +369,7 @@ async def test_notice_is_posted_once_and_not_when_the_setting_is_off(
             for i in range(3):
                 await d.handle(msg(GENERAL, f"m{i}", "Alice", f"hello {i}", i))
             await d.handle(msg(SECRET, "s1", "Alice", "psst", 5))
+            await d.drain_notices()
             if notice_on:
                 assert posted == [(GENERAL, NOTICE_TEXT), (SECRET, NOTICE_TEXT)]
                 assert "opt-out" in NOTICE_TEXT
@@ -388,9 +389,9 @@ async def test_a_failed_notice_is_retried(engine: MemoryEngine) -> None:
             raise RuntimeError("missing permission")
 
     d.set_notifier("test", flaky)
-    await d.handle(msg(GENERAL, "m1", "Alice", "one", 0))
-    await d.handle(msg(GENERAL, "m2", "Alice", "two", 1))
-    await d.handle(msg(GENERAL, "m3", "Alice", "three", 2))
+    for i, text in enumerate(("one", "two", "three")):
+        await d.handle(msg(GENERAL, f"m{i + 1}", "Alice", text, i))
+        await d.drain_notices()
     assert calls == [GENERAL, GENERAL]
     assert await stored(engine) == {"m1", "m2", "m3"}
 
@@ -465,6 +466,7 @@ async def test_settings_reach_the_dispatcher(
         assert await stored(eng) == set()
         await d.memory_command(inv("channel on", admin=True))
         await d.handle(msg(GENERAL, "m2", "Alice", "hello again", 1))
+        await d.drain_notices()
         assert await stored(eng) == {"m2"} and posted == []
     finally:
         await eng.close()
