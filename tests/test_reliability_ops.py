@@ -18,7 +18,7 @@ import pytest
 from bot.health import HealthFacts, LLMHealth, decide
 from bot.settings import Settings
 from integrations.llm.openai_compat import OpenAICompatLLM
-from integrations.ops.logs import JsonFormatter, configure_logging
+from integrations.ops.logs import JsonFormatter, StderrHandler, configure_logging
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
 from integrations.runtime import run
@@ -251,8 +251,13 @@ def test_configure_logging_replaces_handlers() -> None:
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     try:
+        other = logging.NullHandler()
+        root.addHandler(other)
+        configure_logging("info", "text")
         configure_logging("warning", "json")
-        assert len(root.handlers) == 1 and isinstance(root.handlers[0].formatter, JsonFormatter)
+        ours = [h for h in root.handlers if isinstance(h, StderrHandler)]
+        assert len(ours) == 1 and isinstance(ours[0].formatter, JsonFormatter)
+        assert other in root.handlers  # a handler someone else installed stays
         assert root.level == logging.WARNING
     finally:
         root.handlers[:] = saved[0]

@@ -35,12 +35,26 @@ class JsonFormatter(logging.Formatter):
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stderr` is when a record is emitted, so a stream swapped
+    after configuration (redirection, a test's capture) never leaves a closed file behind."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def configure_logging(level: str, fmt: Literal["text", "json"] = "text") -> None:
-    """Root logging to stderr, as text or JSON lines."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Root logging to stderr, as text or JSON lines. Replaces only our own handler, so
+    handlers others installed (a test runner's capture) stay."""
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     for old in list(root.handlers):
-        root.removeHandler(old)
+        if isinstance(old, StderrHandler):
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
