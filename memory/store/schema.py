@@ -399,40 +399,6 @@ CREATE TABLE catchup_cursors (
 """
 
 
-ROSTER_REVISIONS = """
--- Each channel's roster revision: bumped by any change to its roster rows, and to the
--- names, bot flags or aliases of its members. /recall caches a channel's roster (thousands
--- of members in a large community) and re-reads it only when this moved.
-ALTER TABLE channels ADD COLUMN roster_rev INTEGER NOT NULL DEFAULT 0;
--- A user's channels (the access check of every /recall, and the triggers below) without
--- scanning every roster row of the workspace.
-CREATE INDEX roster_user ON roster (platform, workspace, user_id);
-CREATE TRIGGER roster_rev_ai AFTER INSERT ON roster BEGIN
-    UPDATE channels SET roster_rev = roster_rev + 1 WHERE id = new.channel_pk;
-END;
-CREATE TRIGGER roster_rev_au AFTER UPDATE ON roster BEGIN
-    UPDATE channels SET roster_rev = roster_rev + 1 WHERE id IN (old.channel_pk, new.channel_pk);
-END;
-CREATE TRIGGER roster_rev_ad AFTER DELETE ON roster BEGIN
-    UPDATE channels SET roster_rev = roster_rev + 1 WHERE id = old.channel_pk;
-END;
-"""
-_MEMBER_TRIGGERS = [
-    ("users", "ai", "AFTER INSERT", "new"),
-    ("users", "au", "AFTER UPDATE OF display_name, is_bot", "new"),
-    ("users", "ad", "AFTER DELETE", "old"),
-    ("user_aliases", "ai", "AFTER INSERT", "new"),
-    ("user_aliases", "ad", "AFTER DELETE", "old"),
-]
-ROSTER_REVISIONS += "".join(
-    f"CREATE TRIGGER roster_rev_{table}_{tag} {when} ON {table} BEGIN\n"
-    "    UPDATE channels SET roster_rev = roster_rev + 1 WHERE id IN (SELECT channel_pk FROM"
-    f" roster WHERE platform = {row}.platform AND workspace = {row}.workspace"
-    f" AND user_id = {row}.user_id);\nEND;\n"
-    for table, tag, when, row in _MEMBER_TRIGGERS
-)
-
-
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [
