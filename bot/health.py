@@ -1,16 +1,21 @@
 """Whether the bot can serve: a pure decision over what the health probe measured.
 
-The probe (integrations/ops) gathers facts with I/O; this module only decides, so the
-rules are tested without a server: the bot cannot serve when the database does not
+The probe (integrations/ops) gathers facts with I/O (the Writer queue through
+`measure_writer_queue`, store calls only); `decide` only decides, so the rules are tested
+without a server: the bot cannot serve when the database does not
 answer or no platform is connected (503); a failing LLM or a long Writer queue only
 degrades it (200, /recall answers extractively and the Writer catches up later).
 """
 
 from __future__ import annotations
 
+import math
+import time
 from typing import Literal
 
 from pydantic import BaseModel, Field
+
+from memory.store import Store
 
 Status = Literal["ok", "degraded", "down"]
 
@@ -22,6 +27,40 @@ class LLMHealth(BaseModel):
     last_error: str | None = None
 
 
+class WriterQueue(BaseModel):
+    """The Writer's backlog: what waits, what is backing off, and for how long."""
+
+    pending: int = 0
+    """Closed segments not yet written."""
+    deferred: int = 0
+    """Pending segments backing off after a failed attempt (not due before a later time)."""
+    oldest_pending_age_s: float | None = None
+    """Age of the first message of the oldest pending segment; None when nothing waits."""
+    next_attempt_in_s: float | None = None
+    """Seconds until the earliest deferred segment is due again (0 when one is due now)."""
+
+
+async def measure_writer_queue(
+    store: Store, *, now: float | None = None, limit: int = 20_000
+) -> WriterQueue:
+    """Read the queue from the store (pending segments, oldest first, up to `limit`)."""
+    now = time.time() if now is None else now
+    pending = (await store.segments.counts()).get("segments_pending", 0)
+    if not pending:
+        return WriterQueue()
+    # `due` at an infinite "now" lists every pending segment, deferred or not
+    segments = await store.segments.due(limit=limit, now=math.inf)
+    retries = [s.next_attempt_at.timestamp() for s in segments if s.next_attempt_at is not None]
+    waiting = [t for t in retries if t > now]
+    oldest = min((s.opened_at.timestamp() for s in segments), default=None)
+    return WriterQueue(
+        pending=pending,
+        deferred=len(waiting),
+        oldest_pending_age_s=None if oldest is None else round(max(0.0, now - oldest), 1),
+        next_attempt_in_s=round(max(0.0, min(retries) - now), 1) if retries else None,
+    )
+
+
 class HealthFacts(BaseModel):
     """What the probe measured (one sample)."""
 
@@ -31,6 +70,8 @@ class HealthFacts(BaseModel):
     platforms: dict[str, bool] = Field(default_factory=dict)
     """platform -> connected (Slack HTTP: listening; socket/gateway: session up)."""
     writer_pending: int = 0
+    writer_queue: WriterQueue = WriterQueue()
+    """The backlog in detail (pending, deferred, oldest age); `writer_pending` is its total."""
     embed_pending: int = 0
     llm: LLMHealth = LLMHealth(configured=False)
 
@@ -60,6 +101,16 @@ def decide(facts: HealthFacts, *, queue_warn: int = 1_000) -> HealthReport:
         degraded.append(f"LLM failing ({facts.llm.last_error or 'error'}): answers are extractive")
     if facts.writer_pending > queue_warn:
         degraded.append(f"Writer queue at {facts.writer_pending} segments")
+    q = facts.writer_queue
+    if q.deferred:
+        waited = (
+            ""
+            if q.oldest_pending_age_s is None
+            else f", oldest waiting {q.oldest_pending_age_s:.0f}s"
+        )
+        degraded.append(
+            f"Writer backing off: {q.deferred} of {q.pending} segments deferred{waited}"
+        )
     if down:
         return HealthReport(status="down", http_status=503, reasons=down + degraded, facts=facts)
     status: Status = "degraded" if degraded else "ok"

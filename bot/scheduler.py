@@ -2,7 +2,10 @@
 
 Jobs (AsyncIOScheduler, coroutine jobs, one instance each, coalesced):
 - `close-idle`: close segments of channels quiet for the session gap;
-- `write`: flush every due segment through the Writer (deferred ones back off);
+- `write`: flush every due segment through the Writer (deferred ones back off); after a
+  run that deferred something, the next run is brought forward to when it becomes due (the
+  Writer's breaker end or the earliest retry), never sooner: an outage costs one probe per
+  backoff period, and no run spins on segments that are not due;
 - `embed`: a safety net that embeds any message the live path left without a vector;
 - `retention`: on start and daily, forget what is past each channel's retention limit.
 `kick()` runs the write job now (a segment just filled its window). Pending segments
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -24,6 +28,9 @@ from memory.governance.service import Governance
 from memory.writer.runner import Writer
 
 log = logging.getLogger(__name__)
+
+MIN_WAKE_GAP_S = 0.05
+"""A brought-forward write run starts at least this long after the previous one ended."""
 
 
 class WriterScheduler:
@@ -119,6 +126,21 @@ class WriterScheduler:
                 await self.writer.rederive_due()
             except Exception:
                 log.exception("re-derivation run failed; the queue is kept")
+            self._wake_at(self.writer.next_wake())
+
+    def _wake_at(self, when: float | None) -> None:
+        """Bring the next write run forward to `when` (Unix time), if that is sooner."""
+        if when is None or not self._scheduler.running:
+            return
+        job = self._scheduler.get_job("write")
+        if job is None or job.next_run_time is None:
+            return
+        at = datetime.fromtimestamp(
+            max(when, time.time() + MIN_WAKE_GAP_S), job.next_run_time.tzinfo
+        )
+        if at < job.next_run_time:
+            job.modify(next_run_time=at)
+            self._scheduler.wakeup()
 
     async def _retention(self) -> None:
         self.runs["retention"] += 1

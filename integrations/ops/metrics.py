@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from bot.dispatch import Dispatcher
-from bot.health import LLMHealth
+from bot.health import LLMHealth, WriterQueue
 from memory.ports import LLM, ChatMessage, LLMError, LLMResult
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -91,6 +91,16 @@ class Metrics:
             "Closed segments waiting for the Writer (the Writer queue depth)",
             registry=r,
         )
+        self.writer_deferred = Gauge(
+            "speakermem_writer_deferred_segments",
+            "Pending segments backing off after a failed Writer attempt",
+            registry=r,
+        )
+        self.writer_oldest_age = Gauge(
+            "speakermem_writer_oldest_pending_seconds",
+            "Age of the first message of the oldest segment waiting for the Writer (0: none)",
+            registry=r,
+        )
         self.embed_pending = Gauge(
             "speakermem_embed_queue_messages", "Messages waiting for a vector", registry=r
         )
@@ -114,6 +124,11 @@ class Metrics:
     def watch(self, dispatcher: Dispatcher, adapters: Mapping[str, Any]) -> None:
         """Expose the dispatcher's and adapters' own counters."""
         self.registry.register(_DispatchCollector(dispatcher, adapters))
+
+    def set_writer_queue(self, queue: WriterQueue) -> None:
+        self.writer_pending.set(queue.pending)
+        self.writer_deferred.set(queue.deferred)
+        self.writer_oldest_age.set(queue.oldest_pending_age_s or 0.0)
 
     def observe_recall(self, seconds: float, outcome: str) -> None:
         self.recall_seconds.labels(outcome).observe(seconds)

@@ -2,15 +2,21 @@
 
 Per channel, segments are written strictly in order (each sees the heads the previous
 one committed); channels run in parallel up to the concurrency setting. An endpoint
-outage defers the segment with exponential backoff; the segment stays pending in the
-database, so a crash or restart simply redoes it — and a segment already marked done
+outage defers the segment with jittered exponential backoff; the segment stays pending in
+the database, so a crash or restart simply redoes it — and a segment already marked done
 commits nothing twice.
+
+An outage also pauses the whole Writer (a breaker): after an endpoint failure no channel
+calls the LLM again until the pause ends, so fifty channels with pending segments make one
+probe per backoff period, not fifty. The pause grows with consecutive failures and ends on
+the first success.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -58,8 +64,19 @@ class FlushOutcome:
     latency_ms: float = 0.0
 
 
-def backoff_seconds(attempts: int, cfg: WriterConfig) -> float:
-    return float(min(cfg.retry_max_s, cfg.retry_base_s * (2 ** max(0, attempts))))
+def backoff_seconds(
+    attempts: int, cfg: WriterConfig, rand: Callable[[], float] = random.random
+) -> float:
+    """Delay before the next attempt after `attempts` failed ones: exponential, jittered.
+
+    The ceiling doubles from `retry_base_s` up to `retry_max_s`; the delay is drawn uniformly
+    from the upper half of it ("equal jitter"), so retries of many segments that failed
+    together spread out instead of arriving in step, and no draw is shorter than half the
+    ceiling (full jitter can draw ~0 s, an immediate retry against an endpoint that is down).
+    `rand` returns a float in [0, 1); tests pass their own source.
+    """
+    ceiling = min(cfg.retry_max_s, cfg.retry_base_s * (2 ** min(max(0, attempts), 62)))
+    return float(ceiling / 2 + (ceiling / 2) * rand())
 
 
 def gate_from(cfg: WriterConfig) -> EvidenceGate:
@@ -97,6 +114,43 @@ class Writer:
         self.gate = gate_from(self.cfg)
         self._channel_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._slots = asyncio.Semaphore(self.cfg.concurrency)
+        self.rand: Callable[[], float] = random.random
+        """Jitter source for backoff delays (tests substitute a seeded one)."""
+        self.failures = 0
+        """Consecutive endpoint failures (reset by the first successful call)."""
+        self.paused_until = 0.0
+        """Wall-clock time before which no LLM call is made (the breaker); 0 when closed."""
+        self.retry_at: float | None = None
+        """Earliest time a segment deferred by the last run becomes due (for the scheduler)."""
+
+    @property
+    def paused(self) -> bool:
+        return time.time() < self.paused_until
+
+    def next_wake(self) -> float | None:
+        """When another write run could make progress on what the last run deferred."""
+        times = [t for t in (self.retry_at, self.paused_until if self.paused else None) if t]
+        return max(times) if times else None
+
+    def _endpoint_failed(self, delay: float) -> float:
+        """Open (or extend) the breaker after an endpoint failure.
+
+        `delay` is the failed item's own backoff; the breaker's pause grows with consecutive
+        failures of the endpoint. Returns the item's delay, never shorter than the pause, so
+        the item is due no earlier than the breaker closes.
+        """
+        now = time.time()
+        pause = backoff_seconds(self.failures, self.cfg, self.rand)
+        self.failures += 1
+        self.paused_until = max(self.paused_until, now + pause)
+        delay = max(delay, self.paused_until - now)
+        at = now + delay
+        self.retry_at = at if self.retry_at is None else min(self.retry_at, at)
+        return delay
+
+    def _endpoint_ok(self) -> None:
+        self.failures = 0
+        self.paused_until = 0.0
 
     def _lock(self, scope: Scope) -> asyncio.Lock:
         return self._channel_locks.setdefault(scope.key(), asyncio.Lock())
@@ -178,10 +232,12 @@ class Writer:
             raw, parse_error = result.data, result.parse_error
             run.prompt_tokens = result.usage.prompt_tokens
             run.completion_tokens = result.usage.completion_tokens
+            self._endpoint_ok()
         except LLMBadOutput as exc:
             raw, parse_error = None, f"bad response: {exc}"
+            self._endpoint_ok()  # the endpoint answered
         except LLMError as exc:
-            delay = backoff_seconds(segment.attempts, self.cfg)
+            delay = self._endpoint_failed(backoff_seconds(segment.attempts, self.cfg, self.rand))
             await store.segments.defer(segment.id, str(exc), delay)
             run.outcome, run.error = "deferred", str(exc)[:300]
             run.latency_ms = (time.perf_counter() - t0) * 1000
@@ -246,6 +302,7 @@ class Writer:
         """
         store = self.engine.store
         outcomes: list[FlushOutcome] = []
+        # not held back by the breaker: each entry backs off on its own, and the queue is short
         for item in await store.governance.due_rederive(limit):
             async with self._slots, self._lock(item.scope):
                 outcomes.append(await self._rederive(item))
@@ -280,10 +337,12 @@ class Writer:
                 max_tokens=self.cfg.max_tokens,
             )
             raw, parse_error = result.data, result.parse_error
+            self._endpoint_ok()
         except LLMBadOutput as exc:
             raw, parse_error = None, f"bad response: {exc}"
+            self._endpoint_ok()
         except LLMError as exc:
-            delay = backoff_seconds(item.attempts, self.cfg)
+            delay = self._endpoint_failed(backoff_seconds(item.attempts, self.cfg, self.rand))
             await store.governance.defer_rederive(item.id, str(exc), delay)
             return FlushOutcome(-item.id, scope, "deferred", error=str(exc))
         ctx = await self.validation_context(scope, messages, raw, budget)
@@ -321,7 +380,14 @@ class Writer:
         limit: int = 1000,
         on_progress: Callable[[FlushOutcome], None] | None = None,
     ) -> list[FlushOutcome]:
-        """Write every due segment: channels in parallel, each channel's segments in order."""
+        """Write every due segment: channels in parallel, each channel's segments in order.
+
+        While the breaker is open (the endpoint failed recently) nothing is attempted: the
+        segments stay pending, their attempt counts untouched, until the pause ends.
+        """
+        if self.paused:
+            return []
+        self.retry_at = None
         due = await self.engine.store.segments.due(limit=limit, scope=scope)
         by_channel: dict[tuple[str, str, str], list[Segment]] = {}
         for seg in due:
@@ -331,6 +397,8 @@ class Writer:
         async def channel_worker(segments: list[Segment]) -> None:
             async with self._slots, self._lock(segments[0].scope):
                 for seg in segments:
+                    if self.paused:
+                        break  # the endpoint just failed for another channel: wait it out
                     try:
                         outcome = await self.flush(seg)
                     except LLMUnavailable as exc:  # pragma: no cover - flush defers these
