@@ -458,6 +458,14 @@ class GovernanceRepo:
                 await self._forget_batch(tx, part, receipt, reason, forgotten_people or set())
         return receipt
 
+    async def forget_in(
+        self, tx: Transaction, message_pks: list[int], receipt: Receipt, *, reason: str
+    ) -> None:
+        """The same cascade inside a caller's transaction (a create whose delete came first
+        is stored and forgotten atomically)."""
+        if message_pks:
+            await self._forget_batch(tx, sorted(set(message_pks)), receipt, reason, set())
+
     async def withdraw(
         self,
         record_ids: Sequence[int],

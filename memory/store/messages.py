@@ -3,6 +3,13 @@
 Ingestion is batched: one transaction places every message of a batch (session,
 turn, segment) from the channel cursor, so an import writes tens of thousands of
 rows per second while a live event is simply a batch of one.
+
+Creates, edits and deletes converge in any order and with any duplicates:
+- a create of a known id is a duplicate (a deleted message keeps a tombstone row);
+- an edit applies only when it is newer (by `edited_at`, then text) than what is stored;
+- an edit or delete of an id not stored yet is kept in `early_changes`; the create that
+  follows is stored with the newest early edit's text, or, after a delete, stored and
+  forgotten in the same transaction (the one cascade of `GovernanceRepo`).
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from memory.store.vectors import (
 class IngestStatus(StrEnum):
     STORED = "stored"
     DUPLICATE = "duplicate"
+    DELETED = "deleted"
+    """Its delete arrived first: stored as a tombstone only."""
 
 
 class ChangeStatus(StrEnum):
@@ -57,6 +66,16 @@ class IngestOutcome:
 
 
 _CHUNK = 500
+EARLY_EDIT_TTL_S = 7 * 86_400.0
+"""How long the text of an edit whose message never arrived is kept (an import brings
+the edited text anyway); early deletes are kept for good: they are ids only."""
+
+
+@dataclass(frozen=True)
+class _Early:
+    deleted: bool
+    text: str | None
+    edited_at: float | None
 
 
 class MessageRepo:
@@ -96,6 +115,9 @@ class MessageRepo:
         for scope in by_scope:
             pks[scope] = await self.channels.ensure(tx, scope)
         known = await self._existing_pairs(tx, [(pks[ev.scope], ev.message_id) for ev in events])
+        early = await self._early_changes(tx, events)
+        consumed: list[tuple[str, ...]] = []
+        tombstoned: list[tuple[int, str]] = []
         states = await self._channel_states(tx, list(pks.values()))
         top = await tx.fetchone(
             "SELECT (SELECT coalesce(max(id), 0) FROM segments),"
@@ -141,6 +163,14 @@ class MessageRepo:
                     outcomes[i] = IngestOutcome(ev.message_id, IngestStatus.DUPLICATE)
                     continue
                 known_here.add(ev.message_id)
+                text, edited_at = ev.text, None
+                change = early.get((*key, ev.message_id))
+                if change is not None:
+                    consumed.append((*key, ev.message_id))
+                    if change.deleted:
+                        tombstoned.append((pk, ev.message_id))
+                    elif change.text is not None:
+                        text, edited_at = change.text, change.edited_at
                 ts = to_ts(ev.ts)
                 parent = ev.reply_to or ev.thread_id
                 idle = cursor.last_ts is not None and ts - cursor.last_ts > self.gap_seconds
@@ -178,16 +208,20 @@ class MessageRepo:
                         ev.thread_id,
                         ev.speaker_id,
                         ev.speaker_name,
-                        ev.text,
+                        text,
                         ts,
                         place.session_id,
                         place.turn_index,
                         ev.reply_to,
                         json.dumps(list(ev.addressees)) if ev.addressees else "[]",
                         seg_id,
+                        edited_at,
                     )
                 )
-                outcomes[i] = IngestOutcome(ev.message_id, IngestStatus.STORED)
+                status = IngestStatus.STORED
+                if change is not None and change.deleted:
+                    status = IngestStatus.DELETED
+                outcomes[i] = IngestOutcome(ev.message_id, status)
                 users[ev.speaker_id] = (ev.speaker_id, ev.speaker_name, ev.speaker_is_bot)
                 members.setdefault(ev.speaker_id, ts)
                 if seg_n >= self.window:
@@ -229,7 +263,8 @@ class MessageRepo:
         await tx.executemany(
             "INSERT INTO messages (channel_pk, platform, workspace, channel, message_id,"
             " thread_id, speaker_id, speaker_name, text, ts, session_id, turn_index, reply_to,"
-            " addressees, segment_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " addressees, segment_id, edited_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             rows,
         )
         if rows:
@@ -241,7 +276,51 @@ class MessageRepo:
                 " WHERE id > ? ORDER BY id",
                 (last_message_pk,),
             )
+        if consumed:
+            await tx.executemany(
+                "DELETE FROM early_changes WHERE platform = ? AND workspace = ? AND channel = ?"
+                " AND message_id = ?",
+                consumed,
+            )
+        if tombstoned:
+            await self._forget_on_arrival(tx, tombstoned)
         return [o for o in outcomes if o is not None]
+
+    async def _early_changes(
+        self, tx: Transaction, events: Sequence[MessageEvent]
+    ) -> dict[tuple[str, ...], _Early]:
+        """Edits and deletes kept for these messages: (platform, workspace, channel, id) ->."""
+        if await tx.fetchone("SELECT 1 FROM early_changes LIMIT 1") is None:
+            return {}  # the usual case: one cheap probe per batch
+        keys = [[*ev.scope.key(), ev.message_id] for ev in events]
+        out: dict[tuple[str, ...], _Early] = {}
+        for start in range(0, len(keys), 5_000):
+            for r in await tx.fetchall(
+                "SELECT e.platform, e.workspace, e.channel, e.message_id, e.deleted_at, e.text,"
+                " e.edited_at FROM json_each(?) AS j CROSS JOIN early_changes AS e"
+                " ON e.platform = json_extract(j.value, '$[0]')"
+                " AND e.workspace = json_extract(j.value, '$[1]')"
+                " AND e.channel = json_extract(j.value, '$[2]')"
+                " AND e.message_id = json_extract(j.value, '$[3]')",
+                (json.dumps(keys[start : start + 5_000]),),
+            ):
+                out[(r[0], r[1], r[2], r[3])] = _Early(r[4] is not None, r[5], r[6])
+        return out
+
+    async def _forget_on_arrival(self, tx: Transaction, tombstoned: list[tuple[int, str]]) -> None:
+        """Messages whose delete came first: stored above, forgotten here, in one transaction."""
+        pks: list[int] = []
+        for channel_pk, message_id in tombstoned:
+            row = await tx.fetchone(
+                "SELECT id FROM messages WHERE channel_pk = ? AND message_id = ?",
+                (channel_pk, message_id),
+            )
+            pks.append(int(row[0]))
+        receipt = Receipt(action="platform-delete", target=f"{len(pks)} early delete(s)")
+        await GovernanceRepo(self.db, self.channels).forget_in(
+            tx, pks, receipt, reason="platform-delete"
+        )
+        self.last_receipt = receipt
 
     @staticmethod
     async def _session_of(
@@ -293,33 +372,76 @@ class MessageRepo:
     async def edit(self, event: EditEvent) -> ChangeStatus:
         """Replace the text: the FTS trigger swaps the indexed words, the old vector goes (the
         embedder makes a new one). Records citing it are re-checked by the caller
-        (`memory.governance.service`), with `citing_records`."""
+        (`memory.governance.service`), with `citing_records`.
+
+        Only a newer edit applies: (edited_at, text) above the stored one, so any order of
+        the same edits ends on the same text. An edit of a message not stored yet is kept
+        for it (UNKNOWN); an edit of a deleted message changes nothing."""
+        at = to_ts(event.edited_at)
         async with self.db.transaction() as tx:
             row = await self._locate(tx, event.scope, event.message_id)
             if row is None:
+                await self._keep_early_edit(tx, event, at)
                 return ChangeStatus.UNKNOWN
-            pk, text, deleted = row
-            if deleted is not None or text == event.text:
+            pk, text, deleted, edited_at = row
+            if deleted is not None:
+                return ChangeStatus.UNCHANGED
+            if edited_at is not None and (at, event.text) <= (edited_at, text):
+                return ChangeStatus.UNCHANGED  # an older edit (or this one) replayed late
+            if text == event.text:  # newer but the same words: only the time moves
+                await tx.execute("UPDATE messages SET edited_at = ? WHERE id = ?", (at, pk))
                 return ChangeStatus.UNCHANGED
             await tx.execute(
                 "UPDATE messages SET text = ?, edited_at = ?, embedded = 0 WHERE id = ?",
-                (event.text, to_ts(event.edited_at), pk),
+                (event.text, at, pk),
             )
             await self._drop_vector(tx, pk)
             return ChangeStatus.APPLIED
 
+    @staticmethod
+    async def _keep_early_edit(tx: Transaction, event: EditEvent, at: float) -> None:
+        """Keep the newest edit of a message not stored yet (none after its delete)."""
+        now = time.time()
+        await tx.execute(
+            "DELETE FROM early_changes WHERE deleted_at IS NULL AND received_at < ?",
+            (now - EARLY_EDIT_TTL_S,),
+        )
+        await tx.execute(
+            "INSERT INTO early_changes (platform, workspace, channel, message_id, text,"
+            " edited_at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (platform, workspace, channel, message_id) DO UPDATE"
+            " SET text = excluded.text, edited_at = excluded.edited_at,"
+            " received_at = excluded.received_at WHERE early_changes.deleted_at IS NULL"
+            " AND (early_changes.edited_at IS NULL OR excluded.edited_at > early_changes.edited_at"
+            " OR (excluded.edited_at = early_changes.edited_at"
+            " AND excluded.text > early_changes.text))",
+            (*event.scope.key(), event.message_id, event.text, at, now),
+        )
+
     async def delete(self, event: DeleteEvent) -> ChangeStatus:
         """A platform delete: the forgetting cascade (text, indexes, vectors and every record
-        citing it go; a tombstone keeps the id so a replayed create does not bring it back)."""
-        rows = await self.db.read(
-            "SELECT m.id, m.deleted_at, m.speaker_name FROM messages m JOIN channels c"
-            " ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ? AND c.channel = ?"
-            " AND m.message_id = ?",
-            (*event.scope.key(), event.message_id),
-        )
-        if not rows:
-            return ChangeStatus.UNKNOWN
-        pk, deleted, speaker_name = rows[0]
+        citing it go; a tombstone keeps the id so a replayed create does not bring it back).
+
+        A delete of a message not stored yet is kept as an early tombstone (UNKNOWN): the
+        create that follows is stored forgotten."""
+        async with self.db.transaction() as tx:
+            row = await tx.fetchone(
+                "SELECT m.id, m.deleted_at, m.speaker_name FROM messages m JOIN channels c"
+                " ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ?"
+                " AND c.channel = ? AND m.message_id = ?",
+                (*event.scope.key(), event.message_id),
+            )
+            if row is None:
+                await tx.execute(
+                    "INSERT INTO early_changes (platform, workspace, channel, message_id,"
+                    " deleted_at, received_at) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (platform, workspace, channel, message_id) DO UPDATE"
+                    " SET deleted_at = coalesce(early_changes.deleted_at, excluded.deleted_at),"
+                    " text = NULL, edited_at = NULL",
+                    (*event.scope.key(), event.message_id, time.time(), time.time()),
+                )
+                return ChangeStatus.UNKNOWN
+        pk, deleted, speaker_name = row
         cited = await self.db.read(
             "SELECT 1 FROM record_sources WHERE message_pk = ? LIMIT 1", (pk,)
         )
@@ -334,7 +456,7 @@ class MessageRepo:
 
     async def _locate(self, tx: Transaction, scope: Scope, message_id: str) -> Any:
         return await tx.fetchone(
-            "SELECT m.id, m.text, m.deleted_at FROM messages m JOIN channels c"
+            "SELECT m.id, m.text, m.deleted_at, m.edited_at FROM messages m JOIN channels c"
             " ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ? AND c.channel = ?"
             " AND m.message_id = ?",
             (*scope.key(), message_id),
