@@ -15,6 +15,12 @@ Why it is shaped like this:
   the channels whose roster holds the asker.
 - HTTP mode verifies the signature on the raw bytes before anything decodes them, so a signed
   body that is not UTF-8 is acked and dropped instead of crashing the request handler.
+- Catch-up (integrations.slack.history): where every channel stands is noted before the app
+  listens or connects; once started, what was posted meanwhile is fetched from
+  ``conversations.history``/``replies`` in a background task, through the same dispatcher
+  (a message already stored is a duplicate, not a second row). Socket Mode does not replay
+  events sent while its socket was down, so every reconnect (a second ``hello``) starts
+  another pass. Progress goes to the log and, through the saved cursors, to ``status``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import re
 import time
@@ -29,7 +36,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from aiohttp import web
+from aiohttp import WSMessage, web
 from pydantic import SecretStr
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
@@ -49,6 +56,7 @@ from bot.events import Event, MessageEvent, RosterAction, RosterEvent, Scope
 from bot.governance import CommandReply
 from bot.inflight import InFlight
 from bot.settings import Settings
+from integrations.slack.history import SlackCatchUp, SlackHistory
 from integrations.slack.render import (
     CANCEL_ACTION,
     CONFIRM_ACTION,
@@ -69,6 +77,7 @@ from integrations.slack.translate import (
 from memory.engine import MemoryEngine
 from memory.query.answer import RecallAnswer
 from memory.query.links import default_link
+from memory.store.catchup import CatchupRepo
 
 __all__ = ["ACK_TEXT", "SlackAdapter", "SlackConfigError"]
 
@@ -152,9 +161,13 @@ class SlackAdapter:
         lookup_concurrency: int = 4,
         rate_limit_retries: int = 3,
         drain_timeout_s: float = 30.0,
+        catch_up: bool = True,
+        catchup_page_size: int = 200,
+        thread_lookback_s: float = 24 * 3600.0,
     ) -> None:
         """`process_before_response=True` finishes the work before the HTTP 200 (tests, FaaS);
-        the default acks first and works after, which is what Slack's 3 s deadline wants."""
+        the default acks first and works after, which is what Slack's 3 s deadline wants.
+        `catch_up=False` skips history catch-up (start and Socket Mode reconnects)."""
         self.settings = settings
         self.dispatcher = dispatcher
         self.engine = engine
@@ -213,6 +226,12 @@ class SlackAdapter:
         self._socket: AsyncSocketModeHandler | None = None
         self.port: int | None = None
         """The bound HTTP port (useful with SPEAKERMEM_SLACK_HTTP_PORT=0)."""
+        self.catch_up = catch_up
+        self.catchup_page_size = catchup_page_size
+        self.thread_lookback_s = thread_lookback_s
+        self.catchup: SlackCatchUp | None = None
+        """History catch-up at start and after Socket Mode reconnects (slack/history.py)."""
+        self._hellos = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -226,11 +245,30 @@ class SlackAdapter:
         for middleware in getattr(self.app, "_async_middleware_list", []):
             if isinstance(middleware, AsyncSingleTeamAuthorization):
                 middleware.auth_test_result = auth
+        if self.catch_up:
+            team = auth.get("team_id")
+            self.catchup = SlackCatchUp(
+                self.dispatcher,
+                CatchupRepo(self.engine.store.db),
+                SlackHistory(
+                    self.client,
+                    names=self.user_info,
+                    before_channel=self.ensure_roster,
+                    page_size=self.catchup_page_size,
+                    thread_lookback_s=self.thread_lookback_s,
+                ),
+                workspace=team if isinstance(team, str) and team else None,
+            )
+            await self.catchup.before_connect()  # before any live event can move it
         if self.mode == "socket":
             app_token = _secret(self.settings.slack_app_token, "SPEAKERMEM_SLACK_APP_TOKEN")
             self._socket = AsyncSocketModeHandler(self.app, app_token=app_token)
+            self._hellos = 0
+            self._socket.client.on_message_listeners.append(self._on_socket_message)  # type: ignore[attr-defined]
             await self._socket.connect_async()
             log.info("slack adapter connected (socket mode)")
+            if self.catchup is not None:
+                self.catchup.begin()
             return
         web_app = web.Application(client_max_size=MAX_BODY_BYTES)
         web_app.router.add_post(self.settings.slack_http_path, self._http)
@@ -249,9 +287,33 @@ class SlackAdapter:
             self.port,
             self.settings.slack_http_path,
         )
+        if self.catchup is not None:
+            self.catchup.begin()
+
+    async def _on_socket_message(self, message: WSMessage) -> None:
+        """Every Socket Mode text frame, read before the next: a ``hello`` after the first
+        one is a new session after a lost one, so catch up (never raises into the SDK)."""
+        try:
+            data = message.data
+            if not isinstance(data, str) or '"hello"' not in data:
+                return
+            if json.loads(data).get("type") != "hello":
+                return
+            self._hellos += 1
+            if self._hellos > 1 and self.catchup is not None:
+                self.stats["socket_reconnects"] += 1
+                await self.catchup.on_reconnect()
+        except Exception as exc:
+            log.warning("slack socket message listener failed (%s)", _brief(exc))
+
+    def catchup_lines(self) -> list[str]:
+        """Catch-up progress of this run: "#eng caught up to 14:02, 1,240 messages"."""
+        return self.catchup.lines() if self.catchup is not None else []
 
     async def stop(self) -> None:
         """Stop taking requests, then let acked work finish (bounded) before the store closes."""
+        if self.catchup is not None:
+            await self.catchup.stop()  # cursors are saved per page: the next start resumes
         if self._socket is not None:
             await self._socket.close_async()
             self._socket = None

@@ -56,6 +56,38 @@ def retry_after_s(exc: SlackApiError, default: float = 1.0) -> float | None:
         return default
 
 
+async def call_waiting_out_429(
+    client: AsyncWebClient,
+    method: str,
+    args: Mapping[str, Any],
+    *,
+    max_retries: int = 5,
+    sleep: Sleep = asyncio.sleep,
+    on_call: Callable[[], None] | None = None,
+    on_wait: Callable[[float], None] | None = None,
+) -> Any:
+    """One Web API call (``"users.list"``), asked again after each 429's Retry-After.
+
+    The client's own retry handler may already have waited; this is the loop that makes a
+    long, paged listing slow rather than refused. Other errors, and the 429 after
+    `max_retries` waits, are raised. Shared by the roster directory and channel history.
+    """
+    for attempt in range(max_retries + 1):
+        if on_call is not None:
+            on_call()
+        try:
+            return await getattr(client, method.replace(".", "_"))(**args)
+        except SlackApiError as exc:
+            wait = retry_after_s(exc)
+            if wait is None or attempt == max_retries:
+                raise
+            if on_wait is not None:
+                on_wait(wait)
+            log.info("slack %s rate-limited; waiting %.1f s (Retry-After)", method, wait)
+            await sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 class SlackDirectory:
     """Each workspace's users (id -> display name, is_bot), from paged users.list."""
 
@@ -133,17 +165,22 @@ class SlackDirectory:
 
     async def call(self, method: str, **args: Any) -> Any:
         """One Web API call, asked again after each 429's Retry-After (at most max_retries)."""
-        for attempt in range(self.max_retries + 1):
+
+        def count() -> None:
             self.calls[method] += 1
-            try:
-                return await getattr(self.client, method.replace(".", "_"))(**args)
-            except SlackApiError as exc:
-                wait = retry_after_s(exc)
-                if wait is None or attempt == self.max_retries:
-                    raise
-                self.waited_s += wait
-                await self._sleep(wait)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        def waited(seconds: float) -> None:
+            self.waited_s += seconds
+
+        return await call_waiting_out_429(
+            self.client,
+            method,
+            args,
+            max_retries=self.max_retries,
+            sleep=self._sleep,
+            on_call=count,
+            on_wait=waited,
+        )
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@ next call(s) answer ``ok: false``.
 Supported methods: auth.test, conversations.members (cursor pagination,
 `page_size` per page unless ``limit`` is smaller), conversations.info,
 users.info, users.list (paged like conversations.members), chat.getPermalink,
-chat.postMessage, chat.postEphemeral,
+chat.postMessage, chat.postEphemeral, conversations.history and conversations.replies
+(a message list per channel in `history`, added with `add_message`; newest first /
+thread oldest first, ``oldest``/``latest``/``inclusive``, cursor paging capped at
+`history_page_size`),
 apps.connections.open (returns ``ws://…/socket``). `rate_limit(method)` makes the
 next call(s) answer 429 with ``Retry-After``. ``/response/{key}`` records what
 ``respond()`` posts. The socket sends ``hello`` then queued envelopes and
@@ -64,6 +67,7 @@ class SlackApiStandIn:
         members: dict[str, list[str]] | None = None,
         page_size: int = 2,
         private: set[str] | None = None,
+        history_page_size: int = 1000,
     ) -> None:
         self.team_id = team_id
         self.users = users if users is not None else {}
@@ -71,6 +75,10 @@ class SlackApiStandIn:
         self.page_size = page_size
         self.private = private if private is not None else set()
         """Channels conversations.info reports as ``is_private``."""
+        self.history: dict[str, list[dict[str, Any]]] = {}
+        """channel -> every message posted there (top level and thread replies)."""
+        self.history_page_size = history_page_size
+        self._history_ts = itertools.count(1)
         self._failures: dict[str, list[str]] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.posted: list[dict[str, Any]] = []
@@ -200,7 +208,7 @@ class SlackApiStandIn:
 
     def _m_conversations_info(self, args: dict[str, Any]) -> dict[str, Any]:
         channel = args.get("channel")
-        if channel not in self.members:
+        if channel not in self.members and channel not in self.history:
             return {"ok": False, "error": "channel_not_found"}
         return {
             "ok": True,
@@ -211,6 +219,109 @@ class SlackApiStandIn:
                 "is_private": channel in self.private,
             },
         }
+
+    # --- channel history ---------------------------------------------------------------------
+
+    def add_message(
+        self,
+        channel: str,
+        text: str,
+        *,
+        user: str = "U0ALICE",
+        at: float | None = None,
+        thread_ts: str | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """Post a message into `channel`'s history (a reply when `thread_ts` is given).
+
+        Its ts is `at` (default: now) plus a unique microsecond counter, so ts order is post
+        order for equal `at`. Returns the message as history will list it."""
+        base = int(at if at is not None else time.time())
+        ts = f"{base}.{next(self._history_ts):06d}"
+        msg: dict[str, Any] = {"type": "message", "user": user, "text": text, "ts": ts, **extra}
+        if thread_ts is not None:
+            msg["thread_ts"] = thread_ts
+            parent = next((m for m in self.history.get(channel, []) if m["ts"] == thread_ts), None)
+            if parent is not None:
+                msg["parent_user_id"] = parent.get("user")
+        self.history.setdefault(channel, []).append(msg)
+        return msg
+
+    @staticmethod
+    def _flag(value: Any) -> bool:
+        return str(value).lower() in ("1", "true")
+
+    @staticmethod
+    def _in_range(ts: str, args: dict[str, Any]) -> bool:
+        value = float(ts)
+        inclusive = SlackApiStandIn._flag(args.get("inclusive"))
+        oldest, latest = args.get("oldest"), args.get("latest")
+        if oldest not in (None, ""):
+            o = float(oldest)
+            if value < o or (value == o and not inclusive):
+                return False
+        if latest not in (None, ""):
+            la = float(latest)
+            if value > la or (value == la and not inclusive):
+                return False
+        return True
+
+    def _page(self, items: list[dict[str, Any]], args: dict[str, Any], key: str) -> dict[str, Any]:
+        start = int(args.get("cursor") or 0)
+        size = min(self.history_page_size, int(args.get("limit") or 100))
+        page = items[start : start + size]
+        more = start + size < len(items)
+        return {
+            "ok": True,
+            key: page,
+            "has_more": more,
+            "response_metadata": {"next_cursor": str(start + size) if more else ""},
+        }
+
+    def _thread(self, channel: str, parent_ts: str) -> list[dict[str, Any]]:
+        return [
+            m
+            for m in self.history.get(channel, [])
+            if m.get("thread_ts") == parent_ts and m["ts"] != parent_ts
+        ]
+
+    def _m_conversations_history(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Top-level messages (and thread broadcasts) in range, newest first; parents carry
+        reply_count / latest_reply like Slack's."""
+        channel = args.get("channel")
+        if channel not in self.history and channel not in self.members:
+            return {"ok": False, "error": "channel_not_found"}
+        top = []
+        for m in self.history.get(channel, []):
+            is_reply = m.get("thread_ts") not in (None, m["ts"])
+            if is_reply and m.get("subtype") != "thread_broadcast":
+                continue
+            if not self._in_range(m["ts"], args):
+                continue
+            replies = self._thread(channel, m["ts"]) if not is_reply else []
+            if replies:
+                m = {
+                    **m,
+                    "thread_ts": m["ts"],
+                    "reply_count": len(replies),
+                    "reply_users": sorted({r.get("user") for r in replies if r.get("user")}),
+                    "latest_reply": max((r["ts"] for r in replies), key=float),
+                }
+            top.append(m)
+        top.sort(key=lambda m: float(m["ts"]), reverse=True)
+        return self._page(top, args, "messages")
+
+    def _m_conversations_replies(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A thread oldest first: the parent (always, like Slack), then replies in range."""
+        channel, parent_ts = args.get("channel"), args.get("ts")
+        parent = next((m for m in self.history.get(str(channel), []) if m["ts"] == parent_ts), None)
+        if parent is None:
+            return {"ok": False, "error": "thread_not_found"}
+        replies = [
+            r for r in self._thread(str(channel), str(parent_ts)) if self._in_range(r["ts"], args)
+        ]
+        replies.sort(key=lambda m: float(m["ts"]))
+        return self._page([parent, *replies], args, "messages")
 
     def _m_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
         """Every user in `users`, cursor-paged like conversations.members."""
@@ -303,6 +414,14 @@ class SlackApiStandIn:
         ack = found()
         assert ack is not None
         return ack
+
+    async def drop_sockets(self) -> int:
+        """Close every Socket Mode connection from the server side (the client reconnects
+        with a new ``apps.connections.open``); returns how many were open."""
+        open_now = list(self._sockets)
+        for ws in open_now:
+            await ws.close()
+        return len(open_now)
 
     async def _socket(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)
