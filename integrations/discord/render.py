@@ -135,7 +135,7 @@ def render_embed(
         budget -= len(title)
     footer = None
     if not answer.refused:
-        footer = (
+        footer = answer.notice() or (
             "Answered by the language model from the cited messages."
             if answer.used_llm
             else "Extractive answer: quoted from the cited messages."

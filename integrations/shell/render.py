@@ -30,7 +30,8 @@ def citation_line(c: Citation, text: str | None) -> str:
 
 
 def render_answer(answer: RecallAnswer, texts: Mapping[tuple[str, str], str]) -> str:
-    """The reply, then one numbered line per citation (texts keyed by (channel, message id))."""
+    """The reply, then one numbered line per citation (texts keyed by (channel, message id)),
+    then, for an extractive answer, the line saying so (and why)."""
     lines = [answer.text.strip()]
     if answer.citations:
         lines.append("")
@@ -38,6 +39,9 @@ def render_answer(answer: RecallAnswer, texts: Mapping[tuple[str, str], str]) ->
             line = citation_line(c, texts.get((c.scope.channel, c.message_id)))
             # an extractive answer already quotes each excerpt: keep only the heads
             lines.append(line if answer.used_llm else line.split("\n")[0])
+    notice = answer.notice()
+    if notice:
+        lines.extend(["", f"({notice})"])
     return "\n".join(lines)
 
 

@@ -96,13 +96,22 @@ def _citation_line(c: Citation, link: str | None) -> str:
 
 
 def render_blocks(answer: RecallAnswer, links: dict[int, str]) -> list[dict]:
-    """Sections with the answer (each [n] linked) and context blocks listing the citations."""
+    """Sections with the answer (each [n] linked) and context blocks listing the citations.
+
+    An extractive answer gets a context line under the answer saying so (and why, when the
+    language model is configured but did not answer)."""
     body = _linked(answer.text, links) if answer.text.strip() else "_(no answer)_"
     blocks: list[dict] = [
         {"type": "section", "text": {"type": "mrkdwn", "text": chunk}} for chunk in _chunks(body)
     ]
     if answer.refused:
         return blocks[:MAX_BLOCKS]
+    notice = answer.notice()
+    if notice:  # right under the answer, so no truncation of the sources can drop it
+        blocks = blocks[: MAX_BLOCKS - 3]
+        blocks.append(
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"_{escape(notice)}_"}]}
+        )
 
     cited = sorted(answer.citations, key=lambda c: c.n)
     elements = [
