@@ -23,11 +23,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from bot.dispatch import Dispatcher
 from bot.events import MessageEvent, Scope
 from memory.store.catchup import CatchupRepo
+
+if TYPE_CHECKING:  # bot.dispatch imports bot.governance_commands, which uses cursor_line
+    from bot.dispatch import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,24 @@ class ChannelProgress:
             return f"{label} stopped at {when} ({self.error}), {self.fetched:,} messages"
         verb = "caught up to" if self.done else "catching up, at"
         return f"{label} {verb} {when}, {self.fetched:,} messages"
+
+
+def cursor_line(entry: Mapping[str, object]) -> str:
+    """A saved cursor (an entry of `Governance.status()["catchup"]`) as a progress line, for
+    `speakermem status` and `/memory status`: a run in another process, or an interrupted
+    one (it resumes at the next start), reads as "catching up, at …"."""
+    platform, workspace, channel = str(entry["channel"]).split("/", 2)
+    ts = entry.get("cursor_ts")
+    fetched = entry.get("fetched")
+    prog = ChannelProgress(
+        scope=Scope(platform=platform, workspace=workspace, channel=channel),
+        name=str(entry["name"]) if entry.get("name") else None,
+        fetched=fetched if isinstance(fetched, int) else 0,
+        newest_ts=float(ts) if isinstance(ts, int | float) else None,
+        done=bool(entry.get("finished")),
+    )
+    line = prog.line()
+    return f"backfill: {line}" if entry.get("kind") == "backfill" else line
 
 
 def _clock(ts: float) -> str:

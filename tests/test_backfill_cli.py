@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from bot.settings import Settings
+from integrations.cli.commands_governance import cmd_status
 from integrations.cli.commands_ops import cmd_backfill, parse_since
 from integrations.cli.errors import CliError
 from integrations.cli.main import build_parser, main
@@ -136,6 +137,12 @@ async def test_slack_backfill_stores_old_messages_once_and_a_rerun_stores_nothin
         assert got["meta"]["name"] == "cgeneral" and got["meta"]["messages"] == len(old)
         (cursor,) = got["cursors"]
         assert cursor.finished and cursor.fetched == len(old)
+
+        # `speakermem status` shows how far the backfill got
+        assert await cmd_status(settings, argparse.Namespace(json=False)) == 0
+        shown = " ".join(capsys.readouterr().out.split())
+        assert "history: backfill: #cgeneral caught up to" in shown
+        assert f"{len(old)} messages" in shown
 
         calls = len(standin.calls)
         assert await cmd_backfill(settings, args) == 0

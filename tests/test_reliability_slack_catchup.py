@@ -16,10 +16,12 @@ import aiohttp
 
 from bot.catchup import ChannelProgress
 from bot.dispatch import Dispatcher
+from bot.governance_commands import render_status
 from bot.settings import Settings
 from integrations.slack.adapter import SlackAdapter
 from integrations.slack.history import SlackHistory
 from memory.engine import MemoryEngine
+from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.pipeline import RecallPipeline
 from memory.store.catchup import CatchupRepo
@@ -217,6 +219,12 @@ async def test_300_messages_posted_while_down_are_stored_exactly_once(tmp_path: 
             assert "caught up to" in run.adapter.catchup_lines()[0]
             cursor = (await CatchupRepo(run.engine.store.db).cursors("slack"))[0]
             assert cursor.finished and cursor.cursor_id == own["ts"]
+            # `/memory status` (and `speakermem status`) read the same line from the cursor
+            status = await Governance(run.engine).status("slack", TEAM_ID)
+            (entry,) = status["catchup"]
+            assert entry["fetched"] == 302 and entry["name"] == "cgeneral" and entry["finished"]
+            shown = render_status(status).text.splitlines()
+            assert f"• History: {run.adapter.catchup_lines()[0]}" in shown
         finally:
             await run.stop()
 

@@ -57,7 +57,12 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         "--since 2024-01-01",
     )
     common(p)
-    p.add_argument("--platform", choices=["slack", "discord"], required=True)
+    p.add_argument(
+        "--platform",
+        choices=["slack", "discord"],
+        required=True,
+        help="where the channel is (its bot token must be set)",
+    )
     p.add_argument(
         "--channel",
         required=True,
