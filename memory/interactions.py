@@ -24,7 +24,9 @@ from functools import lru_cache
 from typing import Literal
 
 from memory.models import RosterMember
+from memory.roster_cache import derived
 from memory.search.fts_query import query_terms
+from memory.search.name_match import NameAlternation
 
 How = Literal["platform", "reply", "vocative", "name_start", "adjacency"]
 ParentHow = Literal["explicit", "addressed", "overlap", "previous"]
@@ -68,7 +70,7 @@ class NameIndex:
 
     names: dict[str, str] = field(default_factory=dict)
     """Lower-cased name or name token -> user id (ambiguous tokens left out)."""
-    pattern: re.Pattern[str] | None = None
+    pattern: NameAlternation | None = None
 
     @classmethod
     def build(cls, roster: Iterable[tuple[str, str, Sequence[str]]]) -> NameIndex:
@@ -90,8 +92,10 @@ class NameIndex:
                 names.setdefault(k, next(iter(v)))
         if not names:
             return cls()
-        alt = "|".join(re.escape(k) for k in sorted(names, key=lambda k: (-len(k), k)))
-        return cls(names, re.compile(rf"(?<![\w@])@?(?P<n>{alt})(?!\w)", re.IGNORECASE))
+        pattern = NameAlternation(
+            list(names), r"(?<![\w@])@?(?P<n>{alt})(?!\w)", re.escape, flags=re.IGNORECASE
+        )
+        return cls(names, pattern)
 
     def find(self, text: str) -> list[tuple[int, int, str]]:
         """(start, end, user id) of every capitalised or @-prefixed name in `text`."""
@@ -140,6 +144,12 @@ def vocatives(text: str, names: NameIndex) -> list[tuple[str, How]]:
 
 def interaction_names(roster: Iterable[RosterMember]) -> NameIndex:
     """The name index of a roster (cached: rosters change rarely)."""
+    if isinstance(roster, list):
+        return derived(roster, "interaction-names", _roster_names)
+    return _roster_names(list(roster))
+
+
+def _roster_names(roster: Sequence[RosterMember]) -> NameIndex:
     return _cached_names(
         tuple((m.user_id, m.display_name, tuple(m.aliases)) for m in roster if m.user_id.strip())
     )

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -22,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memory.models import GROUP, RosterMember, Tense
 from memory.query.timewords import resolve_time
+from memory.roster_cache import derived
+from memory.search.name_match import NameAlternation
 from memory.search.stopwords import STOPWORDS as FUNCTION_WORDS
 
 ALL = "ALL"
@@ -173,12 +176,14 @@ class _Index:
     weak: dict[str, frozenset[str]]
     """Tokens of display names (first/last names) -> ids."""
     caps_only: frozenset[str]
-    name_re: re.Pattern[str] | None
-    id_re: re.Pattern[str] | None
+    name_re: NameAlternation | None
+    id_re: NameAlternation | None
     common: frozenset[str]
     """Name keys the channel uses as ordinary words: people only when capitalised mid-sentence."""
     squashed: dict[str, frozenset[str]]
     """Names without separators or case ('night-owl', 'Night Owl' -> 'nightowl') -> ids."""
+    squash_keys: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """Squashed form -> the name keys (long enough to squash) that give it."""
 
     def lookup(self, key: str) -> frozenset[str]:
         """Ids a name key refers to: full names and aliases win over name tokens, and an
@@ -219,11 +224,6 @@ def _key_pattern(key: str) -> str:
     return r"[\s_.\-]*".join(re.escape(c) for c in chunks)
 
 
-def _alternation(keys: list[str]) -> str:
-    keys = sorted(keys, key=lambda k: (-len(k), k))
-    return "|".join(_key_pattern(k) for k in keys)
-
-
 @lru_cache(maxsize=64)
 def _build_index(
     sig: tuple[tuple[str, str, tuple[str, ...]], ...], common: frozenset[str] = frozenset()
@@ -254,21 +254,28 @@ def _build_index(
         k for k in keys if k in _STOPWORDS or k in _NAME_LIKE_WORDS or k in common
     )
     squashed: dict[str, set[str]] = {}
+    squash_keys: dict[str, list[str]] = {}
     for k in keys:
-        if k not in caps_only and len(_squash(k)) >= 3:
-            squashed.setdefault(_squash(k), set()).update(strong.get(k) or weak.get(k) or ())
+        if len(_squash(k)) >= 3:
+            squash_keys.setdefault(_squash(k), []).append(k)
+            if k not in caps_only:
+                squashed.setdefault(_squash(k), set()).update(strong.get(k) or weak.get(k) or ())
     name_re = None
     if keys:
-        name_re = re.compile(
-            rf"(?<![\w'@])(?P<at>@)?(?P<name>{_alternation(keys)})(?P<poss>'s|s'|')?(?!\w)",
-            re.IGNORECASE,
+        name_re = NameAlternation(
+            keys,
+            r"(?<![\w'@])(?P<at>@)?(?P<name>{alt})(?P<poss>'s|s'|')?(?!\w)",
+            _key_pattern,
+            flags=re.IGNORECASE,
         )
     # a raw id that reads as a lower-case word ("man", from a slugged name) is left to the
     # name rules: as an id it would match the word everywhere
     id_keys = [uid for uid in names if len(uid) >= 2 and not (uid.isalpha() and uid.islower())]
     id_re = None
     if id_keys:
-        id_re = re.compile(rf"(?<![\w@<!])(?P<id>{_alternation(id_keys)})(?P<poss>'s)?(?!\w)")
+        id_re = NameAlternation(
+            id_keys, r"(?<![\w@<!])(?P<id>{alt})(?P<poss>'s)?(?!\w)", _key_pattern
+        )
     return _Index(
         names=names,
         ids_fold={uid.casefold(): uid for uid in names},
@@ -279,12 +286,49 @@ def _build_index(
         id_re=id_re,
         common=common,
         squashed={k: frozenset(v) for k, v in squashed.items()},
+        squash_keys={k: tuple(v) for k, v in squash_keys.items()},
     )
 
 
-def _index(roster: list[RosterMember], common: frozenset[str] = frozenset()) -> _Index:
+_COMMON_INDEXES: OrderedDict[tuple[int, frozenset[str]], tuple[_Index, _Index]] = OrderedDict()
+_INDEX_CACHE = 64
+
+
+def _index(roster: list[RosterMember], common: Collection[str] = frozenset()) -> _Index:
+    base = derived(roster, "projection-index", _roster_index)
+    keys = frozenset(_key(c) for c in common)
+    return _with_common(base, keys) if keys else base
+
+
+def _roster_index(roster: Sequence[RosterMember]) -> _Index:
     sig = tuple((m.user_id, m.display_name, tuple(m.aliases)) for m in roster if m.user_id.strip())
-    return _build_index(sig, frozenset(_key(c) for c in common))
+    return _build_index(sig)
+
+
+def _with_common(base: _Index, common: frozenset[str]) -> _Index:
+    """`base` where the `common` name keys count as ordinary words: they join `caps_only`
+    and leave the squashed handles. Only the entries those keys touch are recomputed."""
+    cache_key = (id(base), common)
+    hit = _COMMON_INDEXES.get(cache_key)
+    if hit is not None and hit[0] is base:
+        return hit[1]
+    newly = {k for k in common if k in base.strong or k in base.weak}
+    caps_only = base.caps_only | newly
+    squashed = dict(base.squashed)
+    for sq in {_squash(k) for k in newly}:
+        ids: set[str] = set()
+        for k in base.squash_keys.get(sq, ()):
+            if k not in caps_only:
+                ids.update(base.strong.get(k) or base.weak.get(k) or ())
+        if ids:
+            squashed[sq] = frozenset(ids)
+        else:
+            squashed.pop(sq, None)
+    idx = dataclasses.replace(base, caps_only=caps_only, common=common, squashed=squashed)
+    _COMMON_INDEXES[cache_key] = (base, idx)
+    while len(_COMMON_INDEXES) > _INDEX_CACHE:
+        _COMMON_INDEXES.popitem(last=False)
+    return idx
 
 
 def name_keys(question: str, roster: list[RosterMember]) -> list[str]:

@@ -29,6 +29,7 @@ from memory.engine import MemoryEngine
 from memory.governance.policy import visible_records
 from memory.models import GROUP, DerivedRecord, RosterMember, StoredMessage
 from memory.query.projection import ALL, Projection
+from memory.roster_cache import derived, display_names
 from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
 
@@ -88,7 +89,12 @@ class S2Result:
 
 
 def eligible_people(roster: Sequence[RosterMember]) -> list[str]:
-    """Active human members, in roster order: who an ALL row may read."""
+    """Active human members, in roster order: who an ALL row may read (computed once per
+    roster list; shared, do not change it)."""
+    return derived(roster, "eligible", _eligible)
+
+
+def _eligible(roster: Sequence[RosterMember]) -> list[str]:
     return list(dict.fromkeys(m.user_id for m in roster if not m.is_bot and m.active))
 
 
@@ -197,7 +203,7 @@ async def read_rows(
         record_owners=owners,
         eligible=eligible,
     )
-    names = {m.user_id: m.display_name for m in roster}
+    names = display_names(roster)
     rows = [Row(key=k, label="GROUP" if k == GROUP else names.get(k, k)) for k in people.keys]
     persons = [r.key for r in rows if r.key != GROUP]
 
