@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 
 from memory.config import MemoryConfig
+from memory.interactions import interaction_names
 from memory.models import (
     DeleteEvent,
     EditEvent,
@@ -56,6 +57,9 @@ class MemoryEngine:
         self.embedder = embedder
         self._embed_wakeup = asyncio.Event()
         self._embed_task: asyncio.Task[None] | None = None
+        self._graph_wakeup = asyncio.Event()
+        self._graph_task: asyncio.Task[None] | None = None
+        self._graph_dirty: set[Scope] = set()
 
     @classmethod
     async def open(cls, config: MemoryConfig, embedder: Embedder | None = None) -> MemoryEngine:
@@ -69,6 +73,7 @@ class MemoryEngine:
 
     async def close(self) -> None:
         await self.stop_background_embedding()
+        await self.stop_background_interactions()
         await self.store.close()
 
     # ---- ingestion ----------------------------------------------------------------------
@@ -76,6 +81,7 @@ class MemoryEngine:
     async def ingest(self, event: MessageEvent) -> IngestOutcome:
         (outcome,) = await self.store.messages.ingest([event])
         self._embed_wakeup.set()
+        self._graph_changed([event.scope])
         return outcome
 
     async def ingest_many(
@@ -88,8 +94,10 @@ class MemoryEngine:
         """Ingest in batches of one transaction each (imports, backfills)."""
         outcomes: list[IngestOutcome] = []
         batch: list[MessageEvent] = []
+        scopes: set[Scope] = set()
         for event in events:
             batch.append(event)
+            scopes.add(event.scope)
             if len(batch) >= batch_size:
                 outcomes.extend(await self.store.messages.ingest(batch))
                 if on_progress:
@@ -100,6 +108,7 @@ class MemoryEngine:
             if on_progress:
                 on_progress(len(batch))
         self._embed_wakeup.set()
+        self._graph_changed(scopes)
         return outcomes
 
     async def edit(self, event: EditEvent) -> ChangeStatus:
@@ -158,6 +167,65 @@ class MemoryEngine:
 
     async def stop_background_embedding(self) -> None:
         task, self._embed_task = self._embed_task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    # ---- interaction graph --------------------------------------------------------------
+
+    async def infer_interactions(
+        self, scopes: Iterable[Scope] | None = None, *, batch: int = 500
+    ) -> int:
+        """Infer who spoke to whom and reply links for the new messages of `scopes` (all
+        known channels if None); returns how many messages were read."""
+        if scopes is None:
+            targets = await self.store.interactions.behind()
+        else:
+            targets = [
+                (pk, scope)
+                for scope in scopes
+                if (pk := await self.store.channels.lookup(scope)) is not None
+            ]
+        total = 0
+        for pk, scope in targets:
+            names = interaction_names(await self.members(scope))
+            while n := await self.store.interactions.update(pk, names, limit=batch):
+                total += n
+        return total
+
+    def _graph_changed(self, scopes: Iterable[Scope]) -> None:
+        if self._graph_task is not None:
+            self._graph_dirty.update(scopes)
+            self._graph_wakeup.set()
+
+    def start_background_interactions(self) -> None:
+        """Keep the interaction graph current as messages arrive, off the /recall path
+        (/recall then finds nothing left to infer). Starts with every channel's backlog."""
+        if self._graph_task is not None:
+            return
+
+        async def worker() -> None:
+            first = True
+            while True:
+                await self._graph_wakeup.wait()
+                self._graph_wakeup.clear()
+                scopes, self._graph_dirty = self._graph_dirty, set()
+                try:
+                    await self.infer_interactions(None if first else scopes)
+                    first = False
+                except Exception:  # keep the worker alive; the cursor has not moved
+                    log.exception("interaction inference failed; will retry on next message")
+                    self._graph_dirty.update(scopes)
+                    await asyncio.sleep(1.0)
+
+        self._graph_wakeup.set()
+        self._graph_task = asyncio.create_task(worker(), name="speakermem-interactions")
+
+    async def stop_background_interactions(self) -> None:
+        task, self._graph_task = self._graph_task, None
         if task is not None:
             task.cancel()
             try:

@@ -50,6 +50,7 @@ class LocalBot:
             return
         self.background = True
         self.engine.start_background_embedding()
+        self.engine.start_background_interactions()
         self.scheduler.start()
 
 
@@ -72,3 +73,4 @@ async def local_bot(settings: Settings, *, background: bool = True) -> AsyncIter
         finally:
             await scheduler.shutdown()
             await engine.stop_background_embedding()
+            await engine.stop_background_interactions()

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from memory.interactions import WINDOW, NameIndex, Turn, infer
+from memory.models import Scope
 from memory.store.database import Database
 from memory.store.vectors import rescore
 
@@ -60,7 +61,10 @@ class InteractionRepo:
                 (channel_pk, cursor, WINDOW),
             )
             turns = [_turn(r) for r in new if r[8] is None]
-            inferred = infer(turns, names, history=[_turn(r) for r in reversed(history)])
+            # pure CPU work over up to `limit` turns: off the event loop
+            inferred = await asyncio.to_thread(
+                infer, turns, names, history=[_turn(r) for r in reversed(history)]
+            )
             async with self.db.transaction() as tx:
                 await tx.executemany(
                     "INSERT OR REPLACE INTO message_addressees (message_pk, addressee, how)"
@@ -78,6 +82,17 @@ class InteractionRepo:
                     (channel_pk, new[-1][0]),
                 )
             return len(new)
+
+    async def behind(self) -> list[tuple[int, Scope]]:
+        """Channels with messages the graph has not read yet: (channel pk, scope)."""
+        rows = await self.db.read(
+            "SELECT c.id, c.platform, c.workspace, c.channel FROM"
+            " (SELECT channel_pk, max(id) AS last FROM messages GROUP BY channel_pk) m"
+            " JOIN channels c ON c.id = m.channel_pk"
+            " LEFT JOIN interaction_cursor ic ON ic.channel_pk = m.channel_pk"
+            " WHERE m.last > coalesce(ic.last_pk, 0)"
+        )
+        return [(int(r[0]), Scope(platform=r[1], workspace=r[2], channel=r[3])) for r in rows]
 
     async def addressees(self, pks: Sequence[int]) -> dict[int, list[tuple[str, str]]]:
         """pk -> [(addressee, how)]."""
