@@ -148,7 +148,15 @@ async def test_slack_backfill_stores_old_messages_once_and_a_rerun_stores_nothin
         assert await cmd_backfill(settings, args) == 0
         assert f"stored 0 new messages, {len(old)} already present" in err(capsys)
         assert len((await stored(tmp_path, SCOPE))["ids"]) == len(old)
-        assert [m for m, _ in standin.calls[calls:]].count("conversations.history") == 2
+        # a week at a time: the first week in two pages, then an empty week that doubles the
+        # next window, then the rest up to now (no `latest`)
+        hist = [a for m, a in standin.calls[calls:] if m == "conversations.history"]
+        week = 7 * 86400
+        ends = [float(h["latest"]) if "latest" in h else None for h in hist]
+        assert hist[0]["oldest"] == f"{SINCE.timestamp() - 86400:.6f}"  # a day of thread lookback
+        assert hist[1]["cursor"] == "200" and ends[0] == ends[1]
+        assert [round(e - SINCE.timestamp()) for e in ends[1:4] if e] == [week, 2 * week, 4 * week]
+        assert len(hist) == 5 and ends[4] is None
     finally:
         await standin.close()
 

@@ -448,3 +448,64 @@ async def test_events_api_retries_of_one_event_are_stored_once_and_all_acked(
             await run.stop()
     finally:
         await standin.close()
+
+
+async def test_windows_follow_a_thread_across_them_and_resume_from_a_cursor(
+    tmp_path: Path,
+) -> None:
+    """A 30-day range in 7-day windows: a thread started in the first window and answered in
+    the third is followed there; a fetch stopped after the first window resumes from its
+    last message and, with a lookback reaching the thread's start, still gets its replies."""
+    from slack_sdk.web.async_client import AsyncWebClient
+
+    day = 86400
+    base = int(time.time()) - 30 * day
+    standin = await new_standin().start()
+    try:
+        top = [
+            standin.add_message(GENERAL, f"day {d}", user="U1", at=base + d * day + 60)
+            for d in range(0, 30, 2)
+        ]
+        parent = top[0]
+        replies = [
+            standin.add_message(
+                GENERAL, f"answer {d}", user="U2", at=base + d * day + 120, thread_ts=parent["ts"]
+            )
+            for d in (3, 17)
+        ]
+        everything = sorted([*top, *replies], key=lambda m: float(m["ts"]))
+
+        def history(lookback: float) -> SlackHistory:
+            return SlackHistory(
+                AsyncWebClient(token="xoxb-t", base_url=standin.base_url),
+                window_s=7 * day,
+                thread_lookback_s=lookback,
+            )
+
+        got = [
+            e.message_id
+            async for p in history(0).pages(SCOPE, after_id=None, after_ts=base)
+            for e in p
+        ]
+        assert got == [m["ts"] for m in everything]
+        rep = [a for m, a in standin.calls if m == "conversations.replies"]
+        # asked in each window up to the one holding its latest reply (day 17: the third)
+        assert len(rep) == 3 and all(a["ts"] == parent["ts"] for a in rep)
+
+        # stop after the first window's page, resume from its newest message
+        first_pages: list[list[str]] = []
+        async for p in history(0).pages(SCOPE, after_id=None, after_ts=base):
+            first_pages.append([e.message_id for e in p])
+            break
+        cursor = first_pages[0][-1]
+        assert first_pages[0] == [m["ts"] for m in everything if float(m["ts"]) < base + 7 * day]
+        calls = len(standin.calls)
+        rest = [
+            e.message_id
+            async for p in history(30 * day).pages(SCOPE, after_id=cursor, after_ts=None)
+            for e in p
+        ]
+        assert first_pages[0] + rest == [m["ts"] for m in everything]
+        assert float(history_calls(standin, calls)[0]["oldest"]) == float(cursor) - 30 * day
+    finally:
+        await standin.close()

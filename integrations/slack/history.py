@@ -1,12 +1,14 @@
 """Slack channel history for catch-up and backfill (``conversations.history`` + ``replies``).
 
 `SlackHistory` is a `bot.catchup.HistorySource`. Slack answers history newest first and
-pages backwards with a cursor, so one pass fetches the whole range of a channel (messages
-newer than ``oldest``; ``inclusive=false``, 200 a page), then the threads in it
-(``conversations.replies`` for every parent with replies newer than ``oldest``), merges
-them by ``ts`` and yields pages oldest first. Everything yielded is therefore older than
-everything not yet yielded, which is what makes `CatchUp`'s per-page cursor safe: a run
-interrupted after page k resumes from page k's newest ``ts`` and misses nothing.
+pages backwards with a cursor, so the range is cut into time windows (a week; the last one
+reaches the present, and a catch-up after a few hours is that one window). Each window is
+fetched whole (``conversations.history`` with ``oldest``/``latest``, ``inclusive=false``,
+200 a page, then ``conversations.replies`` for the threads with replies in it), merged by
+``ts`` and yielded oldest first. Everything yielded is therefore older than everything not
+yet yielded, which is what makes `CatchUp`'s per-page cursor safe: a run interrupted after
+page k resumes from page k's newest ``ts`` and misses nothing; at most one window is held
+in memory. Threads that span windows are followed into the next ones.
 
 Threads: a reply posted during the downtime to a thread whose parent is older than the
 gap is not in ``conversations.history`` of the gap. Parents are therefore listed from
@@ -33,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from decimal import Decimal, InvalidOperation
@@ -54,6 +57,10 @@ log = logging.getLogger(__name__)
 PAGE = 200
 """Messages per history/replies request (Slack recommends at most 200)."""
 THREAD_LOOKBACK_S = 24 * 3600.0
+WINDOW_S = 7 * 24 * 3600.0
+"""A backfill is fetched a week at a time (an empty week doubles the next window)."""
+_TICK = Decimal("0.000001")
+"""Slack ts have microseconds: `latest` of end + 1 tick, exclusive, includes `end`."""
 
 NameLookup = Callable[[str, str], Awaitable[tuple[str, bool] | None]]
 """(team, user id) -> (display name, is_bot), or None when unknown."""
@@ -64,6 +71,10 @@ def slack_ts(after_id: str | None, after_ts: float | None) -> str:
     if after_id:
         return after_id
     return f"{max(0.0, after_ts or 0.0):.6f}"
+
+
+def _fmt(ts: Decimal) -> str:
+    return f"{ts:f}"
 
 
 def _dec(ts: Any) -> Decimal | None:
@@ -89,6 +100,7 @@ class SlackHistory:
         before_channel: Callable[[Scope], Awaitable[Any]] | None = None,
         page_size: int = PAGE,
         thread_lookback_s: float = THREAD_LOOKBACK_S,
+        window_s: float = WINDOW_S,
         max_retries: int = 5,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
@@ -97,6 +109,7 @@ class SlackHistory:
         self.before_channel = before_channel
         self.page_size = page_size
         self.thread_lookback_s = thread_lookback_s
+        self.window_s = window_s
         self.max_retries = max_retries
         self._sleep = sleep
         self.calls: Counter[str] = Counter()
@@ -134,59 +147,101 @@ class SlackHistory:
             if not cursor or not page.get("has_more", True):
                 return out
 
-    async def fetch_raw(self, channel: str, oldest: str) -> list[dict[str, Any]]:
-        """Top-level messages and thread replies newer than `oldest`, oldest first, once each."""
-        floor = _dec(oldest) or Decimal(0)
-        scan_from = max(Decimal(0), floor - Decimal(str(self.thread_lookback_s)))
-        top = await self._listing(
-            "conversations.history",
-            channel=channel,
-            oldest=f"{scan_from:f}" if scan_from != floor else oldest,
-            inclusive=False,
-        )
+    async def fetch_window(
+        self,
+        channel: str,
+        start: Decimal,
+        end: Decimal | None,
+        *,
+        scan_from: Decimal,
+        threads: dict[str, Decimal | None],
+    ) -> list[dict[str, Any]]:
+        """Top-level messages and thread replies with ``start < ts <= end`` (no `end`: up to
+        now), oldest first, once each.
+
+        Parents are listed from `scan_from` (<= `start`: the thread lookback); `threads` maps
+        the parents whose replies may still come (ts -> latest_reply) and is carried from one
+        window to the next, so a thread that spans windows is followed to its last reply."""
+        args: dict[str, Any] = {"channel": channel, "oldest": _fmt(scan_from), "inclusive": False}
+        if end is not None:
+            args["latest"] = _fmt(end + _TICK)  # exclusive bound just past `end`
+        top = await self._listing("conversations.history", **args)
         merged: dict[Decimal, dict[str, Any]] = {}
-        parents: list[str] = []
         for msg in top:
             ts = _dec(msg.get("ts"))
             if ts is None:
                 self.skipped += 1
                 continue
-            if ts > floor:
+            if ts > start and (end is None or ts <= end):
                 merged[ts] = msg
             is_parent = msg.get("thread_ts") in (None, msg.get("ts")) and (
                 int(msg.get("reply_count") or 0) > 0
             )
             latest = _dec(msg.get("latest_reply"))
-            if is_parent and (latest is None or latest > floor):
-                parents.append(msg["ts"])
-        for parent in parents:
-            replies = await self._listing(
-                "conversations.replies", channel=channel, ts=parent, oldest=oldest, inclusive=False
-            )
-            for msg in replies:
+            if is_parent and (latest is None or latest > start):
+                threads[msg["ts"]] = latest
+        for parent, latest in list(threads.items()):
+            rargs: dict[str, Any] = {
+                "channel": channel,
+                "ts": parent,
+                "oldest": _fmt(start),
+                "inclusive": False,
+            }
+            if end is not None:
+                rargs["latest"] = _fmt(end + _TICK)
+            for msg in await self._listing("conversations.replies", **rargs):
                 ts = _dec(msg.get("ts"))
-                if ts is None or msg.get("ts") == parent or ts <= floor:
+                if ts is None or msg.get("ts") == parent or ts <= start:
                     continue  # Slack lists the parent first, whatever `oldest` says
-                merged.setdefault(ts, msg)
+                if end is None or ts <= end:
+                    merged.setdefault(ts, msg)
+            if end is None or (latest is not None and latest <= end):
+                del threads[parent]  # no reply of it lies in a later window
         return [merged[ts] for ts in sorted(merged)]
+
+    async def fetch_raw(self, channel: str, oldest: str) -> list[dict[str, Any]]:
+        """Everything newer than `oldest` in one list (a window reaching the present)."""
+        floor = _dec(oldest) or Decimal(0)
+        lookback = Decimal(str(self.thread_lookback_s))
+        return await self.fetch_window(
+            channel, floor, None, scan_from=max(Decimal(0), floor - lookback), threads={}
+        )
 
     async def pages(
         self, scope: Scope, *, after_id: str | None, after_ts: float | None
     ) -> AsyncIterator[list[MessageEvent]]:
+        """Time windows from the start to now, each fetched whole, then yielded oldest first
+        (`page_size` events a page): a long backfill holds one window in memory, and its cursor
+        advances window by window. An empty window doubles the next (up to 8x), so years of
+        silence cost a few calls."""
         if self.before_channel is not None:
             try:
                 await self.before_channel(scope)
             except Exception as exc:  # the roster is best effort; the history still comes
                 log.warning("slack catch-up: preparing %s failed (%s)", scope.channel, exc)
-        raw = await self.fetch_raw(scope.channel, slack_ts(after_id, after_ts))
+        start = _dec(slack_ts(after_id, after_ts)) or Decimal(0)
+        scan_from = max(Decimal(0), start - Decimal(str(self.thread_lookback_s)))
+        base = Decimal(str(self.window_s))
+        width = base
+        now = Decimal(int(time.time()) + 1)
+        threads: dict[str, Decimal | None] = {}
         known: dict[str, str] = {}
-        for start in range(0, len(raw), self.page_size):
-            page: list[MessageEvent] = []
-            for msg in raw[start : start + self.page_size]:
-                event = await self._translate(scope, msg, known)
-                if event is not None:
-                    page.append(event)
-            yield page
+        while True:
+            end: Decimal | None = start + width if start + width < now else None
+            raw = await self.fetch_window(
+                scope.channel, start, end, scan_from=scan_from, threads=threads
+            )
+            for first in range(0, len(raw), self.page_size):
+                page: list[MessageEvent] = []
+                for msg in raw[first : first + self.page_size]:
+                    event = await self._translate(scope, msg, known)
+                    if event is not None:
+                        page.append(event)
+                yield page
+            if end is None:
+                return
+            width = base if raw else min(width * 2, base * 8)
+            start = scan_from = end
 
     async def _translate(
         self, scope: Scope, msg: Mapping[str, Any], known: dict[str, str]
