@@ -219,6 +219,7 @@ async def test_300_messages_posted_while_down_are_stored_exactly_once(tmp_path: 
             assert "caught up to" in run.adapter.catchup_lines()[0]
             cursor = (await CatchupRepo(run.engine.store.db).cursors("slack"))[0]
             assert cursor.finished and cursor.cursor_id == own["ts"]
+            assert run.adapter.stats["catchup_messages"] == 302  # exported with /metrics
             # `/memory status` (and `speakermem status`) read the same line from the cursor
             status = await Governance(run.engine).status("slack", TEAM_ID)
             (entry,) = status["catchup"]

@@ -258,6 +258,7 @@ class SlackAdapter:
                     thread_lookback_s=self.thread_lookback_s,
                 ),
                 workspace=team if isinstance(team, str) and team else None,
+                on_page=lambda _prog, n: self.stats.update(catchup_messages=n),
             )
             await self.catchup.before_connect()  # before any live event can move it
         if self.mode == "socket":

@@ -277,9 +277,10 @@ class SlackCatchUp:
         *,
         workspace: str | None = None,
         names: Callable[[], Mapping[Scope, str]] | None = None,
+        on_page: Callable[[ChannelProgress, int], None] | None = None,
     ) -> None:
         self.history = history
-        self.catchup = CatchUp(dispatcher, repo, history)
+        self.catchup = CatchUp(dispatcher, repo, history, on_page=on_page)
         self.workspace = workspace
         self.names = names or dict
         self._pending: dict[Scope, Start] = {}
