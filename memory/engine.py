@@ -7,7 +7,6 @@ deletes, roster changes), embedding, and System 1 search. The Writer and the
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -16,6 +15,7 @@ from typing import Literal
 
 import numpy as np
 
+from memory.background import WakeWorker
 from memory.config import MemoryConfig
 from memory.interactions import interaction_names
 from memory.models import (
@@ -55,11 +55,11 @@ class MemoryEngine:
         self.config = config
         self.store = store
         self.embedder = embedder
-        self._embed_wakeup = asyncio.Event()
-        self._embed_task: asyncio.Task[None] | None = None
-        self._graph_wakeup = asyncio.Event()
-        self._graph_task: asyncio.Task[None] | None = None
-        self._graph_dirty: set[Scope] = set()
+        self._embedding = WakeWorker("embedder", self._embed_batches)
+        self._embed_batch = 64
+        self._graph = WakeWorker("interactions", self._infer_dirty)
+        self._graph_dirty: set[Scope] | None = None
+        """Channels with new messages for the graph worker (None: all, on its first pass)."""
 
     @classmethod
     async def open(cls, config: MemoryConfig, embedder: Embedder | None = None) -> MemoryEngine:
@@ -80,7 +80,7 @@ class MemoryEngine:
 
     async def ingest(self, event: MessageEvent) -> IngestOutcome:
         (outcome,) = await self.store.messages.ingest([event])
-        self._embed_wakeup.set()
+        self._embedding.wake()
         self._graph_changed([event.scope])
         return outcome
 
@@ -107,14 +107,14 @@ class MemoryEngine:
             outcomes.extend(await self.store.messages.ingest(batch))
             if on_progress:
                 on_progress(len(batch))
-        self._embed_wakeup.set()
+        self._embedding.wake()
         self._graph_changed(scopes)
         return outcomes
 
     async def edit(self, event: EditEvent) -> ChangeStatus:
         status = await self.store.messages.edit(event)
         if status is ChangeStatus.APPLIED:
-            self._embed_wakeup.set()
+            self._embedding.wake()
         return status
 
     async def delete(self, event: DeleteEvent) -> ChangeStatus:
@@ -147,32 +147,18 @@ class MemoryEngine:
             if stored == 0 and len(items) < batch_size:
                 return done
 
+    async def _embed_batches(self) -> None:
+        await self.embed_pending(batch_size=self._embed_batch)
+
     def start_background_embedding(self, *, batch_size: int = 64) -> None:
         """Embed new messages shortly after they arrive, without blocking ingestion."""
-        if self.embedder is None or self._embed_task is not None:
+        if self.embedder is None:
             return
-
-        async def worker() -> None:
-            while True:
-                await self._embed_wakeup.wait()
-                self._embed_wakeup.clear()
-                try:
-                    await self.embed_pending(batch_size=batch_size)
-                except Exception:  # keep the worker alive; the rows stay pending
-                    log.exception("background embedding failed; will retry on next message")
-                    await asyncio.sleep(1.0)
-
-        self._embed_wakeup.set()
-        self._embed_task = asyncio.create_task(worker(), name="speakermem-embedder")
+        self._embed_batch = batch_size
+        self._embedding.start()
 
     async def stop_background_embedding(self) -> None:
-        task, self._embed_task = self._embed_task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._embedding.stop()
 
     # ---- interaction graph --------------------------------------------------------------
 
@@ -197,41 +183,28 @@ class MemoryEngine:
         return total
 
     def _graph_changed(self, scopes: Iterable[Scope]) -> None:
-        if self._graph_task is not None:
-            self._graph_dirty.update(scopes)
-            self._graph_wakeup.set()
+        if self._graph.running:
+            if self._graph_dirty is not None:
+                self._graph_dirty.update(scopes)
+            self._graph.wake()
+
+    async def _infer_dirty(self) -> None:
+        scopes, self._graph_dirty = self._graph_dirty, set()
+        try:
+            await self.infer_interactions(scopes)
+        except Exception:  # the cursors have not moved: read these channels again
+            self._graph_dirty = None if scopes is None else self._graph_dirty | scopes
+            raise
 
     def start_background_interactions(self) -> None:
         """Keep the interaction graph current as messages arrive, off the /recall path
         (/recall then finds nothing left to infer). Starts with every channel's backlog."""
-        if self._graph_task is not None:
-            return
-
-        async def worker() -> None:
-            first = True
-            while True:
-                await self._graph_wakeup.wait()
-                self._graph_wakeup.clear()
-                scopes, self._graph_dirty = self._graph_dirty, set()
-                try:
-                    await self.infer_interactions(None if first else scopes)
-                    first = False
-                except Exception:  # keep the worker alive; the cursor has not moved
-                    log.exception("interaction inference failed; will retry on next message")
-                    self._graph_dirty.update(scopes)
-                    await asyncio.sleep(1.0)
-
-        self._graph_wakeup.set()
-        self._graph_task = asyncio.create_task(worker(), name="speakermem-interactions")
+        if not self._graph.running:
+            self._graph_dirty = None
+            self._graph.start()
 
     async def stop_background_interactions(self) -> None:
-        task, self._graph_task = self._graph_task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await self._graph.stop()
 
     # ---- search -------------------------------------------------------------------------
 
