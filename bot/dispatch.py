@@ -2,6 +2,12 @@
 
 Adapters ack first, then hand events here. A bad event is logged and skipped; it never
 takes the bot down and never leaves a partial row (each store write is one transaction).
+
+When the database or its disk is full (`StoreFull`), an event already acked upstream is
+kept in the spill (`bot.spill`) and replayed, in order, once space returns: on start,
+every `spill_retry_s` and on the next event. While the spill holds events, new ones queue
+behind them. A full spill refuses the event with an error in the log and the
+`spill_refused` error count; nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -23,16 +29,19 @@ from bot.events import (
 )
 from bot.governance import CommandReply, PendingActions
 from bot.governance_commands import run_confirmed, run_memory_command
+from bot.spill import Spill, SpillFull, StorableEvent
 from memory.engine import MemoryEngine
 from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
 from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
 from memory.store import IngestStatus
+from memory.store.database import StoreFull
 
 log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 4000
+_STORABLE = (MessageEvent, EditEvent, DeleteEvent, RosterEvent)
 
 Notifier = Callable[[Scope, str], Awaitable[None]]
 """Posts a plain message in a channel (the one-time memory notice)."""
@@ -62,9 +71,11 @@ class Dispatcher:
         kick_interval_s: float = 1.0,
         on_recall: Callable[[float, str], None] | None = None,
         governance: Governance | None = None,
+        spill: Spill | None = None,
+        spill_retry_s: float = 10.0,
     ) -> None:
         """`on_recall(seconds, outcome)` observes each /recall (metrics); outcome is
-        answered, refused or failed."""
+        answered, refused or failed. `spill` keeps events the full store refused."""
         self.engine = engine
         self.pipeline = pipeline
         self.on_message_stored = on_message_stored
@@ -76,15 +87,101 @@ class Dispatcher:
         self._notice_tasks: set[asyncio.Task[None]] = set()
         self._last_kick = 0.0
         self.stats = DispatchStats()
+        self.spill = spill
+        self.spill_retry_s = spill_retry_s
+        self._spill_lock = asyncio.Lock()
+        self._last_replay = float("-inf")
 
     async def handle(self, event: Event) -> None:
         """Apply one event; errors are logged and counted, never raised (the funnel)."""
         kind = type(event).__name__
         try:
+            if self.spill is not None and isinstance(event, _STORABLE) and self.spill.count:
+                if time.monotonic() - self._last_replay >= self.spill_retry_s:
+                    await self.replay_spill()
+                if self.spill.count:  # earlier events still wait: this one goes behind them
+                    await self._keep(event, "earlier events wait in the spill")
+                    return
             await self._apply(event)
+        except StoreFull as exc:
+            if self.spill is None or not isinstance(event, _STORABLE):
+                self.stats.errors[kind] += 1
+                log.error("failed to apply %s: %s", kind, exc)
+                return
+            self.stats.errors["store_full"] += 1
+            self._last_replay = time.monotonic()  # a write just failed: retry after a pause
+            await self._keep(event, str(exc))
         except Exception:
             self.stats.errors[kind] += 1
             log.exception("failed to apply %s in %s; skipped", kind, getattr(event, "scope", "?"))
+
+    # ---- the spill ----------------------------------------------------------------------
+
+    async def _keep(self, event: StorableEvent, why: str) -> None:
+        """Put an event the store could not take in the spill, or refuse it loudly."""
+        assert self.spill is not None
+        what = f"{type(event).__name__} {getattr(event, 'message_id', '')} in {event.scope}"
+        try:
+            await asyncio.to_thread(self.spill.append, event)
+        except (SpillFull, OSError) as exc:
+            self.stats.errors["spill_refused"] += 1
+            log.error("NOT STORED, refused: %s (%s; %s)", what, why, exc)
+            return
+        self.stats.handled["spilled"] += 1
+        log.warning(
+            "kept %s in the spill %s (%d events, %d bytes): %s",
+            what,
+            self.spill.path,
+            self.spill.count,
+            self.spill.size_bytes,
+            why,
+        )
+
+    async def replay_spill(self) -> int:
+        """Apply the spill's events to the store, oldest first, and drop them from it; stops
+        at the first that still finds the store full. Returns how many left the spill."""
+        if self.spill is None or not self.spill.count:
+            return 0
+        async with self._spill_lock:
+            self._last_replay = time.monotonic()
+            total = 0
+            full = False
+            while self.spill.count and not full:
+                done = 0
+                for event in await asyncio.to_thread(self.spill.read):
+                    if event is not None:
+                        try:
+                            await self._apply(event)
+                        except StoreFull:
+                            full = True
+                            break
+                        except Exception:
+                            self.stats.errors[type(event).__name__] += 1
+                            log.exception("failed to apply a spilled %s; skipped", event)
+                    done += 1
+                # Applied events leave the spill; a crash before this line replays them,
+                # which the store's idempotent writes absorb.
+                await asyncio.to_thread(self.spill.drop_first, done)
+                total += done
+                if not done:
+                    break
+            if total:
+                self.stats.handled["spill_replayed"] += total
+                log.info(
+                    "replayed %d spilled event(s) into the store; %d left",
+                    total,
+                    self.spill.count,
+                )
+            return total
+
+    async def replay_spill_every(self, interval_s: float) -> None:
+        """Retry the spill periodically (a task the runtime starts and cancels)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.replay_spill()
+            except Exception:
+                log.exception("spill replay failed; it is retried in %.0f s", interval_s)
 
     async def _apply(self, event: Event) -> None:
         if isinstance(event, MessageEvent):

@@ -37,6 +37,11 @@ class StoreBusy(StoreError):
     """Another process held the write lock for longer than we were willing to wait."""
 
 
+class StoreFull(StoreError):
+    """SQLITE_FULL: the database or its disk is full. Nothing of the transaction was written;
+    the same write succeeds once space returns (callers keep the event, not drop it)."""
+
+
 class Database:
     """The SQLite file: one writer, N readers, recorded migrations."""
 
@@ -145,16 +150,24 @@ class Database:
             tx = Transaction(conn)
             try:
                 yield tx
-            except BaseException:
+            except BaseException as exc:
                 with contextlib.suppress(Exception):
                     await conn.execute("ROLLBACK")
+                if _is_full(exc):
+                    raise self._full(exc) from exc
                 raise
             try:
                 await conn.execute("COMMIT")
             except self.driver.error as exc:
                 with contextlib.suppress(Exception):
                     await conn.execute("ROLLBACK")
+                if _is_full(exc):
+                    raise self._full(exc) from exc
                 raise StoreError(f"commit failed: {exc}") from exc
+
+    def _full(self, exc: BaseException) -> StoreFull:
+        log.error("write refused, %s is full (%s): free disk space", self.path, exc)
+        return StoreFull(f"{self.path}: database or disk is full ({exc})")
 
     async def _begin(self, conn: aiosqlite.Connection) -> None:
         """BEGIN IMMEDIATE, retried while another process holds the write lock.
@@ -171,6 +184,8 @@ class Database:
                 await conn.execute("BEGIN IMMEDIATE")
                 return
             except self.driver.operational_error as exc:
+                if _is_full(exc):
+                    raise self._full(exc) from exc
                 if not _is_busy(exc):
                     raise StoreError(str(exc)) from exc
                 left = deadline - time.monotonic()
@@ -261,6 +276,16 @@ def _is_busy(exc: BaseException) -> bool:
     if isinstance(code, int):
         return code & 0xFF in (5, 6)
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _is_full(exc: BaseException) -> bool:
+    """SQLITE_FULL (by code where the driver gives one, else by SQLite's message)."""
+    if isinstance(exc, StoreFull):
+        return False  # already typed (a nested write)
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF == 13
+    return "database or disk is full" in str(exc)
 
 
 def split_statements(script: str) -> list[str]:
