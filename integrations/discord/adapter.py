@@ -89,6 +89,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+CHUNK_TIMEOUT_S = 120.0
+"""How long a lazy member request may take (a 100,000-member guild is 100 chunks)."""
+
 DEFAULT_API_URL = "https://discord.com/api/v10"
 DEFAULT_GATEWAY_URL = "wss://gateway.discord.gg/"
 MANAGE_GUILD = 1 << 5
@@ -435,6 +438,10 @@ class DiscordAdapter:
         self._endpoints: contextlib.ExitStack | None = None
         self.catchup: DiscordCatchUp | None = None
         """History catch-up around gateway sessions (integrations/discord/history.py)."""
+        self._chunked: set[str] = set()
+        """Guilds whose full member list was requested (lazily, see `_want_members`)."""
+        self._chunk_lock = asyncio.Lock()
+        self._chunk_tasks: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -557,6 +564,8 @@ class DiscordAdapter:
 
     async def stop(self, *, drain_timeout: float = 5.0) -> None:
         """Close the connection, finish queued events (bounded), restore endpoints."""
+        for task in list(self._chunk_tasks):
+            task.cancel()
         if self.catchup is not None:
             await self.catchup.stop()  # its cursors are saved per page: the next start resumes
         if self.client is not None and not self.client.is_closed():
@@ -917,6 +926,40 @@ class DiscordAdapter:
         if last and state.complete:
             await self._reconcile(state)  # now leaves are known too
 
+    # ---- lazy member chunks ------------------------------------------------------------
+
+    def _want_members(self, state: GuildState | None) -> None:
+        """The first time the bot is used in a guild whose member list is incomplete (no
+        start-up chunks), ask the gateway for the rest in the background, so rosters and
+        names fill in without making this answer wait. Guilds nobody asks in are never
+        chunked, which keeps memory bounded for a bot in thousands of guilds."""
+        if state is None or state.complete or state.guild_id in self._chunked:
+            return
+        if self.client is None or not self.client.intents.members:
+            return
+        self._chunked.add(state.guild_id)
+        task = asyncio.create_task(
+            self._request_members(state.guild_id), name=f"speakermem-chunk-{state.guild_id}"
+        )
+        self._chunk_tasks.add(task)
+        task.add_done_callback(self._chunk_tasks.discard)
+
+    async def _request_members(self, guild_id: str) -> None:
+        # one guild at a time: the gateway allows a limited number of commands per minute
+        async with self._chunk_lock:
+            guild = self.client.get_guild(int(guild_id)) if self.client is not None else None
+            if guild is None:
+                self._chunked.discard(guild_id)
+                return
+            try:
+                # the chunks arrive as GUILD_MEMBERS_CHUNK events (`_on_guild_members_chunk`);
+                # discord.py's own member cache is not filled
+                await asyncio.wait_for(guild.chunk(cache=False), CHUNK_TIMEOUT_S)
+                self.stats["member_chunks_requested"] += 1
+            except (TimeoutError, discord.DiscordException) as exc:
+                self._chunked.discard(guild_id)  # asked again the next time
+                log.warning("discord: member chunks for guild %s failed: %s", guild_id, exc)
+
     # ---- /recall ------------------------------------------------------------------------
 
     def _interaction_payload(self, interaction: discord.Interaction) -> dict[str, Any]:
@@ -964,6 +1007,7 @@ class DiscordAdapter:
                 readable = self._readable_now(payload, inv.user_id, inv.scope.channel, state)
         except PayloadError as exc:
             log.warning("discord: malformed /recall interaction: %s", exc)
+        self._want_members(state)
         # The answer is private when the asker cannot read here (nothing to leak, but
         # nothing to show the channel either) or when the operator wants it so.
         refused = inv is None or (readable is not None and inv.scope.channel not in readable)
@@ -1026,6 +1070,7 @@ class DiscordAdapter:
             subcommand = line.split(" ", 1)[0]
             guild_id = payload.get("guild_id")
             state = self.guilds.get(str(guild_id)) if guild_id else None
+            self._want_members(state)
             inv = tr.interaction_invocation(
                 payload,
                 command=MEMORY.name,

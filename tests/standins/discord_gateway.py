@@ -190,6 +190,10 @@ class DiscordStandIn:
         """Whether a RESUME (op 6) succeeds (RESUMED) or gets INVALID_SESSION."""
         self.resumes = 0
         """Retry-After values: the next history GETs answer 429 with these, in order."""
+        self.member_requests: list[dict[str, Any]] = []
+        """REQUEST_GUILD_MEMBERS (op 8) payloads the client sent."""
+        self.chunk_members: list[dict[str, Any]] | None = None
+        """Members a chunk answers with (default: the GUILD_CREATE's)."""
         self.identified = asyncio.Event()
         self._ws: web.WebSocketResponse | None = None
         self._seq = itertools.count(1)
@@ -270,6 +274,7 @@ class DiscordStandIn:
                 await self._send_ready(ws)
                 self.identified.set()
             elif op == 8:
+                self.member_requests.append(payload["d"])
                 await self._send_chunk(ws, payload["d"])
             elif op == 6:  # RESUME
                 self.resumes += 1
@@ -297,7 +302,9 @@ class DiscordStandIn:
     async def _send_chunk(self, ws: web.WebSocketResponse, d: dict[str, Any]) -> None:
         chunk = {
             "guild_id": d.get("guild_id"),
-            "members": self.guild.get("members", []),
+            "members": self.chunk_members
+            if self.chunk_members is not None
+            else self.guild.get("members", []),
             "chunk_index": 0,
             "chunk_count": 1,
             "nonce": d.get("nonce"),
