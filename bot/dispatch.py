@@ -202,6 +202,12 @@ class Dispatcher:
                 self._kick()
                 self.maybe_notice(event.scope)
         elif isinstance(event, EditEvent):
+            if (
+                not await self.governance.channel_enabled(event.scope)
+                and await self.engine.store.messages.get(event.scope, event.message_id) is None
+            ):  # memory is off here: keep no text of a message it never stored
+                self.stats.ignored["channel_off"] += 1
+                return
             status, _receipt = await self.governance.apply_edit(event)
             self.stats.handled[f"edit_{status.value}"] += 1
         elif isinstance(event, DeleteEvent):

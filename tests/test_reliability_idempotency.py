@@ -249,6 +249,38 @@ async def test_an_early_edit_after_its_early_delete_keeps_no_text(
     assert stored is not None and stored.deleted and stored.text == ""
 
 
+async def test_early_edit_text_is_kept_a_day_at_most(
+    engine: MemoryEngine, dispatcher: Dispatcher, scope: Scope
+) -> None:
+    evs = events(scope)
+    await dispatcher.handle(evs["E1"])
+    db = engine.store.db
+    assert (await db.read("SELECT count(*) FROM early_changes"))[0][0] == 1
+    async with db.transaction() as tx:  # as if it had arrived a day and a minute ago
+        await tx.execute("UPDATE early_changes SET received_at = received_at - 86460")
+    other = evs["C"].model_copy(update={"message_id": "m0"})
+    await dispatcher.handle(other)  # any ingest clears expired early edits
+    assert (await db.read("SELECT count(*) FROM early_changes"))[0][0] == 0
+    await dispatcher.handle(evs["C"])
+    stored = await engine.store.messages.get(scope, MID)
+    assert stored is not None and stored.text == f"the {WORDS['C']} plan"
+
+
+async def test_memory_off_keeps_no_early_edit_but_still_edits_what_it_holds(
+    engine: MemoryEngine, dispatcher: Dispatcher, scope: Scope
+) -> None:
+    evs = events(scope)
+    await dispatcher.handle(evs["C"])
+    await dispatcher.governance.set_channel(scope, False, actor="admin")
+    unknown = EditEvent(scope=scope, message_id="m9", text="secret words", edited_at=T0)
+    await dispatcher.handle(unknown)
+    assert (await engine.store.db.read("SELECT count(*) FROM early_changes"))[0][0] == 0
+    assert dispatcher.stats.ignored["channel_off"] == 1
+    await dispatcher.handle(evs["E2"])  # the held message still takes its edit
+    stored = await engine.store.messages.get(scope, MID)
+    assert stored is not None and stored.text == f"the {WORDS['E2']} plan"
+
+
 # --- imports run twice ----------------------------------------------------------------------
 
 SLACK_DIR = Path(__file__).parent / "fixtures" / "slack_export_small"

@@ -66,9 +66,10 @@ class IngestOutcome:
 
 
 _CHUNK = 500
-EARLY_EDIT_TTL_S = 7 * 86_400.0
-"""How long the text of an edit whose message never arrived is kept (an import brings
-the edited text anyway); early deletes are kept for good: they are ids only."""
+EARLY_EDIT_TTL_S = 86_400.0
+"""How long the text of an edit whose message never arrived is kept: reordering by retries
+and reconnects spans minutes, and catch-up and imports fetch the edited text anyway. Early
+deletes are kept for good: they hold ids only, and stop an import bringing a message back."""
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,7 @@ class MessageRepo:
         """Edits and deletes kept for these messages: (platform, workspace, channel, id) ->."""
         if await tx.fetchone("SELECT 1 FROM early_changes LIMIT 1") is None:
             return {}  # the usual case: one cheap probe per batch
+        await self._prune_early_edits(tx)
         keys = [[*ev.scope.key(), ev.message_id] for ev in events]
         out: dict[tuple[str, ...], _Early] = {}
         for start in range(0, len(keys), 5_000):
@@ -399,13 +401,17 @@ class MessageRepo:
             return ChangeStatus.APPLIED
 
     @staticmethod
+    async def _prune_early_edits(tx: Transaction) -> None:
+        await tx.execute(
+            "DELETE FROM early_changes WHERE deleted_at IS NULL AND received_at < ?",
+            (time.time() - EARLY_EDIT_TTL_S,),
+        )
+
+    @staticmethod
     async def _keep_early_edit(tx: Transaction, event: EditEvent, at: float) -> None:
         """Keep the newest edit of a message not stored yet (none after its delete)."""
         now = time.time()
-        await tx.execute(
-            "DELETE FROM early_changes WHERE deleted_at IS NULL AND received_at < ?",
-            (now - EARLY_EDIT_TTL_S,),
-        )
+        await MessageRepo._prune_early_edits(tx)
         await tx.execute(
             "INSERT INTO early_changes (platform, workspace, channel, message_id, text,"
             " edited_at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
