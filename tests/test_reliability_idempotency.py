@@ -271,7 +271,11 @@ async def test_memory_off_keeps_no_early_edit_but_still_edits_what_it_holds(
 ) -> None:
     evs = events(scope)
     await dispatcher.handle(evs["C"])
-    await dispatcher.governance.set_channel(scope, False, actor="admin")
+    waiting = EditEvent(scope=scope, message_id="m8", text="early words", edited_at=T0)
+    await dispatcher.handle(waiting)
+    assert (await engine.store.db.read("SELECT count(*) FROM early_changes"))[0][0] == 1
+    await dispatcher.governance.set_channel(scope, False, actor="admin")  # drops its text
+    assert (await engine.store.db.read("SELECT count(*) FROM early_changes"))[0][0] == 0
     unknown = EditEvent(scope=scope, message_id="m9", text="secret words", edited_at=T0)
     await dispatcher.handle(unknown)
     assert (await engine.store.db.read("SELECT count(*) FROM early_changes"))[0][0] == 0

@@ -138,6 +138,12 @@ class GovernanceRepo:
                 " AND channel = ?",
                 (int(enabled), *scope.key()),
             )
+            if not enabled:  # text of edits waiting for messages that will not be stored now
+                await tx.execute(
+                    "DELETE FROM early_changes WHERE platform = ? AND workspace = ?"
+                    " AND channel = ? AND deleted_at IS NULL",
+                    scope.key(),
+                )
         return None if row is None or row[0] is None else bool(row[0])
 
     async def set_channel_retention(self, scope: Scope, days: int | None, actor: str) -> None:
