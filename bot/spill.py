@@ -27,7 +27,7 @@ from memory.models import DeleteEvent, EditEvent, MessageEvent, RosterEvent
 log = logging.getLogger(__name__)
 
 DEFAULT_CAP_BYTES = 64 * 1024 * 1024
-"""The spill's default cap: about 100,000 chat messages."""
+"""The spill's default cap: about 200,000 short chat messages (about 300 bytes each)."""
 SUFFIX = ".spill.jsonl"
 
 StorableEvent = MessageEvent | EditEvent | DeleteEvent | RosterEvent
