@@ -57,6 +57,7 @@ async def fill_to_the_brim(engine: MemoryEngine) -> int:
             except StoreFull:
                 break
             n += 1
+            assert n < 5_000, "max_page_count did not limit the file"
     return n
 
 
