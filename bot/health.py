@@ -33,7 +33,7 @@ class WriterQueue(BaseModel):
     pending: int = 0
     """Closed segments not yet written."""
     deferred: int = 0
-    """Pending segments backing off after a failed attempt (not due before a later time)."""
+    """Pending segments that failed at least once (backing off, or due for a retry)."""
     oldest_pending_age_s: float | None = None
     """Age of the first message of the oldest pending segment; None when nothing waits."""
     next_attempt_in_s: float | None = None
@@ -51,11 +51,10 @@ async def measure_writer_queue(
     # `due` at an infinite "now" lists every pending segment, deferred or not
     segments = await store.segments.due(limit=limit, now=math.inf)
     retries = [s.next_attempt_at.timestamp() for s in segments if s.next_attempt_at is not None]
-    waiting = [t for t in retries if t > now]
     oldest = min((s.opened_at.timestamp() for s in segments), default=None)
     return WriterQueue(
         pending=pending,
-        deferred=len(waiting),
+        deferred=sum(1 for s in segments if s.attempts > 0),
         oldest_pending_age_s=None if oldest is None else round(max(0.0, now - oldest), 1),
         next_attempt_in_s=round(max(0.0, min(retries) - now), 1) if retries else None,
     )

@@ -55,6 +55,9 @@ class WriterScheduler:
         self.retention_interval_s = retention_interval_s
         self.runs = {"close-idle": 0, "write": 0, "embed": 0, "retention": 0}
         self._inflight: set[asyncio.Task[object]] = set()
+        self._wake: asyncio.TimerHandle | None = None
+        self._writing = False
+        self._again = False
 
     @contextlib.contextmanager
     def _tracked(self) -> Iterator[None]:
@@ -101,6 +104,9 @@ class WriterScheduler:
         """Run the write job as soon as possible (a segment reached its window)."""
         if self.writer is None or not self._scheduler.running:
             return
+        if self._writing:  # a second instance would be skipped: run again when this one ends
+            self._again = True
+            return
         job = self._scheduler.get_job("write")
         if job is not None:
             job.modify(next_run_time=datetime.now())
@@ -117,30 +123,34 @@ class WriterScheduler:
     async def _write(self) -> None:
         self.runs["write"] += 1
         assert self.writer is not None
+        self._writing, self._again = True, False
         with self._tracked():
             try:
-                await self.writer.flush_due()
-            except Exception:  # a failed run must not kill the job; segments stay pending
-                log.exception("writer run failed; pending segments will be retried")
-            try:
-                await self.writer.rederive_due()
-            except Exception:
-                log.exception("re-derivation run failed; the queue is kept")
-            self._wake_at(self.writer.next_wake())
+                try:
+                    await self.writer.flush_due()
+                except Exception:  # a failed run must not kill the job; segments stay pending
+                    log.exception("writer run failed; pending segments will be retried")
+                try:
+                    await self.writer.rederive_due()
+                except Exception:
+                    log.exception("re-derivation run failed; the queue is kept")
+            finally:
+                self._writing = False
+            self._wake_at(time.time() if self._again else self.writer.next_wake())
 
     def _wake_at(self, when: float | None) -> None:
-        """Bring the next write run forward to `when` (Unix time), if that is sooner."""
+        """Run the write job again at `when` (Unix time), unless a run comes sooner anyway.
+
+        A timer, not a changed run time: a job brought forward while it is still running
+        would be skipped as a second instance and wait a whole interval."""
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
         if when is None or not self._scheduler.running:
             return
-        job = self._scheduler.get_job("write")
-        if job is None or job.next_run_time is None:
-            return
-        at = datetime.fromtimestamp(
-            max(when, time.time() + MIN_WAKE_GAP_S), job.next_run_time.tzinfo
-        )
-        if at < job.next_run_time:
-            job.modify(next_run_time=at)
-            self._scheduler.wakeup()
+        delay = max(when - time.time(), MIN_WAKE_GAP_S)
+        if delay < self.write_interval_s:
+            self._wake = asyncio.get_running_loop().call_later(delay, self.kick)
 
     async def _retention(self) -> None:
         self.runs["retention"] += 1
@@ -168,6 +178,8 @@ class WriterScheduler:
         APScheduler's asyncio executor cancels running jobs on shutdown, so pause the
         scheduler and wait for them before shutting it down.
         """
+        if self._wake is not None:
+            self._wake.cancel()
         if self._scheduler.running:
             self._scheduler.pause()
             await asyncio.gather(*self._inflight, return_exceptions=True)

@@ -11,7 +11,9 @@ cross that edge. Usage:
         assert server.requests[-1]["response_format"]["type"] == "json_schema"
 
 Each POST /v1/chat/completions takes the next scripted item (or `default` when the queue is
-empty). `fail_next(n)` simulates an outage that takes precedence over the script.
+empty). `fail_next(n)` simulates an outage that takes precedence over the script;
+`down()` / `up()` an outage of any length (every call fails until `up()`), and `times`
+records when each chat call arrived (to count attempts in a window).
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ class LLMServer:
         self.headers: list[dict[str, str]] = []
         self.model_list_calls = 0
         self.unscripted = 0  # answered with `default` because the queue was empty
+        self.times: list[float] = []
+        """time.monotonic() at which each chat completion call arrived."""
+        self.outage: Item | None = None
+        """While set (`down()`), every call to any endpoint gets this item."""
         self._queue: deque[Item] = deque()
         self._fail: deque[Item] = deque()
         self._ids = itertools.count(1)
@@ -116,6 +122,19 @@ class LLMServer:
         item: Item = Status(status) if status is not None else Disconnect()
         self._fail.extend([item] * n)
         return self
+
+    def down(self, status: int | None = 503) -> LLMServer:
+        """Endpoint down until `up()`: `status`, or dropped connections when None."""
+        self.outage = Status(status) if status is not None else Disconnect()
+        return self
+
+    def up(self) -> LLMServer:
+        self.outage = None
+        return self
+
+    def calls_between(self, start: float, end: float) -> int:
+        """Chat calls that arrived in [start, end) (time.monotonic() values)."""
+        return sum(1 for t in self.times if start <= t < end)
 
     @property
     def pending(self) -> int:
@@ -158,6 +177,8 @@ class LLMServer:
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
         self.model_list_calls += 1
+        if self.outage is not None:
+            return await self._render(request, self.outage, {})
         if self._fail:
             return await self._render(request, self._fail.popleft(), {})
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in self.models]
@@ -170,7 +191,10 @@ class LLMServer:
             return web.json_response({"error": {"message": "invalid JSON body"}}, status=400)
         self.requests.append(body)
         self.headers.append(dict(request.headers))
-        if self._fail:
+        self.times.append(time.monotonic())
+        if self.outage is not None:
+            item = self.outage
+        elif self._fail:
             item = self._fail.popleft()
         elif self._queue:
             item = self._queue.popleft()

@@ -55,7 +55,7 @@ class FlushOutcome:
     segment_id: int
     scope: Scope
     status: str
-    """committed | deferred | empty | skipped"""
+    """committed | deferred | empty | paused (not attempted: the breaker opened meanwhile)"""
     proposed: int = 0
     accepted: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
@@ -120,17 +120,19 @@ class Writer:
         """Consecutive endpoint failures (reset by the first successful call)."""
         self.paused_until = 0.0
         """Wall-clock time before which no LLM call is made (the breaker); 0 when closed."""
-        self.retry_at: float | None = None
-        """Earliest time a segment deferred by the last run becomes due (for the scheduler)."""
+        self._retries: dict[int, float] = {}
+        """When each item this Writer deferred becomes due (segment id; rederive: -id)."""
 
     @property
     def paused(self) -> bool:
         return time.time() < self.paused_until
 
     def next_wake(self) -> float | None:
-        """When another write run could make progress on what the last run deferred."""
-        times = [t for t in (self.retry_at, self.paused_until if self.paused else None) if t]
-        return max(times) if times else None
+        """When another write run could make progress on what was deferred (None: nothing
+        waits on a retry). Never before the breaker closes."""
+        if not self._retries:
+            return self.paused_until if self.paused else None
+        return max(min(self._retries.values()), self.paused_until)
 
     def _endpoint_failed(self, delay: float) -> float:
         """Open (or extend) the breaker after an endpoint failure.
@@ -143,10 +145,12 @@ class Writer:
         pause = backoff_seconds(self.failures, self.cfg, self.rand)
         self.failures += 1
         self.paused_until = max(self.paused_until, now + pause)
-        delay = max(delay, self.paused_until - now)
-        at = now + delay
-        self.retry_at = at if self.retry_at is None else min(self.retry_at, at)
-        return delay
+        return max(delay, self.paused_until - now)
+
+    def _deferred(self, key: int, delay: float) -> None:
+        """Remember when a deferred item is due (after its deferral is stored, so this is
+        never earlier than the time the store holds)."""
+        self._retries[key] = time.time() + delay
 
     def _endpoint_ok(self) -> None:
         self.failures = 0
@@ -222,6 +226,8 @@ class Writer:
         )
         links = await self._links(pks, roster, messages)
         chat, refs = render_writer_messages(roster, shown, messages, budget=budget, links=links)
+        if self.paused:  # another channel's call failed while this prompt was being built
+            return FlushOutcome(segment.id, scope, "paused")
         try:
             result = await self.llm.complete_json(
                 [ChatMessage(**m) for m in chat],
@@ -239,6 +245,7 @@ class Writer:
         except LLMError as exc:
             delay = self._endpoint_failed(backoff_seconds(segment.attempts, self.cfg, self.rand))
             await store.segments.defer(segment.id, str(exc), delay)
+            self._deferred(segment.id, delay)
             run.outcome, run.error = "deferred", str(exc)[:300]
             run.latency_ms = (time.perf_counter() - t0) * 1000
             await store.records.log_failed_run(segment.id, scope, run)
@@ -344,6 +351,7 @@ class Writer:
         except LLMError as exc:
             delay = self._endpoint_failed(backoff_seconds(item.attempts, self.cfg, self.rand))
             await store.governance.defer_rederive(item.id, str(exc), delay)
+            self._deferred(-item.id, delay)
             return FlushOutcome(-item.id, scope, "deferred", error=str(exc))
         ctx = await self.validation_context(scope, messages, raw, budget)
         by_id = {m.message_id: m for m in messages}
@@ -387,7 +395,8 @@ class Writer:
         """
         if self.paused:
             return []
-        self.retry_at = None
+        now = time.time()  # what was due by now is attempted in this run (or deferred again)
+        self._retries = {k: t for k, t in self._retries.items() if t > now}
         due = await self.engine.store.segments.due(limit=limit, scope=scope)
         by_channel: dict[tuple[str, str, str], list[Segment]] = {}
         for seg in due:
@@ -406,7 +415,7 @@ class Writer:
                     outcomes.append(outcome)
                     if on_progress:
                         on_progress(outcome)
-                    if outcome.status == "deferred":
+                    if outcome.status in ("deferred", "paused"):
                         break  # keep the channel's order: later segments wait too
 
         await asyncio.gather(*(channel_worker(segs) for segs in by_channel.values()))
