@@ -48,8 +48,12 @@ class InteractionRepo:
                 "SELECT last_pk FROM interaction_cursor WHERE channel_pk = ?", (channel_pk,)
             )
             cursor = rows[0][0] if rows else 0
+            # Past a cursor, walk the rowid range (live: the few messages since the last
+            # pass; the channel index would read the whole channel to sort it). A channel
+            # never read starts from its own index instead.
+            channel_term = "+channel_pk" if cursor else "channel_pk"
             new = await self.db.read(
-                f"SELECT {_COLUMNS} FROM messages WHERE channel_pk = ? AND id > ?"
+                f"SELECT {_COLUMNS} FROM messages WHERE {channel_term} = ? AND id > ?"
                 " ORDER BY id LIMIT ?",
                 (channel_pk, cursor, limit),
             )
