@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bot import spill
 from memory.config import (
     GovernanceConfig,
     IngestConfig,
@@ -38,6 +39,9 @@ class Settings(BaseSettings):
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = inherit(StoreConfig, "sqlite_driver")
     db_readers: int = inherit(StoreConfig, "readers")
     db_lock_wait_s: float = inherit(StoreConfig, "lock_wait_s")
+    spill_path: Path | None = None
+    """Where events go while the database or disk is full; None = beside the database."""
+    spill_max_bytes: int = Field(default=spill.DEFAULT_CAP_BYTES, ge=1024)
 
     # ingestion and the Writer's segments
     session_gap_minutes: float = inherit(IngestConfig, "session_gap_minutes")
@@ -164,6 +168,10 @@ class Settings(BaseSettings):
                 channel_notice=self.channel_notice,
             ),
         )
+
+    @property
+    def spill_file(self) -> Path:
+        return self.spill_path or spill.default_path(self.db_path)
 
     @property
     def slack_admin_ids(self) -> frozenset[str]:

@@ -17,6 +17,7 @@ from bot.dispatch import Dispatcher
 from bot.health import LLMHealth
 from bot.scheduler import WriterScheduler
 from bot.settings import Settings
+from bot.spill import Spill
 from integrations.app import build_llm, llm_probe, open_engine
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
@@ -68,6 +69,14 @@ async def wait_for_death(adapters: list[Adapter]) -> str:
 
 class NothingToRun(RuntimeError):
     """No platform is configured."""
+
+
+SPILL_RETRY_S = 10.0
+"""How often events kept in the spill (database or disk full) are retried."""
+
+
+def build_spill(settings: Settings) -> Spill:
+    return Spill(settings.spill_file, settings.spill_max_bytes)
 
 
 def configured_platforms(settings: Settings) -> list[str]:
@@ -130,9 +139,14 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             on_message_stored=scheduler.kick,
             on_recall=metrics.observe_recall,
             governance=governance,
+            spill=build_spill(settings),
+            spill_retry_s=SPILL_RETRY_S,
         )
         engine.start_background_embedding()
+        engine.start_background_interactions()
         scheduler.start()
+        await dispatcher.replay_spill()  # what a full disk left behind last run
+        replayer = asyncio.create_task(dispatcher.replay_spill_every(SPILL_RETRY_S))
         adapters = build_adapters(settings, dispatcher, engine)
         named = dict(zip(platforms, adapters, strict=True))
         metrics.watch(dispatcher, named)
@@ -177,8 +191,12 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                     log.exception("adapter stop failed")
             with contextlib.suppress(TimeoutError):  # a notice being posted may finish
                 await asyncio.wait_for(dispatcher.drain_notices(), timeout=5.0)
+            replayer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replayer  # a replay cut short is finished next start (idempotent)
             await scheduler.shutdown()
             await engine.stop_background_embedding()
+            await engine.stop_background_interactions()
             if ops is not None:
                 await ops.stop()
     if exit_code:

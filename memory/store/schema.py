@@ -399,6 +399,25 @@ CREATE TABLE catchup_cursors (
 """
 
 
+EARLY_CHANGES = """
+-- Edits and deletes that arrived before their message (platforms, retries and catch-up
+-- deliver out of order). A delete is kept as a tombstone, so the create that follows is
+-- stored already forgotten; an edit keeps only the newest text (by edited_at), applied
+-- when the create arrives. Rows leave when their message is stored.
+CREATE TABLE early_changes (
+    platform    TEXT NOT NULL,
+    workspace   TEXT NOT NULL,
+    channel     TEXT NOT NULL,
+    message_id  TEXT NOT NULL,
+    deleted_at  REAL,
+    text        TEXT,
+    edited_at   REAL,
+    received_at REAL NOT NULL,
+    PRIMARY KEY (platform, workspace, channel, message_id)
+) WITHOUT ROWID;
+"""
+
+
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [
@@ -407,4 +426,7 @@ def migrations(chunk_size: int) -> list[Migration]:
         Migration(3, "reliability: catch-up cursors", CATCHUP),
         Migration(4, "interaction graph: inferred addressees and reply links", INTERACTIONS),
         Migration(5, "scale: per-channel roster revisions for the roster cache", ROSTER_REVISIONS),
+        Migration(
+            6, "reliability: edits and deletes that arrive before their message", EARLY_CHANGES
+        ),
     ]
