@@ -36,87 +36,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine, pct
+from benchlib import Ticker, event_bodies, machine, pct
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 SCRIPT = str(Path(__file__).resolve())
-TICK_S = 0.010
 TARGET_WALL_S = 20.0
 TARGET_P99_MS = 100.0
 SECRET = "bench-signing-secret"
-BASE_TS = 1_709_283_600
-_WORDS = (
-    "deploy",
-    "review",
-    "budget",
-    "friday",
-    "cello",
-    "hiking",
-    "launch",
-    "bug",
-    "ticket",
-    "coffee",
-    "design",
-    "meeting",
-    "sprint",
-    "release",
-    "lunch",
-    "paris",
-    "tokyo",
-    "garden",
-    "piano",
-    "marathon",
-    "puppy",
-    "recipe",
-    "server",
-    "database",
-    "backup",
-    "holiday",
-    "invoice",
-    "client",
-    "demo",
-    "slides",
-    "draft",
-    "weekend",
-    "football",
-    "concert",
-    "museum",
-    "train",
-    "flight",
-)
-
-
-# ---------------------------------------------------------------- shared helpers
-
-
-def event_bodies(n: int, channels: int, team: str) -> list[dict[str, Any]]:
-    """Deterministic message events, interleaved over channels like live traffic."""
-    out = []
-    for i in range(n):
-        channel = f"C{(i % channels):04d}"
-        user = f"U{(i * 7) % (channels * 5):04d}"
-        words = [_WORDS[(i * 31 + k * 17) % len(_WORDS)] for k in range(4 + i % 12)]
-        out.append(
-            {
-                "type": "event_callback",
-                "team_id": team,
-                "api_app_id": "A0BENCH",
-                "event_id": f"Ev{i:08d}",
-                "event_time": BASE_TS + i,
-                "event": {
-                    "type": "message",
-                    "channel": channel,
-                    "user": user,
-                    "text": f"message {i}: " + " ".join(words),
-                    "ts": f"{BASE_TS + i}.{i:06d}",
-                    "channel_type": "channel",
-                },
-            }
-        )
-    return out
 
 
 # ---------------------------------------------------------------- the client (subprocess)
@@ -170,36 +99,6 @@ async def client_main(args: argparse.Namespace, bodies: list[bytes]) -> None:
 
 
 # ---------------------------------------------------------------- the server side
-
-
-class Ticker:
-    """Records how late a 10 ms sleep wakes up: the event loop's responsiveness."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float]] = []
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def _run(self) -> None:
-        last = time.perf_counter()
-        while True:
-            await asyncio.sleep(TICK_S)
-            now = time.perf_counter()
-            self.samples.append((now, max(0.0, (now - last - TICK_S) * 1000)))
-            last = now
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-
-    def between(self, start: float, end: float) -> list[float]:
-        return [lag for t, lag in self.samples if start <= t <= end]
 
 
 def make_embedder(kind: str) -> tuple[Any, str]:
