@@ -291,6 +291,10 @@ class SlackApiStandIn:
         channel = args.get("channel")
         if channel not in self.history and channel not in self.members:
             return {"ok": False, "error": "channel_not_found"}
+        threads: dict[str, list[dict[str, Any]]] = {}
+        for m in self.history.get(channel, []):
+            if m.get("thread_ts") not in (None, m["ts"]):
+                threads.setdefault(m["thread_ts"], []).append(m)
         top = []
         for m in self.history.get(channel, []):
             is_reply = m.get("thread_ts") not in (None, m["ts"])
@@ -298,7 +302,7 @@ class SlackApiStandIn:
                 continue
             if not self._in_range(m["ts"], args):
                 continue
-            replies = self._thread(channel, m["ts"]) if not is_reply else []
+            replies = threads.get(m["ts"], []) if not is_reply else []
             if replies:
                 m = {
                     **m,
