@@ -100,6 +100,9 @@ class RecallConfig(BaseModel):
     reply_slots: int = Field(default=0, ge=0, le=10)
     """The top picks whose reply (by reply link, else the next turn) is placed right after
     them in the evidence, ahead of lower-ranked picks."""
+    rerank_depth: int = Field(default=40, ge=0, le=200)
+    """The feature re-ranker re-orders this many of the fused pool's head (0 = off); its
+    weights are fitted offline (memory/query/rerank.py)."""
     context_structure: bool = True
     """Soft Expand follows reply links (the parent and replies of each top pick, tagged or
     inferred) instead of the turns just before and after."""

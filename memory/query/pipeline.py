@@ -26,6 +26,7 @@ from memory.models import RosterMember, Scope, StoredMessage
 from memory.ports import LLM, ChatMessage, LLMError
 from memory.query.answer import (
     ANSWER_PROMPT_VERSION,
+    ExtractiveReason,
     RecallAnswer,
     check_citations,
     citations_for,
@@ -44,6 +45,8 @@ from memory.query.projection import (
     projection_from_llm,
     render_project_messages,
 )
+from memory.query.rerank import RERANK_WEIGHTS, Candidate, rerank, term_weights
+from memory.query.rerank import features as rerank_features
 from memory.query.select import (
     SELECT_PROMPT_VERSION,
     SELECT_SCHEMA,
@@ -72,6 +75,8 @@ from memory.query.system1 import (
 )
 from memory.query.system2 import Row, read_rows
 from memory.query.timewords import TimeWindow, resolve_time
+from memory.roster_cache import display_names
+from memory.search.fts_query import query_terms
 from memory.search.fusion import rrf
 
 log = logging.getLogger(__name__)
@@ -319,14 +324,16 @@ class RecallPipeline:
         channel_of = channel_of_pk(messages, scopes, pks)
         session_of = {pk: (channel_of[pk], m.session_id) for pk, m in messages.items()}
         bm25: dict[tuple[int, int], float] = {}
+        counts: dict[str, dict[tuple[int, int], int]] = {}
         if counts_task is not None:
+            counts = await counts_task
             bm25 = await session_scores(
                 self.engine,
                 question,
                 pks,
                 sorted(set(session_of.values())),
                 length_norm=cfg.session_length_norm,
-                counts=await counts_task,
+                counts=counts,
             )
         if cfg.session_bm25_weight > 0 or cfg.session_aggregate_weight > 0:
             fused = rerank_by_sessions(
@@ -338,11 +345,16 @@ class RecallPipeline:
                 aggregate_weight=cfg.session_aggregate_weight,
                 bm25_weight=cfg.session_bm25_weight,
             )
+        context: list[int] = []
         if cfg.context_anchors > 0 and cfg.context_weight > 0 and fused:
-            fused = await self._with_context(fused, messages, channel_of)
+            fused, context = await self._with_context(fused, messages, channel_of)
         if cfg.focus_weight > 0 and fused:
             fused = await self._with_focus(fused, messages, channel_of, bm25)
         pool = [pk for pk, _ in fused][: cfg.pool]
+        if cfg.rerank_depth > 0 and RERANK_WEIGHTS and pool:
+            pool = self._rerank(
+                question, projection, pool, rankings, messages, channel_of, bm25, context, counts
+            )
         order, anchors = await self._select(question, pool, messages, trace)
         if cfg.ask and self.llm is not None:
             top = [messages[pk] for pk in order[: cfg.top_k] if pk in messages]
@@ -400,13 +412,57 @@ class RecallPipeline:
         trace.anchors = [messages[pk].message_id for pk in anchors if pk in messages]
         return [messages[pk] for pk in final if pk in messages]
 
+    def _rerank(
+        self,
+        question: str,
+        projection: Projection,
+        pool: list[int],
+        rankings: Rankings,
+        messages: dict[int, StoredMessage],
+        channel_of: dict[int, int],
+        bm25: dict[tuple[int, int], float],
+        context: list[int],
+        counts: dict[str, dict[tuple[int, int], int]],
+    ) -> list[int]:
+        """The head of the pool re-ordered by the fitted feature re-ranker."""
+        cfg = self.cfg
+        head = pool[: cfg.rerank_depth]
+        candidates = {
+            pk: Candidate(
+                pk=pk,
+                terms=frozenset(query_terms(m.text)),
+                speaker=m.speaker_id,
+                session=(channel_of.get(pk, 0), m.session_id),
+                turn=m.turn_index,
+            )
+            for pk in head
+            if (m := messages.get(pk)) is not None
+        }
+        named = [
+            p for p in (*projection.speakers, *projection.candidates) if p not in ("GROUP", "ALL")
+        ]
+        matrix = rerank_features(
+            head,
+            candidates,
+            rankings=rankings.lists,
+            dense_scores=rankings.scores.get("dense", {}),
+            session_bm25=bm25,
+            dominant=dominant_session(bm25, margin=cfg.focus_margin),
+            context=context,
+            question_terms=query_terms(question),
+            named=named,
+            term_weights=term_weights(counts),
+        )
+        return rerank(pool, matrix, RERANK_WEIGHTS, depth=cfg.rerank_depth)
+
     async def _with_context(
         self,
         fused: list[tuple[int, float]],
         messages: dict[int, StoredMessage],
         channel_of: dict[int, int],
-    ) -> list[tuple[int, float]]:
-        """Fuse in the neighbouring turns of the top picks (soft Expand)."""
+    ) -> tuple[list[tuple[int, float]], list[int]]:
+        """Fuse in the neighbouring turns of the top picks (soft Expand); also returns
+        those turns."""
         cfg = self.cfg
         if cfg.context_structure:
             return await self._with_linked_context(fused, messages)
@@ -420,12 +476,15 @@ class RecallPipeline:
                 at[(channel_of[pk], m.session_id, m.turn_index)] = m.pk
         ctx = context_ranking(fused, position, at, anchors=cfg.context_anchors)
         if not ctx:
-            return fused
-        return rrf([[pk for pk, _ in fused], ctx], k0=cfg.rrf_k0, weights=[1.0, cfg.context_weight])
+            return fused, []
+        return (
+            rrf([[pk for pk, _ in fused], ctx], k0=cfg.rrf_k0, weights=[1.0, cfg.context_weight]),
+            ctx,
+        )
 
     async def _with_linked_context(
         self, fused: list[tuple[int, float]], messages: dict[int, StoredMessage]
-    ) -> list[tuple[int, float]]:
+    ) -> tuple[list[tuple[int, float]], list[int]]:
         """Soft Expand along reply links: the replies and parent of each top pick join the
         fusion as one more ranking. Only tagged links and links to a person addressed by
         name count; a turn with neither uses the turns just after and before (links guessed
@@ -460,8 +519,11 @@ class RecallPipeline:
             messages.update(await store.messages.get_many(missing))
         ctx = [pk for pk in ctx if pk in messages]
         if not ctx:
-            return fused
-        return rrf([[pk for pk, _ in fused], ctx], k0=cfg.rrf_k0, weights=[1.0, cfg.context_weight])
+            return fused, []
+        return (
+            rrf([[pk for pk, _ in fused], ctx], k0=cfg.rrf_k0, weights=[1.0, cfg.context_weight]),
+            ctx,
+        )
 
     async def _with_focus(
         self,
@@ -550,7 +612,7 @@ class RecallPipeline:
                     window,
                     trace,
                     terms,
-                    {m.user_id: m.display_name for m in roster},
+                    display_names(roster),
                 )
                 if pks
                 else []
@@ -578,7 +640,7 @@ class RecallPipeline:
             for r in rows
         }
         with stage("compose"):
-            names = {m.user_id: m.display_name for m in roster}
+            names = display_names(roster)
             pack = compose(
                 question,
                 projection.tense,
@@ -631,6 +693,7 @@ class RecallPipeline:
     async def _answer(self, pack: EvidencePack, trace: RecallTrace) -> RecallAnswer:
         text: str | None = None
         used_llm = False
+        reason: ExtractiveReason | None = "no_llm" if self.llm is None else "llm_empty"
         if self.llm is not None:
             try:
                 result = await self.llm.complete_text(
@@ -640,9 +703,10 @@ class RecallPipeline:
                 trace.tokens["answer_prompt"] = result.usage.prompt_tokens
                 trace.tokens["answer_completion"] = result.usage.completion_tokens
                 if result.raw_text.strip():
-                    text, used_llm = result.raw_text.strip(), True
+                    text, used_llm, reason = result.raw_text.strip(), True, None
             except LLMError as exc:
                 trace.llm_errors.append(f"answer: {exc}")
+                reason = "llm_failed"
         if text is None:
             text = extractive_answer(pack)
         cleaned, used, stripped = check_citations(text, pack)
@@ -651,7 +715,7 @@ class RecallPipeline:
             trace.llm_errors.append("answer: reply had no valid citations")
             cleaned, used, stripped2 = check_citations(extractive_answer(pack), pack)
             stripped += stripped2
-            used_llm = False
+            used_llm, reason = False, "uncited"
         if used_llm and self.cfg.check_claims:
             report = check_claims(cleaned, pack)
             trace.claims = {
@@ -669,5 +733,9 @@ class RecallPipeline:
             excerpt = pack.excerpt(c.n)
             c.link = self.link(c.scope, c.message_id, excerpt.thread_id if excerpt else None)
         return RecallAnswer(
-            text=cleaned, citations=citations, used_llm=used_llm, stripped_citations=stripped
+            text=cleaned,
+            citations=citations,
+            used_llm=used_llm,
+            stripped_citations=stripped,
+            extractive_reason=reason,
         )

@@ -52,10 +52,14 @@ class Rankings:
     """Raw ranked lists of message pks (best first), by signal."""
 
     lists: dict[str, list[int]] = field(default_factory=dict)
+    scores: dict[str, dict[int, float]] = field(default_factory=dict)
+    """Raw scores by signal (kept for the re-ranker: the dense ranking's cosines)."""
 
-    def add(self, name: str, pks: Sequence[int]) -> None:
+    def add(self, name: str, pks: Sequence[int], scores: Sequence[float] | None = None) -> None:
         if pks:
             self.lists[name] = list(pks)
+            if scores is not None:
+                self.scores[name] = dict(zip(pks, scores, strict=True))
 
 
 def fuse(
@@ -357,7 +361,7 @@ async def recall_rankings(
     results = await asyncio.gather(*queries.values())
     rankings = Rankings()
     for name, hits in zip(queries, results, strict=True):
-        rankings.add(name, [pk for pk, _ in hits])
+        rankings.add(name, [pk for pk, _ in hits], [float(sc) for _, sc in hits])
     return rankings
 
 
