@@ -3,6 +3,7 @@ in /recall (real SQLite store, real pipeline, no LLM)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -38,7 +39,7 @@ def cand(pk: int, text: str, speaker: str = "ann", session: int = 1, turn: int =
 def test_rank_feature_decreases_with_rank_and_is_zero_when_absent() -> None:
     values = [rank_feature(r) for r in range(5)]
     assert values[0] == 1.0
-    assert all(a > b > 0 for a, b in zip(values, values[1:], strict=False))
+    assert all(a > b > 0 for a, b in itertools.pairwise(values))
     assert rank_feature(None) == 0.0
 
 
