@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -41,6 +42,15 @@ class Citation(BaseModel):
     link: str | None = None
 
 
+ExtractiveReason = Literal["no_llm", "llm_failed", "llm_empty", "uncited"]
+EXTRACTIVE_WHY: dict[str, str] = {
+    "no_llm": "",
+    "llm_failed": " (the language model is not answering right now)",
+    "llm_empty": " (the language model gave an empty reply)",
+    "uncited": " (the language model's reply cited none of them)",
+}
+
+
 class RecallAnswer(BaseModel):
     """What /recall returns: the reply text with [n] markers and the citations they point to."""
 
@@ -49,6 +59,18 @@ class RecallAnswer(BaseModel):
     used_llm: bool = False
     stripped_citations: int = 0
     refused: bool = False
+    extractive_reason: ExtractiveReason | None = None
+    """Why the recall pipeline answered extractively: no_llm (none configured), llm_failed
+    (the endpoint errored or timed out), llm_empty (it replied with nothing), uncited (its
+    reply cited nothing that could be checked). None when the LLM answered, and for replies
+    that are not recall answers (refusals, errors)."""
+
+    def notice(self) -> str | None:
+        """The line every surface shows with an extractive answer (None: not one)."""
+        if self.used_llm or self.refused or self.extractive_reason is None:
+            return None
+        why = EXTRACTIVE_WHY[self.extractive_reason]
+        return f"Extractive answer: quoted from the cited messages{why}."
 
 
 def render_answer_messages(pack: EvidencePack) -> list[dict[str, str]]:
