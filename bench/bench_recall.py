@@ -531,7 +531,8 @@ async def measure(
 ) -> dict[str, Any]:
     engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=db)), embedder)
     try:
-        pipe = RecallPipeline(engine, config=RecallConfig())
+        overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
+        pipe = RecallPipeline(engine, config=RecallConfig(**overrides))
         roster = await engine.members(SCOPE)
         members = [m.user_id for m in roster]
         asker = members[0]
@@ -788,6 +789,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--breakdown",
         action="store_true",
         help="time every store call (SQLite work runs in threads, so cProfile cannot see it)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="RecallConfig override, e.g. --set rerank_depth=0 (the re-ranker off)",
     )
     p.add_argument("--out", help="also write the results as JSON here")
     p.add_argument("--cleanup", action="store_true", help="delete the database at the end")
