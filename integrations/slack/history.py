@@ -199,14 +199,6 @@ class SlackHistory:
                 del threads[parent]  # no reply of it lies in a later window
         return [merged[ts] for ts in sorted(merged)]
 
-    async def fetch_raw(self, channel: str, oldest: str) -> list[dict[str, Any]]:
-        """Everything newer than `oldest` in one list (a window reaching the present)."""
-        floor = _dec(oldest) or Decimal(0)
-        lookback = Decimal(str(self.thread_lookback_s))
-        return await self.fetch_window(
-            channel, floor, None, scan_from=max(Decimal(0), floor - lookback), threads={}
-        )
-
     async def pages(
         self, scope: Scope, *, after_id: str | None, after_ts: float | None
     ) -> AsyncIterator[list[MessageEvent]]:
