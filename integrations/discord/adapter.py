@@ -437,6 +437,11 @@ class DiscordAdapter:
         self._worker: asyncio.Task[None] | None = None
         self._endpoints: contextlib.ExitStack | None = None
         self.catchup: DiscordCatchUp | None = None
+        self._stopping = False
+        """Set by stop(): the disconnect our own close causes needs no catch-up snapshot (it
+        would read a database that is about to close)."""
+        self._snapshots: set[asyncio.Task[Any]] = set()
+        """on_disconnect handlers taking a catch-up snapshot; stop() lets them finish."""
         """History catch-up around gateway sessions (integrations/discord/history.py)."""
         self._chunked: set[str] = set()
         """Guilds whose full member list was requested (lazily, see `_want_members`)."""
@@ -463,6 +468,7 @@ class DiscordAdapter:
     async def start(self) -> None:
         """Log in and connect in the background; return once ready, or raise why not."""
         token = _token(self.settings)
+        self._stopping = False
         self._endpoints = contextlib.ExitStack()
         self._endpoints.enter_context(discord_endpoints(self.settings))
         client = self.client = self._make_client()
@@ -484,7 +490,16 @@ class DiscordAdapter:
             catchup.on_ready()
 
         async def on_disconnect() -> None:
-            await catchup.on_disconnect()
+            if self._stopping:
+                return
+            task = asyncio.current_task()
+            if task is not None:
+                self._snapshots.add(task)
+            try:
+                await catchup.on_disconnect()
+            finally:
+                if task is not None:
+                    self._snapshots.discard(task)
 
         async def on_resumed() -> None:
             catchup.on_resumed()
@@ -564,6 +579,9 @@ class DiscordAdapter:
 
     async def stop(self, *, drain_timeout: float = 5.0) -> None:
         """Close the connection, finish queued events (bounded), restore endpoints."""
+        self._stopping = True
+        if self._snapshots:  # a disconnect (say a fatal close) is being snapshotted: finish it
+            await asyncio.wait(set(self._snapshots), timeout=5.0)
         for task in list(self._chunk_tasks):
             task.cancel()
         if self.catchup is not None:

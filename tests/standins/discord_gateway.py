@@ -195,6 +195,12 @@ class DiscordStandIn:
         self.chunk_members: list[dict[str, Any]] | None = None
         """Members a chunk answers with (default: the GUILD_CREATE's)."""
         self.identified = asyncio.Event()
+        self.identifies = 0
+        """IDENTIFYs (op 2) received: 1 + the new sessions after the first."""
+        self.missed: list[dict[str, Any]] = []
+        """MESSAGE_CREATEs `post`ed while no session was live: replayed on RESUME, dropped
+        (left to history) when the client has to identify anew."""
+        self.replayed = 0
         self._ws: web.WebSocketResponse | None = None
         self._seq = itertools.count(1)
         self._ids = itertools.count(800000000000000001)
@@ -249,6 +255,27 @@ class DiscordStandIn:
         assert self._ws is not None
         await self._ws.send_str(json.dumps({"op": 0, "t": event, "s": next(self._seq), "d": data}))
 
+    async def post(self, payload: dict[str, Any]) -> str:
+        """A member posts `payload` (a `message_create`): it enters the channel's history
+        (what REST catch-up reads) and reaches a live session as MESSAGE_CREATE; while no
+        session is live it waits for a RESUME's replay, as Discord's gateway does. Returns
+        "live" or "missed"."""
+        stored = {k: v for k, v in payload.items() if k not in ("guild_id", "member")}
+        history = self.history.setdefault(payload["channel_id"], [])
+        history.append(stored)
+        history.sort(key=lambda x: int(x["id"]))
+        ws = self._ws
+        if self.identified.is_set() and ws is not None and not ws.closed:
+            try:
+                await ws.send_str(
+                    json.dumps({"op": 0, "t": "MESSAGE_CREATE", "s": next(self._seq), "d": payload})
+                )
+                return "live"
+            except ConnectionError:
+                pass
+        self.missed.append(payload)
+        return "missed"
+
     async def close_gateway(self, code: int) -> None:
         """Close the client's gateway connection with a close code (4004 and 4014 are fatal
         for discord.py; 4000 or 1001 make it reconnect)."""
@@ -271,6 +298,8 @@ class DiscordStandIn:
                 await ws.send_str(json.dumps({"op": 11}))
             elif op == 2:
                 self.identify = payload["d"]
+                self.identifies += 1
+                self.missed.clear()  # a new session: the gateway replays nothing
                 await self._send_ready(ws)
                 self.identified.set()
             elif op == 8:
@@ -282,6 +311,14 @@ class DiscordStandIn:
                     await ws.send_str(
                         json.dumps({"op": 0, "t": "RESUMED", "s": next(self._seq), "d": {}})
                     )
+                    while self.missed:  # what the session missed, in order (posts may
+                        data = self.missed.pop(0)  # still arrive while this runs)
+                        await ws.send_str(
+                            json.dumps(
+                                {"op": 0, "t": "MESSAGE_CREATE", "s": next(self._seq), "d": data}
+                            )
+                        )
+                        self.replayed += 1
                     self.identified.set()
                 else:  # INVALID_SESSION, not resumable: the client identifies anew
                     await ws.send_str(json.dumps({"op": 9, "d": False}))
