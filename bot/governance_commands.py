@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bot.catchup import cursor_line
 from bot.events import CommandInvocation
 from bot.governance import (
     AliasChange,
@@ -296,6 +297,7 @@ def render_status(s: dict[str, Any]) -> CommandReply:
         f"• Channels off: {_names(off)}",
         f"• New channels: {'on' if s['default_channel_on'] else 'off'} by default",
     ]
+    lines += [f"• History: {cursor_line(c)}" for c in s.get("catchup", [])]
     return CommandReply(text="\n".join(lines), data={"status": s})
 
 

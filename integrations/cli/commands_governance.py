@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.table import Table
 
+from bot.catchup import cursor_line
 from bot.settings import Settings
 from integrations.app import build_llm, llm_probe, open_engine
 from integrations.cli.commands_store import resolve_channel
@@ -411,6 +412,8 @@ async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
             str(c["messages"]),
         )
     console.print(table)
+    for entry in status.get("catchup", []):
+        console.print(f"history: {cursor_line(entry)}", highlight=False, markup=False)
     return 0
 
 

@@ -23,6 +23,7 @@ from memory.governance.policy import (
 from memory.models import GROUP, EditEvent, Scope
 from memory.query.links import LinkResolver, default_link
 from memory.store import ChangeStatus
+from memory.store.catchup import CatchupRepo
 from memory.store.rows import RECORD_COLUMNS, record_from_row
 from memory.writer.gate import EvidenceGate, date_terms
 
@@ -375,6 +376,7 @@ class Governance:
                 }
             )
         retention = {f"{p}/{w}": d for (p, w), d in (await self.repo.workspace_retention()).items()}
+        catchup = await self._catchup_status(platform, workspace, channels)
         return {
             "messages": messages["messages"],
             "tombstones": messages["deleted"],
@@ -397,7 +399,37 @@ class Governance:
             "default_channel_on": self.cfg.channel_default_enabled,
             "workspace_retention": retention,
             "opted_out_members": await self.repo.opted_out_count(),
+            "catchup": catchup,
         }
+
+    async def _catchup_status(
+        self, platform: str | None, workspace: str | None, channels: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Saved catch-up/backfill cursors (bot.catchup): how far each channel's history
+        fetch got, so `status` shows a run in progress, finished or interrupted."""
+        repo = CatchupRepo(self.engine.store.db)
+        names = {c["channel"]: c["name"] for c in channels}
+        platforms = (
+            [platform] if platform else sorted({c["channel"].split("/")[0] for c in channels})
+        )
+        out: list[dict[str, Any]] = []
+        for plat in platforms:
+            for kind in ("catchup", "backfill"):
+                for cur in await repo.cursors(plat, kind):
+                    if workspace is not None and cur.scope.workspace != workspace:
+                        continue
+                    out.append(
+                        {
+                            "channel": str(cur.scope),
+                            "name": names.get(str(cur.scope)),
+                            "kind": kind,
+                            "cursor_ts": cur.cursor_ts,
+                            "fetched": cur.fetched,
+                            "finished": cur.finished,
+                            "updated_at": cur.updated_at,
+                        }
+                    )
+        return out
 
     async def audit(
         self, limit: int = 20, *, platform: str | None = None, workspace: str | None = None
