@@ -31,6 +31,7 @@ from memory.ports import Embedder
 from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
 from memory.store import ChangeStatus, IngestOutcome, Store
+from memory.store.diagnostics import location, schema_version
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +291,9 @@ class MemoryEngine:
     async def stats(self) -> dict[str, object]:
         started = time.perf_counter()
         out: dict[str, object] = {
-            "db_path": str(self.store.db.path),
+            "db_path": location(self.store),
             "driver": self.store.driver_name,
-            "schema_version": await self.store.db.schema_version(),
+            "schema_version": await schema_version(self.store),
             "embedder": getattr(self.embedder, "name", None),
         }
         out.update(await self.store.messages.counts())

@@ -197,18 +197,10 @@ def print_receipt(receipt: Receipt, as_json: bool) -> None:
     console.print(f"{receipt.action} {receipt.target}: {receipt.summary()}", highlight=False)
 
 
-async def workspaces(engine: MemoryEngine) -> list[tuple[str, str]]:
-    rows = await engine.store.db.read(
-        "SELECT platform, workspace FROM channels UNION SELECT platform, workspace FROM users"
-        " ORDER BY 1, 2"
-    )
-    return [(r[0], r[1]) for r in rows]
-
-
 async def pick_workspace(
     engine: MemoryEngine, workspace: str | None, platform: str | None
 ) -> tuple[str, str]:
-    known = await workspaces(engine)
+    known = await engine.store.channels.workspaces()
     found = [
         (p, w)
         for p, w in known
@@ -228,19 +220,15 @@ async def resolve_user(
 ) -> tuple[str, str, str]:
     """(platform, workspace, user id) for USER; unknown or ambiguous is an error."""
     matches: list[tuple[str, str, str, str]] = []
-    for p, w in await workspaces(engine):
+    for p, w in await engine.store.channels.workspaces():
         if (workspace is not None and w != workspace) or (platform is not None and p != platform):
             continue
         for uid, name in await engine.store.governance.user_candidates(p, w, user):
             matches.append((p, w, uid, name))
-        if not any(m[:2] == (p, w) for m in matches):
-            rows = await engine.store.db.read(
-                "SELECT 1 FROM messages WHERE platform = ? AND workspace = ? AND speaker_id = ?"
-                " LIMIT 1",
-                (p, w, user),
-            )
-            if rows:  # a forgotten-name user still has an id in old rows
-                matches.append((p, w, user, user))
+        # a forgotten-name user still has an id in old rows
+        named = any(m[:2] == (p, w) for m in matches)
+        if not named and await engine.store.governance.has_spoken(p, w, user):
+            matches.append((p, w, user, user))
     if not matches:
         raise CliError(f"no member {user!r}" + (f" in {workspace}" if workspace else ""))
     if len(matches) > 1:

@@ -24,7 +24,7 @@ from memory.models import GROUP, EditEvent, Scope
 from memory.query.links import LinkResolver, default_link
 from memory.store import ChangeStatus
 from memory.store.catchup import CatchupRepo
-from memory.store.rows import RECORD_COLUMNS, record_from_row
+from memory.store.diagnostics import last_writer_run
 from memory.writer.gate import EvidenceGate, date_terms
 
 log = logging.getLogger(__name__)
@@ -101,15 +101,9 @@ class Governance:
             pks, receipt, reason="channel-purge", batch=self.cfg.forget_batch
         )
         # records of the channel with no cited message left (defensive: nothing may stay)
-        pk = await self.engine.store.channels.lookup(scope)
-        if pk is not None:
-            rows = await self.engine.store.db.read(
-                "SELECT id FROM records WHERE channel_pk = ?", (pk,)
-            )
-            if rows:
-                await self.repo.withdraw(
-                    [r[0] for r in rows], receipt, reason="channel-purge", requeue=False
-                )
+        left = await self.repo.channel_record_ids(scope)
+        if left:
+            await self.repo.withdraw(left, receipt, reason="channel-purge", requeue=False)
         await self._audit(scope.platform, scope.workspace, actor, receipt, {"purge": True})
         return receipt
 
@@ -347,10 +341,7 @@ class Governance:
         messages = await store.messages.counts()
         records = await store.records.counts()
         segments = await store.segments.counts()
-        last = await store.db.read(
-            "SELECT max(started_at), (SELECT outcome FROM writer_runs ORDER BY id DESC LIMIT 1)"
-            " FROM writer_runs"
-        )
+        last_run, last_outcome = await last_writer_run(store)
         reachable: bool | None = None
         if self.llm_probe is not None:
             try:
@@ -388,8 +379,8 @@ class Governance:
                 "open_segments": segments.get("open", 0),
                 "rederive": await self.repo.rederive_depth(),
             },
-            "writer_last_run": last[0][0],
-            "writer_last_outcome": last[0][1],
+            "writer_last_run": last_run,
+            "writer_last_outcome": last_outcome,
             "llm_reachable": reachable,
             "llm_configured": self.llm_probe is not None,
             "db_bytes": await store.db_size_bytes(),
@@ -466,13 +457,8 @@ class Governance:
             }
             for r in await self.repo.user_messages(platform, workspace, user_id)
         ]
-        rows = await store.db.read(
-            f"SELECT {RECORD_COLUMNS} FROM records WHERE platform = ? AND workspace = ?"
-            " AND (owner = ? OR source = ?) ORDER BY chain_root, id",
-            (platform, workspace, user_id, user_id),
-        )
         records = []
-        for rec in map(record_from_row, rows):
+        for rec in await self.repo.user_records(platform, workspace, user_id):
             chain = await store.records.chain(rec.id)
             records.append(
                 {
@@ -524,14 +510,10 @@ class Governance:
         if readable is None:
             readable = await store.channels.readable_channels(platform, workspace, user_id)
         allowed = {s.channel for s in readable}
-        rows = await store.db.read(
-            f"SELECT {RECORD_COLUMNS} FROM records WHERE platform = ? AND workspace = ?"
-            " AND (owner = ? OR source = ?) AND state = 'active' ORDER BY time DESC, id DESC",
-            (platform, workspace, user_id, user_id),
-        )
+        recs = await self.repo.active_user_records(platform, workspace, user_id)
         out: list[dict[str, Any]] = []
         hidden = 0
-        for rec in map(record_from_row, rows):
+        for rec in recs:
             if rec.scope.channel not in allowed:
                 hidden += 1
                 continue
@@ -552,15 +534,10 @@ class Governance:
                     ],
                 }
             )
-        count = await store.db.read(
-            "SELECT count(*) FROM messages WHERE platform = ? AND workspace = ?"
-            " AND speaker_id = ? AND deleted_at IS NULL",
-            (platform, workspace, user_id),
-        )
         return {
             "records": out,
-            "total_records": len(rows) - hidden,
-            "messages": int(count[0][0]),
+            "total_records": len(recs) - hidden,
+            "messages": await self.repo.live_message_count(platform, workspace, user_id),
             "opted_out": await self.repo.is_opted_out(platform, workspace, user_id),
         }
 

@@ -87,6 +87,14 @@ class ChannelRepo:
             for r in rows
         ]
 
+    async def workspaces(self) -> list[tuple[str, str]]:
+        """Every (platform, workspace) the store knows from a channel or a user, sorted."""
+        rows = await self.db.read(
+            "SELECT platform, workspace FROM channels UNION SELECT platform, workspace FROM users"
+            " ORDER BY 1, 2"
+        )
+        return [(r[0], r[1]) for r in rows]
+
     async def find(self, channel: str, platform: str | None = None) -> list[Scope]:
         """Channels whose id or name is `channel` (CLI convenience)."""
         rows = await self.db.read(

@@ -53,3 +53,23 @@ async def diagnose(store: Store) -> StoreHealth:
         latest_version=latest,
         journal_mode=str(journal),
     )
+
+
+def location(store: Store) -> str:
+    """The database file's path, as text."""
+    return str(store.db.path)
+
+
+async def schema_version(store: Store) -> int:
+    """The newest migration applied to the open store."""
+    return await store.db.schema_version()
+
+
+async def last_writer_run(store: Store) -> tuple[float | None, str | None]:
+    """When the Writer last started a run and the outcome of the newest one (None, None if
+    it never ran)."""
+    rows = await store.db.read(
+        "SELECT max(started_at), (SELECT outcome FROM writer_runs ORDER BY id DESC LIMIT 1)"
+        " FROM writer_runs"
+    )
+    return rows[0][0], rows[0][1]

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.governance.policy import Receipt, relink_chain, remaining_support, should_rederive
-from memory.models import Scope
+from memory.models import DerivedRecord, Scope
 from memory.store.channels import ChannelRepo, normalise_alias
 from memory.store.database import IN_CHUNK, Database, Transaction
+from memory.store.rows import RECORD_COLUMNS, record_from_row
 
 
 @dataclass(frozen=True)
@@ -438,6 +439,14 @@ class GovernanceRepo:
         )
         return [r[0] for r in rows]
 
+    async def channel_record_ids(self, scope: Scope) -> list[int]:
+        """Ids of every record stored in the channel, in any state (a purge's final sweep)."""
+        pk = await self.channels.lookup(scope)
+        if pk is None:
+            return []
+        rows = await self.db.read("SELECT id FROM records WHERE channel_pk = ? ORDER BY id", (pk,))
+        return [r[0] for r in rows]
+
     async def records_citing(self, message_pks: Sequence[int]) -> list[int]:
         rows = await self.db.read_in(
             "SELECT DISTINCT record_id FROM record_sources WHERE message_pk IN ({marks})",
@@ -716,3 +725,44 @@ class GovernanceRepo:
             " ORDER BY ts, id",
             (platform, workspace, user_id),
         )
+
+    async def user_records(
+        self, platform: str, workspace: str, user_id: str
+    ) -> list[DerivedRecord]:
+        """Every record the member is owner or source of, in any state, chain by chain."""
+        rows = await self.db.read(
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE platform = ? AND workspace = ?"
+            " AND (owner = ? OR source = ?) ORDER BY chain_root, id",
+            (platform, workspace, user_id, user_id),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def active_user_records(
+        self, platform: str, workspace: str, user_id: str
+    ) -> list[DerivedRecord]:
+        """The member's active records (owner or source), newest first."""
+        rows = await self.db.read(
+            f"SELECT {RECORD_COLUMNS} FROM records WHERE platform = ? AND workspace = ?"
+            " AND (owner = ? OR source = ?) AND state = 'active' ORDER BY time DESC, id DESC",
+            (platform, workspace, user_id, user_id),
+        )
+        return [record_from_row(r) for r in rows]
+
+    async def live_message_count(self, platform: str, workspace: str, user_id: str) -> int:
+        """How many of the member's messages are stored and not deleted or forgotten."""
+        rows = await self.db.read(
+            "SELECT count(*) FROM messages WHERE platform = ? AND workspace = ?"
+            " AND speaker_id = ? AND deleted_at IS NULL",
+            (platform, workspace, user_id),
+        )
+        return int(rows[0][0])
+
+    async def has_spoken(self, platform: str, workspace: str, user_id: str) -> bool:
+        """Whether any stored message row carries this speaker id (deleted ones included), so a
+        member whose name row is gone can still be found by id."""
+        rows = await self.db.read(
+            "SELECT 1 FROM messages WHERE platform = ? AND workspace = ? AND speaker_id = ?"
+            " LIMIT 1",
+            (platform, workspace, user_id),
+        )
+        return bool(rows)
