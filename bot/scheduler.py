@@ -77,13 +77,15 @@ class WriterScheduler:
             self._close_idle, "interval", seconds=self.idle_check_s, id="close-idle", **opts
         )
         if self.writer is not None:
+            # two instances allowed so a tick during a long run is not logged as skipped: the
+            # second returns at once and the first runs again when it ends (see _write)
             self._scheduler.add_job(
                 self._write,
                 "interval",
                 seconds=self.write_interval_s,
                 id="write",
                 next_run_time=datetime.now() + timedelta(milliseconds=50),  # resume backlog
-                **opts,
+                **{**opts, "max_instances": 2},
             )
         if self.engine.embedder is not None:
             self._scheduler.add_job(self._embed, "interval", seconds=60, id="embed", **opts)
@@ -121,8 +123,11 @@ class WriterScheduler:
             self.kick()
 
     async def _write(self) -> None:
-        self.runs["write"] += 1
         assert self.writer is not None
+        if self._writing:  # a run is in progress: it runs again when it ends
+            self._again = True
+            return
+        self.runs["write"] += 1
         self._writing, self._again = True, False
         with self._tracked():
             try:
