@@ -37,7 +37,8 @@ OFFICIAL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 DIM = 384
 # Bump when the graph layout below changes, so stale cache files are not reused.
-GRAPH_VERSION = 1
+# 2: the final hidden states are a second output (`token_embeddings`) for late interaction.
+GRAPH_VERSION = 2
 OPSET = 17
 DEFAULT_CACHE_DIR = Path("~/.cache/speakermem/models")
 
@@ -120,9 +121,10 @@ def build_onnx_model(
 ) -> Any:
     """Rebuild the BERT encoder + mean pooling + L2 normalisation as an ONNX model.
 
-    Inputs: ``input_ids`` and ``attention_mask`` (int64, [batch, seq]). Output:
-    ``sentence_embedding`` (float32, [batch, hidden]). Token type ids are always 0 for single
-    sentences, so that embedding row is folded into the position table.
+    Inputs: ``input_ids`` and ``attention_mask`` (int64, [batch, seq]). Outputs:
+    ``sentence_embedding`` (float32, [batch, hidden]) and ``token_embeddings`` (the last
+    layer's hidden states before pooling, float32, [batch, seq, hidden]). Token type ids are
+    always 0 for single sentences, so that embedding row is folded into the position table.
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -279,6 +281,7 @@ def build_onnx_model(
         res2 = node("Add", [out, x1], f"l{i}_res2")
         x = layer_norm(res2, f"{p}.output.LayerNorm", f"l{i}_ln2")
 
+    node("Identity", [x], "token_embeddings")
     # Mean pooling over real tokens, then L2 normalisation (as sentence-transformers does).
     mask3 = node("Unsqueeze", [mask_f, c_two], "mask3")
     summed = node("ReduceSum", [node("Mul", [x, mask3], "masked"), c_one], "summed", keepdims=0)
@@ -300,7 +303,14 @@ def build_onnx_model(
             helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
             helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
         ],
-        [helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT, ["batch", hidden])],
+        [
+            helper.make_tensor_value_info(
+                "sentence_embedding", TensorProto.FLOAT, ["batch", hidden]
+            ),
+            helper.make_tensor_value_info(
+                "token_embeddings", TensorProto.FLOAT, ["batch", "seq", hidden]
+            ),
+        ],
         initializer=inits,
     )
     model = helper.make_model(
@@ -516,9 +526,61 @@ class MiniLMEmbedder:
                 n = int(lengths[j])
                 ids[row, :n] = encodings[j].ids[:n]
                 mask[row, :n] = 1
-            (vecs,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask})
+            (vecs,) = self._session.run(
+                ["sentence_embedding"], {"input_ids": ids, "attention_mask": mask}
+            )
             out[idx] = vecs
         return out
+
+    def token_embeddings_sync(
+        self, texts: Sequence[str], *, max_tokens: int = 64
+    ) -> list[np.ndarray]:
+        """Per text, the L2-normalised last-layer states of its word pieces (special tokens
+        left out, at most `max_tokens` of them): (n_tokens, 384) float32 each, for
+        late-interaction (MaxSim) scoring. Same model pass as `embed_sync`, before pooling."""
+        if isinstance(texts, str):
+            raise TypeError("token_embeddings() takes a sequence of strings")
+        if len(texts) == 0:
+            return []
+        self.load()
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=True)
+        # [CLS] + pieces + [SEP], the pieces cut to max_tokens
+        keep = [min(len(e.ids), max_tokens + 2) for e in encodings]
+        lengths = np.array(keep, dtype=np.int64)
+        order = np.argsort(lengths, kind="stable")
+        out: list[np.ndarray] = [np.zeros((0, self.dim), dtype=np.float32)] * len(texts)
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            width = int(lengths[idx].max())
+            ids = np.zeros((len(idx), width), dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            for row, j in enumerate(idx):
+                n = int(lengths[j])
+                piece = [*encodings[j].ids[: n - 1], encodings[j].ids[-1]]
+                ids[row, :n] = piece
+                mask[row, :n] = 1
+            (states,) = self._session.run(
+                ["token_embeddings"], {"input_ids": ids, "attention_mask": mask}
+            )
+            for row, j in enumerate(idx):
+                n = int(lengths[j])
+                tok = states[row, 1 : n - 1].astype(np.float32)
+                norms = np.linalg.norm(tok, axis=1, keepdims=True)
+                out[int(j)] = tok / np.maximum(norms, 1e-12)
+        return out
+
+    async def token_embeddings(
+        self, texts: Sequence[str], *, max_tokens: int = 64
+    ) -> list[np.ndarray]:
+        """`token_embeddings_sync` on the embedder's own worker thread."""
+        if isinstance(texts, str):
+            raise TypeError("token_embeddings() takes a sequence of strings")
+        if len(texts) == 0:
+            return []
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, lambda: self.token_embeddings_sync(list(texts), max_tokens=max_tokens)
+        )
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed on the embedder's own worker thread; returns (len(texts), 384) float32."""
