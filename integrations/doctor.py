@@ -37,6 +37,15 @@ class Check(BaseModel):
     fix: str | None = None
 
 
+def verdict(
+    area: str, name: str, ok: bool, detail: str, fix: str, *, bad: Status = "fail"
+) -> Check:
+    """A check that passes or not: status "ok" or `bad`, and the fix only when it is not ok."""
+    return Check(
+        area=area, name=name, status="ok" if ok else bad, detail=detail, fix=None if ok else fix
+    )
+
+
 def exit_code(checks: Sequence[Check]) -> int:
     """1 when anything failed; warnings (e.g. no LLM configured) still exit 0."""
     return 1 if any(c.status == "fail" for c in checks) else 0
@@ -62,14 +71,12 @@ def token_checks(settings: Settings) -> list[Check]:
     if bot:
         ok = bool(_SLACK_BOT.match(bot))
         out.append(
-            Check(
-                area="slack",
-                name="bot token format",
-                status="ok" if ok else "fail",
-                detail="xoxb-…" if ok else "does not start with xoxb-",
-                fix=None
-                if ok
-                else "use the Bot User OAuth Token (OAuth & Permissions, starts with xoxb-) in "
+            verdict(
+                "slack",
+                "bot token format",
+                ok,
+                "xoxb-…" if ok else "does not start with xoxb-",
+                "use the Bot User OAuth Token (OAuth & Permissions, starts with xoxb-) in "
                 "SPEAKERMEM_SLACK_BOT_TOKEN",
             )
         )
@@ -77,16 +84,12 @@ def token_checks(settings: Settings) -> list[Check]:
             app = _secret(settings.slack_app_token)
             ok = bool(_SLACK_APP.match(app))
             out.append(
-                Check(
-                    area="slack",
-                    name="app token (Socket Mode)",
-                    status="ok" if ok else "fail",
-                    detail="xapp-…"
-                    if ok
-                    else ("missing" if not app else "does not start with xapp-"),
-                    fix=None
-                    if ok
-                    else "create an app-level token with connections:write (Basic Information) "
+                verdict(
+                    "slack",
+                    "app token (Socket Mode)",
+                    ok,
+                    "xapp-…" if ok else ("missing" if not app else "does not start with xapp-"),
+                    "create an app-level token with connections:write (Basic Information) "
                     "and set SPEAKERMEM_SLACK_APP_TOKEN",
                 )
             )
@@ -94,16 +97,12 @@ def token_checks(settings: Settings) -> list[Check]:
             secret = _secret(settings.slack_signing_secret)
             ok = bool(_SLACK_SECRET.match(secret))
             out.append(
-                Check(
-                    area="slack",
-                    name="signing secret (HTTP mode)",
-                    status="ok" if ok else "fail",
-                    detail="32 hex characters"
-                    if ok
-                    else ("missing" if not secret else "not 32 hex"),
-                    fix=None
-                    if ok
-                    else "copy the Signing Secret (Basic Information) into "
+                verdict(
+                    "slack",
+                    "signing secret (HTTP mode)",
+                    ok,
+                    "32 hex characters" if ok else ("missing" if not secret else "not 32 hex"),
+                    "copy the Signing Secret (Basic Information) into "
                     "SPEAKERMEM_SLACK_SIGNING_SECRET, or use SPEAKERMEM_SLACK_MODE=socket",
                 )
             )
@@ -111,14 +110,12 @@ def token_checks(settings: Settings) -> list[Check]:
     if discord:
         ok = bool(_DISCORD.match(discord))
         out.append(
-            Check(
-                area="discord",
-                name="bot token format",
-                status="ok" if ok else "fail",
-                detail="three dot-separated parts" if ok else "not a bot token",
-                fix=None
-                if ok
-                else "copy the token from Developer Portal → Bot → Reset Token into "
+            verdict(
+                "discord",
+                "bot token format",
+                ok,
+                "three dot-separated parts" if ok else "not a bot token",
+                "copy the token from Developer Portal → Bot → Reset Token into "
                 "SPEAKERMEM_DISCORD_TOKEN (not the client secret or public key)",
             )
         )
@@ -129,15 +126,14 @@ def settings_checks(settings: Settings) -> list[Check]:
     out = [Check(area="settings", name="parsed", status="ok", detail=f"db {settings.db_path}")]
     platforms = configured_platforms(settings)
     out.append(
-        Check(
-            area="settings",
-            name="platforms",
-            status="ok" if platforms else "warn",
-            detail=", ".join(platforms) or "none: `run` needs one; `shell` and `demo` do not",
-            fix=None
-            if platforms
-            else "set SPEAKERMEM_SLACK_BOT_TOKEN (+ signing secret or app token) or "
+        verdict(
+            "settings",
+            "platforms",
+            bool(platforms),
+            ", ".join(platforms) or "none: `run` needs one; `shell` and `demo` do not",
+            "set SPEAKERMEM_SLACK_BOT_TOKEN (+ signing secret or app token) or "
             "SPEAKERMEM_DISCORD_TOKEN (README: Setting up the platforms)",
+            bad="warn",
         )
     )
     if settings.embedder == "openai" and not settings.embedding_base_url:
@@ -178,28 +174,26 @@ async def store_checks(settings: Settings) -> list[Check]:
             detail=f"{health.driver}, SQLite {health.sqlite_version}, "
             f"{health.journal_mode} journal",
         ),
-        Check(
-            area="db",
-            name="migrations",
-            status="ok" if health.migrated else "fail",
-            detail=f"schema {health.schema_version} of {health.latest_version}",
-            fix=None if health.migrated else "upgrade speakermem; the file is from a newer version",
+        verdict(
+            "db",
+            "migrations",
+            health.migrated,
+            f"schema {health.schema_version} of {health.latest_version}",
+            "upgrade speakermem; the file is from a newer version",
         ),
-        Check(
-            area="db",
-            name="sqlite-vec",
-            status="ok" if health.vec_version else "fail",
-            detail=health.vec_version or "not loaded",
-            fix=None
-            if health.vec_version
-            else "pip install sqlite-vec sqlean.py, or SPEAKERMEM_SQLITE_DRIVER=sqlean",
+        verdict(
+            "db",
+            "sqlite-vec",
+            bool(health.vec_version),
+            health.vec_version or "not loaded",
+            "pip install sqlite-vec sqlean.py, or SPEAKERMEM_SQLITE_DRIVER=sqlean",
         ),
-        Check(
-            area="db",
-            name="FTS5",
-            status="ok" if health.fts_ok else "fail",
-            detail="messages index answers" if health.fts_ok else "FTS5 missing or index broken",
-            fix=None if health.fts_ok else "use SPEAKERMEM_SQLITE_DRIVER=sqlean (FTS5 built in)",
+        verdict(
+            "db",
+            "FTS5",
+            health.fts_ok,
+            "messages index answers" if health.fts_ok else "FTS5 missing or index broken",
+            "use SPEAKERMEM_SQLITE_DRIVER=sqlean (FTS5 built in)",
         ),
     ]
 
@@ -252,14 +246,12 @@ async def embedder_checks(settings: Settings) -> list[Check]:
         cos = min_cosine(np.asarray(vectors, dtype=np.float32), reference)
         ok = cos >= PARITY_MIN_COSINE
         out.append(
-            Check(
-                area="embedder",
-                name="parity with sentence-transformers",
-                status="ok" if ok else "fail",
-                detail=f"min cosine {cos:.6f} on {len(sentences)} reference sentences",
-                fix=None
-                if ok
-                else "SPEAKERMEM_EMBED_QUANTIZE=false, and delete the cached graph in "
+            verdict(
+                "embedder",
+                "parity with sentence-transformers",
+                ok,
+                f"min cosine {cos:.6f} on {len(sentences)} reference sentences",
+                "SPEAKERMEM_EMBED_QUANTIZE=false, and delete the cached graph in "
                 f"{settings.model_cache_dir}",
             )
         )
@@ -267,12 +259,12 @@ async def embedder_checks(settings: Settings) -> list[Check]:
         dim = int(np.asarray(vectors).shape[1])
         ok = dim == settings.embedding_dim
         out.append(
-            Check(
-                area="embedder",
-                name="dimension",
-                status="ok" if ok else "fail",
-                detail=f"{dim} (expected {settings.embedding_dim})",
-                fix=None if ok else f"set SPEAKERMEM_EMBEDDING_DIM={dim}",
+            verdict(
+                "embedder",
+                "dimension",
+                ok,
+                f"{dim} (expected {settings.embedding_dim})",
+                f"set SPEAKERMEM_EMBEDDING_DIM={dim}",
             )
         )
     return out
@@ -352,16 +344,14 @@ async def llm_checks(settings: Settings) -> list[Check]:
     if models is not None:
         listed = settings.llm_model in models
         out.append(
-            Check(
-                area="llm",
-                name="model listed",
-                status="ok" if listed else "fail",
-                detail=settings.llm_model
+            verdict(
+                "llm",
+                "model listed",
+                listed,
+                settings.llm_model
                 if listed
                 else f"{settings.llm_model!r} not in {', '.join(models[:5]) or 'an empty list'}",
-                fix=None
-                if listed
-                else f"set SPEAKERMEM_LLM_MODEL to one of: {', '.join(models[:5])}",
+                f"set SPEAKERMEM_LLM_MODEL to one of: {', '.join(models[:5])}",
             )
         )
     llm = OpenAICompatLLM(
@@ -391,27 +381,26 @@ async def llm_checks(settings: Settings) -> list[Check]:
     ms = (time.perf_counter() - started) * 1000
     good = isinstance(data, dict) and isinstance(data.get("ok"), bool) and "word" in data
     out.append(
-        Check(
-            area="llm",
-            name=f"structured output ({settings.llm_structured_mode})",
-            status="ok" if good else "fail",
-            detail=f"valid JSON for the schema in {ms:.0f} ms"
+        verdict(
+            "llm",
+            f"structured output ({settings.llm_structured_mode})",
+            good,
+            f"valid JSON for the schema in {ms:.0f} ms"
             if good
             else f"no usable JSON: {(error or repr(data))[:160]}",
-            fix=None
-            if good
-            else "use SPEAKERMEM_LLM_STRUCTURED_MODE=json_object (llama.cpp, Ollama) or "
+            "use SPEAKERMEM_LLM_STRUCTURED_MODE=json_object (llama.cpp, Ollama) or "
             "json_schema (vLLM, OpenAI), and an instruction-tuned model",
         )
     )
     if good:
         out.append(
-            Check(
-                area="llm",
-                name="latency",
-                status="ok" if ms < 10_000 else "warn",
-                detail=f"{ms:.0f} ms for a 32-token structured reply",
-                fix=None if ms < 10_000 else "a slow endpoint delays the Writer, not ingestion",
+            verdict(
+                "llm",
+                "latency",
+                ms < 10_000,
+                f"{ms:.0f} ms for a 32-token structured reply",
+                "a slow endpoint delays the Writer, not ingestion",
+                bad="warn",
             )
         )
     return out
@@ -444,12 +433,12 @@ async def network_token_checks(settings: Settings) -> list[Check]:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             ok, detail = False, f"cannot reach {url}: {type(exc).__name__}"
         out.append(
-            Check(
-                area="slack",
-                name="auth.test",
-                status="ok" if ok else "fail",
-                detail=detail,
-                fix=None if ok else "reinstall the app to the workspace and copy the new token",
+            verdict(
+                "slack",
+                "auth.test",
+                ok,
+                detail,
+                "reinstall the app to the workspace and copy the new token",
             )
         )
     discord = _secret(settings.discord_token)
@@ -471,12 +460,12 @@ async def network_token_checks(settings: Settings) -> list[Check]:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             ok, detail = False, f"cannot reach {url}: {type(exc).__name__}"
         out.append(
-            Check(
-                area="discord",
-                name="users/@me",
-                status="ok" if ok else "fail",
-                detail=detail,
-                fix=None if ok else "reset the bot token in the Developer Portal and set it again",
+            verdict(
+                "discord",
+                "users/@me",
+                ok,
+                detail,
+                "reset the bot token in the Developer Portal and set it again",
             )
         )
     return out

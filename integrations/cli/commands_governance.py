@@ -33,136 +33,158 @@ HANDLERS = "integrations.cli.commands_governance"
 
 
 def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ignore[type-arg]
+    def command(
+        parent: argparse._SubParsersAction,  # type: ignore[type-arg]
+        name: str,
+        handler: str | None,
+        *,
+        help: str,
+        description: str,
+    ) -> argparse.ArgumentParser:
+        """A (sub)command with the common options and the handler it runs (a group has none)."""
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=description)
+        common(p)
+        if handler is not None:
+            p.set_defaults(handler=f"{HANDLERS}:{handler}")
+        return p
+
     # -- channel
-    p = sub.add_parser(
+    p = command(
+        sub,
         "channel",
+        "cmd_channel",
         help="turn memory on or off in a channel (admin)",
         description="Memory on or off in a channel; off stops ingestion and answers there. "
         "--purge also forgets everything the channel holds.",
     )
-    common(p)
     p.add_argument("action", choices=["enable", "disable"], help="enable or disable memory")
-    p.add_argument("--channel", required=True, help="channel id or name")
-    p.add_argument("--platform", default=None, help="platform, when the channel is ambiguous")
+    _channel_option(p)
     p.add_argument("--purge", action="store_true", help="with disable: forget the channel's data")
     _yes_json(p)
-    p.set_defaults(handler=f"{HANDLERS}:cmd_channel")
 
     # -- retention
-    p = sub.add_parser(
+    p = command(
+        sub,
         "retention",
+        None,
         help="keep messages N days per channel or workspace, and apply it",
         description="`retention set DAYS|off` stores the limit (a channel's overrides its "
         "workspace's); `retention apply` forgets what is past it now (the bot runs it daily).",
     )
-    common(p)
-    rsub = p.add_subparsers(dest="retention_action", metavar="ACTION")
-    rsub.required = True
-    q = rsub.add_parser(
+    rsub = p.add_subparsers(dest="retention_action", metavar="ACTION", required=True)
+    q = command(
+        rsub,
         "set",
+        "cmd_retention_set",
         help="set the limit in days, or off",
         description="Set how many days messages are kept.",
     )
-    common(q)
     q.add_argument("days", help="number of days, or off")
     q.add_argument("--channel", default=None, help="this channel only (id or name)")
     q.add_argument("--workspace", default=None, help="the whole workspace (id)")
     q.add_argument("--platform", default=None, help="platform, when the id is ambiguous")
-    q.set_defaults(handler=f"{HANDLERS}:cmd_retention_set")
-    q = rsub.add_parser(
+    q = command(
+        rsub,
         "apply",
+        "cmd_retention_apply",
         help="forget every message past its limit now",
         description="Apply retention now through the forgetting cascade.",
     )
-    common(q)
     q.add_argument("--json", action="store_true", help="print the receipt as JSON")
-    q.set_defaults(handler=f"{HANDLERS}:cmd_retention_apply")
 
     # -- alias
-    p = sub.add_parser(
+    p = command(
+        sub,
         "alias",
+        "cmd_alias",
         help="add or remove another name a member goes by",
         description="Aliases are used by /recall's Project step and by the Writer's roster.",
     )
-    common(p)
     p.add_argument("action", choices=["add", "remove"], help="add or remove")
-    p.add_argument("user", metavar="USER", help="user id, or an unambiguous display name/alias")
+    _user(p)
     p.add_argument("alias", metavar="ALIAS", help="the other name")
     _workspace(p)
-    p.set_defaults(handler=f"{HANDLERS}:cmd_alias")
 
     # -- forget
-    p = sub.add_parser(
+    p = command(
+        sub,
         "forget",
+        None,
         help="forget a message or a person, with everything derived from them",
         description="Forgetting removes the text from messages, FTS5 and the vectors, "
         "withdraws every record built from it, and prints a receipt.",
     )
-    common(p)
-    fsub = p.add_subparsers(dest="forget_what", metavar="WHAT")
-    fsub.required = True
-    q = fsub.add_parser(
+    fsub = p.add_subparsers(dest="forget_what", metavar="WHAT", required=True)
+    q = command(
+        fsub,
         "message",
+        "cmd_forget_message",
         help="forget one message",
         description="Forget one message and every record citing it.",
     )
-    common(q)
     q.add_argument("id", metavar="ID", help="the platform's message id (Slack: its ts)")
-    q.add_argument("--channel", required=True, help="channel id or name")
-    q.add_argument("--platform", default=None, help="platform, when the channel is ambiguous")
+    _channel_option(q)
     _yes_json(q)
-    q.set_defaults(handler=f"{HANDLERS}:cmd_forget_message")
-    q = fsub.add_parser(
+    q = command(
+        fsub,
         "user",
+        "cmd_forget_user",
         help="forget a person",
         description="Forget a person's messages, every record built from or "
         "about them, their name and aliases.",
     )
-    common(q)
-    q.add_argument("user", metavar="USER", help="user id, or an unambiguous display name/alias")
+    _user(q)
     _workspace(q)
     _yes_json(q)
-    q.set_defaults(handler=f"{HANDLERS}:cmd_forget_user")
 
     # -- export
-    p = sub.add_parser(
+    p = command(
+        sub,
         "export",
+        None,
         help="export a person's data as JSON",
         description="JSON of a person's messages and of every record they are source or owner "
         "of, with provenance (cited message ids, update chain).",
     )
-    common(p)
-    esub = p.add_subparsers(dest="export_what", metavar="WHAT")
-    esub.required = True
-    q = esub.add_parser(
+    esub = p.add_subparsers(dest="export_what", metavar="WHAT", required=True)
+    q = command(
+        esub,
         "user",
+        "cmd_export_user",
         help="export one person",
         description="Write a person's messages and records to a JSON file.",
     )
-    common(q)
-    q.add_argument("user", metavar="USER", help="user id, or an unambiguous display name/alias")
+    _user(q)
     q.add_argument("--out", required=True, type=Path, help="JSON file to write")
     _workspace(q)
-    q.set_defaults(handler=f"{HANDLERS}:cmd_export_user")
 
     # -- status / audit
-    p = sub.add_parser(
+    p = command(
+        sub,
         "status",
+        "cmd_status",
         help="counts, Writer queue, LLM reachable, DB size, channels on/off",
         description="What the store holds and whether the bot's parts are healthy.",
     )
-    common(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(handler=f"{HANDLERS}:cmd_status")
-    p = sub.add_parser(
+    p = command(
+        sub,
         "audit",
+        "cmd_audit",
         help="the latest admin actions with their receipts",
         description="Who did what, when, and the receipt of what changed.",
     )
-    common(p)
     p.add_argument("--limit", type=int, default=20, help="how many entries (default 20)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(handler=f"{HANDLERS}:cmd_audit")
+
+
+def _channel_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--channel", required=True, help="channel id or name")
+    p.add_argument("--platform", default=None, help="platform, when the channel is ambiguous")
+
+
+def _user(p: argparse.ArgumentParser) -> None:
+    p.add_argument("user", metavar="USER", help="user id, or an unambiguous display name/alias")
 
 
 def _yes_json(p: argparse.ArgumentParser) -> None:
@@ -242,6 +264,10 @@ async def _channel(engine: MemoryEngine, args: argparse.Namespace) -> Scope:
     return await resolve_channel(engine, args.channel, args.platform)
 
 
+async def _member(engine: MemoryEngine, args: argparse.Namespace) -> tuple[str, str, str]:
+    return await resolve_user(engine, args.user, args.workspace, args.platform)
+
+
 def governance(settings: Settings, engine: MemoryEngine, *, probe: bool = False) -> Governance:
     llm = build_llm(settings) if probe else None
     return Governance(
@@ -305,9 +331,7 @@ async def cmd_retention_apply(settings: Settings, args: argparse.Namespace) -> i
 
 async def cmd_alias(settings: Settings, args: argparse.Namespace) -> int:
     async with open_engine(settings, with_embedder=False) as engine:
-        platform, workspace, uid = await resolve_user(
-            engine, args.user, args.workspace, args.platform
-        )
+        platform, workspace, uid = await _member(engine, args)
         try:
             receipt = await governance(settings, engine).alias(
                 platform, workspace, uid, args.alias, add=args.action == "add", actor=ACTOR
@@ -331,9 +355,7 @@ async def cmd_forget_message(settings: Settings, args: argparse.Namespace) -> in
 
 async def cmd_forget_user(settings: Settings, args: argparse.Namespace) -> int:
     async with open_engine(settings, with_embedder=False) as engine:
-        platform, workspace, uid = await resolve_user(
-            engine, args.user, args.workspace, args.platform
-        )
+        platform, workspace, uid = await _member(engine, args)
         confirm(
             f"Forget {uid} in {platform}/{workspace}: their messages, every record built from "
             "or about them, their name and aliases?",
@@ -348,9 +370,7 @@ async def cmd_forget_user(settings: Settings, args: argparse.Namespace) -> int:
 
 async def cmd_export_user(settings: Settings, args: argparse.Namespace) -> int:
     async with open_engine(settings, with_embedder=False) as engine:
-        platform, workspace, uid = await resolve_user(
-            engine, args.user, args.workspace, args.platform
-        )
+        platform, workspace, uid = await _member(engine, args)
         gov = governance(settings, engine)
         data = await gov.export_user(platform, workspace, uid)
         await engine.store.governance.log(
