@@ -67,8 +67,9 @@ log = logging.getLogger("bench_load")
 # ---------------------------------------------------------------- the bot (subprocess)
 
 
-async def bot_main(cfg: dict[str, Any]) -> tuple[int, list[tuple[float, float]]]:
-    """Run the bot with a 10 ms lag ticker; returns its exit code and the lag samples."""
+async def bot_main(cfg: dict[str, Any]) -> int:
+    """Run the bot with a 10 ms lag ticker, appending its samples to `lag_out` every 5 s
+    (so they survive a bot that has to be killed)."""
     from bot.settings import Settings
     from integrations import runtime
 
@@ -83,11 +84,28 @@ async def bot_main(cfg: dict[str, Any]) -> tuple[int, list[tuple[float, float]]]
     settings = Settings(_env_file=None, **cfg["settings"])  # type: ignore[call-arg]
     ticker = Ticker(clock=time.monotonic)
     ticker.start()
+    out = Path(cfg["lag_out"])
+    written = 0
+
+    def flush() -> None:
+        nonlocal written
+        batch = ticker.samples[written:]
+        written += len(batch)
+        with out.open("a") as fh:
+            fh.write(json.dumps(batch) + "\n")
+
+    async def flusher() -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            flush()
+
+    task = asyncio.create_task(flusher())
     try:
-        code = await runtime.run(settings)
+        return await runtime.run(settings)
     finally:
+        task.cancel()
         await ticker.stop()
-    return code, ticker.samples
+        flush()
 
 
 # ---------------------------------------------------------------- the Slack sender (subprocess)
@@ -275,7 +293,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         json.dumps(
             {
                 "settings": settings,
-                "lag_out": str(tmp / "lag.json"),
+                "lag_out": str(tmp / "lag.jsonl"),
                 "recall_llm": args.recall_llm,
             }
         )
@@ -444,6 +462,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     break
             await asyncio.sleep(0.5)
     finally:
+        stop_started = time.monotonic()
         if bot.returncode is None:
             bot.send_signal(signal.SIGTERM)
         try:
@@ -451,6 +470,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         except TimeoutError:
             bot.kill()
             await bot.wait()
+        stop_s = time.monotonic() - stop_started
         if sender is not None and sender.returncode is None:
             sender.kill()
             await sender.wait()
@@ -474,8 +494,9 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         segments = await engine.store.segments.counts()
     finally:
         await engine.close()
-    lag_samples = json.loads((tmp / "lag.json").read_text())
-    lag = [ms for t, ms in lag_samples if t_start <= t <= t_end]
+    lag_file = tmp / "lag.jsonl"
+    lines = lag_file.read_text().splitlines() if lag_file.exists() else []
+    lag = [ms for line in lines for t, ms in json.loads(line) if t_start <= t <= t_end]
     return {
         "rate": args.rate,
         "seconds": args.seconds,
@@ -484,6 +505,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "embedder": args.embedder,
         "llm_latency_s": args.llm_latency,
         "bot_exit": bot.returncode,
+        "bot_stop_s": round(stop_s, 1),
         "sent": total_sent,
         "sent_slack": sum(map(len, slack_sent.values())),
         "sent_discord": sum(map(len, discord_sent.values())),
@@ -541,7 +563,11 @@ def report(r: dict[str, Any]) -> str:
             "" if slope is None else (ok if abs(slope) <= TARGET_RSS_SLOPE_MB_MIN else bad),
         ),
         ("segments at the end", str(r["segments"]), ""),
-        ("bot exit status", str(r["bot_exit"]), ok if r["bot_exit"] == 0 else bad),
+        (
+            "bot exit status (SIGTERM → exit)",
+            f"{r['bot_exit']} ({r['bot_stop_s']} s)",
+            ok if r["bot_exit"] == 0 else bad,
+        ),
     ]
     lines = [
         f"### Load: {r['rate']:.0f} msg/s for {r['seconds']:.0f} s over {r['channels']} "
@@ -599,10 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role == "bot":
         logging.basicConfig(level=logging.WARNING, format="bot %(levelname)s %(name)s: %(message)s")
-        cfg = json.loads(args.bot_config.read_text())
-        code, samples = asyncio.run(bot_main(cfg))
-        Path(cfg["lag_out"]).write_text(json.dumps(samples))
-        return code
+        return asyncio.run(bot_main(json.loads(args.bot_config.read_text())))
     if args.role == "sender":
         asyncio.run(sender_main(args))
         return 0

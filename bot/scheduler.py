@@ -178,13 +178,16 @@ class WriterScheduler:
                 log.exception("embedding run failed; messages stay pending")
 
     async def shutdown(self) -> None:
-        """Stop scheduling; a job already running finishes first (drain).
+        """Stop scheduling; a job already running finishes first (drain), the Writer's after
+        the segments in flight (not the whole backlog: the rest stays pending).
 
         APScheduler's asyncio executor cancels running jobs on shutdown, so pause the
         scheduler and wait for them before shutting it down.
         """
         if self._wake is not None:
             self._wake.cancel()
+        if self.writer is not None:
+            self.writer.request_stop()  # a run ends after the segments in flight
         if self._scheduler.running:
             self._scheduler.pause()
             await asyncio.gather(*self._inflight, return_exceptions=True)

@@ -33,7 +33,7 @@ from memory.writer.runner import Writer as SegmentWriter
 from memory.writer.runner import backoff_seconds
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
-from tests.llm_server import LLMServer, Reply
+from tests.llm_server import Delay, LLMServer, Reply
 
 FAST = WriterConfig(retry_base_s=0.4, retry_max_s=1.2, concurrency=2)
 CHANNELS = 6
@@ -258,4 +258,36 @@ async def test_a_kicked_scheduler_makes_no_calls_while_the_breaker_is_open(
         assert int(rows[0][0]) == 1  # untried segments keep their attempt count at 0
     finally:
         await scheduler.shutdown()
+        await engine.close()
+
+
+async def test_shutdown_finishes_the_segments_in_flight_not_the_backlog(
+    tmp_path: Path, llm_server: LLMServer
+) -> None:
+    """SIGTERM during a long drain: the run ends after the calls in flight (each segment
+    commits or stays pending), instead of writing the whole backlog first."""
+    config = MemoryConfig(store=StoreConfig(db_path=tmp_path / "drain.db"), writer=FAST)
+    engine = await MemoryEngine.open(config, HashEmbedder())
+    llm_server.default = Delay(0.5, then=Reply(content=json.dumps({"actions": []})))
+    base = OpenAICompatLLM(llm_server.base_url, "k", "test-model", 5.0, max_retries=0)
+    writer = SegmentWriter(engine, base)
+    scheduler = WriterScheduler(engine, writer, idle_seconds=3600, write_interval_s=60)
+    try:
+        await seed(engine)  # one pending segment in each of CHANNELS channels
+        scheduler.start()
+
+        async def calling() -> bool:
+            return len(llm_server.times) >= 1
+
+        assert await eventually(calling, 5)
+        started = time.monotonic()
+        await scheduler.shutdown()
+        took = time.monotonic() - started
+        counts = await engine.store.segments.counts()
+        # at most one round of `concurrency` calls finished; the backlog was left pending
+        assert len(llm_server.times) <= FAST.concurrency
+        assert counts["segments_done"] == len(llm_server.times)
+        assert counts["segments_pending"] == CHANNELS - len(llm_server.times)
+        assert took < 0.5 * CHANNELS / FAST.concurrency  # not the time to write them all
+    finally:
         await engine.close()

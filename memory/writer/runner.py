@@ -120,8 +120,15 @@ class Writer:
         """Consecutive endpoint failures (reset by the first successful call)."""
         self.paused_until = 0.0
         """Wall-clock time before which no LLM call is made (the breaker); 0 when closed."""
+        self._stopping = False
+        """Set by request_stop(): runs end after the segments already being written."""
         self._retries: dict[int, float] = {}
         """When each item this Writer deferred becomes due (segment id; rederive: -id)."""
+
+    def request_stop(self) -> None:
+        """Finish only what is in flight: a shutdown must not wait for a whole backlog (at
+        one LLM call per segment that can take minutes; the rest stays pending)."""
+        self._stopping = True
 
     @property
     def paused(self) -> bool:
@@ -311,6 +318,8 @@ class Writer:
         outcomes: list[FlushOutcome] = []
         # not held back by the breaker: each entry backs off on its own, and the queue is short
         for item in await store.governance.due_rederive(limit):
+            if self._stopping:
+                break
             async with self._slots, self._lock(item.scope):
                 outcomes.append(await self._rederive(item))
         return outcomes
@@ -393,7 +402,7 @@ class Writer:
         While the breaker is open (the endpoint failed recently) nothing is attempted: the
         segments stay pending, their attempt counts untouched, until the pause ends.
         """
-        if self.paused:
+        if self.paused or self._stopping:
             return []
         now = time.time()  # what was due by now is attempted in this run (or deferred again)
         self._retries = {k: t for k, t in self._retries.items() if t > now}
@@ -406,8 +415,8 @@ class Writer:
         async def channel_worker(segments: list[Segment]) -> None:
             async with self._slots, self._lock(segments[0].scope):
                 for seg in segments:
-                    if self.paused:
-                        break  # the endpoint just failed for another channel: wait it out
+                    if self.paused or self._stopping:
+                        break  # the endpoint just failed for another channel, or shutdown
                     try:
                         outcome = await self.flush(seg)
                     except LLMUnavailable as exc:  # pragma: no cover - flush defers these
