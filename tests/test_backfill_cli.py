@@ -18,7 +18,6 @@ from integrations.cli.errors import CliError
 from integrations.cli.main import build_parser, main
 from memory.engine import MemoryEngine
 from memory.models import Scope
-from memory.store.catchup import CatchupRepo
 from tests.conftest import make_config
 from tests.standins.discord_gateway import GENERAL as D_GENERAL
 from tests.standins.discord_gateway import GUILD_ID, DiscordStandIn, _json
@@ -66,7 +65,7 @@ async def stored(tmp_path: Path, scope: Scope) -> dict[str, Any]:
         )
         members = {m.user_id for m in await engine.members(scope)}
         meta = next((c for c in await engine.store.channels.all() if c["scope"] == scope), None)
-        cursors = await CatchupRepo(engine.store.db).cursors(scope.platform, "backfill")
+        cursors = await engine.store.catchup.cursors(scope.platform, "backfill")
         return {
             "ids": [r[0] for r in rows],
             "names": {r[1] for r in rows},

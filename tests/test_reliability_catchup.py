@@ -16,7 +16,6 @@ from integrations.discord.adapter import DiscordAdapter
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from memory.query.pipeline import RecallPipeline
-from memory.store.catchup import CatchupRepo
 from tests.conftest import make_config
 from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn
 from tests.test_discord_adapter import settings_for
@@ -103,7 +102,7 @@ async def test_300_messages_posted_while_down_are_stored_exactly_once(tmp_path: 
             assert lines == [
                 f"#general caught up to {T0 + timedelta(seconds=3000):%Y-%m-%d %H:%M}, 300 messages"
             ]
-            cursor = (await CatchupRepo(run.engine.store.db).cursors("discord"))[0]
+            cursor = (await run.engine.store.catchup.cursors("discord"))[0]
             assert cursor.finished and cursor.cursor_id == posted[-1]["id"]
             # a late gateway replay of one of them changes nothing
             before = run.adapter.processed

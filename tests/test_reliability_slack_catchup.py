@@ -24,7 +24,6 @@ from memory.engine import MemoryEngine
 from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.pipeline import RecallPipeline
-from memory.store.catchup import CatchupRepo
 from tests.conftest import make_config
 from tests.standins.slack_api import BOT_ID, BOT_USER_ID, TEAM_ID, SlackApiStandIn, sign
 
@@ -217,7 +216,7 @@ async def test_300_messages_posted_while_down_are_stored_exactly_once(tmp_path: 
                 ).line()
             ]
             assert "caught up to" in run.adapter.catchup_lines()[0]
-            cursor = (await CatchupRepo(run.engine.store.db).cursors("slack"))[0]
+            cursor = (await run.engine.store.catchup.cursors("slack"))[0]
             assert cursor.finished and cursor.cursor_id == own["ts"]
             assert run.adapter.stats["catchup_messages"] == 302  # exported with /metrics
             # `/memory status` (and `speakermem status`) read the same line from the cursor
@@ -305,7 +304,7 @@ async def _done(run: Run) -> bool:
 async def _cursors(tmp_path: Path) -> list[Any]:
     engine = await MemoryEngine.open(make_config(tmp_path))
     try:
-        return await CatchupRepo(engine.store.db).cursors("slack")
+        return await engine.store.catchup.cursors("slack")
     finally:
         await engine.close()
 

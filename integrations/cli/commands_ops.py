@@ -231,7 +231,6 @@ async def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     from integrations.cli.commands_governance import governance
     from integrations.cli.commands_store import embed_all
     from memory.query.pipeline import RecallPipeline
-    from memory.store.catchup import CatchupRepo
 
     since: datetime = args.since
     async with open_engine(settings, with_embedder=not args.no_embed) as engine:
@@ -249,7 +248,7 @@ async def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
                     f"memory is off in {scope}: nothing would be stored (switch it on first: "
                     f"speakermem channel enable {scope.channel})"
                 )
-            repo = CatchupRepo(engine.store.db)
+            repo = engine.store.catchup
             start: Start = (None, since.timestamp())
             for cur in await repo.cursors(scope.platform, "backfill"):
                 if (

@@ -74,7 +74,6 @@ from integrations.discord.render import render_embed
 from integrations.payload import PayloadError, opt_str, req_dict, req_str
 from memory.engine import MemoryEngine
 from memory.query.answer import RecallAnswer
-from memory.store.catchup import CatchupRepo
 
 __all__ = [
     "DEFAULT_API_URL",
@@ -506,7 +505,7 @@ class DiscordAdapter:
 
         catchup = self.catchup = DiscordCatchUp(
             self.dispatcher,
-            CatchupRepo(self.engine.store.db),
+            self.engine.store.catchup,
             client,
             parents=lambda gid: self.guilds[gid].parents() if gid in self.guilds else {},
             names=self._channel_names,

@@ -77,7 +77,6 @@ from integrations.slack.translate import (
 from memory.engine import MemoryEngine
 from memory.query.answer import RecallAnswer
 from memory.query.links import default_link
-from memory.store.catchup import CatchupRepo
 
 __all__ = ["ACK_TEXT", "SlackAdapter", "SlackConfigError"]
 
@@ -249,7 +248,7 @@ class SlackAdapter:
             team = auth.get("team_id")
             self.catchup = SlackCatchUp(
                 self.dispatcher,
-                CatchupRepo(self.engine.store.db),
+                self.engine.store.catchup,
                 SlackHistory(
                     self.client,
                     names=self.user_info,

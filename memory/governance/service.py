@@ -23,7 +23,6 @@ from memory.governance.policy import (
 from memory.models import GROUP, EditEvent, Scope
 from memory.query.links import LinkResolver, default_link
 from memory.store import ChangeStatus
-from memory.store.catchup import CatchupRepo
 from memory.store.diagnostics import last_writer_run
 from memory.writer.gate import EvidenceGate, date_terms
 
@@ -398,7 +397,7 @@ class Governance:
     ) -> list[dict[str, Any]]:
         """Saved catch-up/backfill cursors (bot.catchup): how far each channel's history
         fetch got, so `status` shows a run in progress, finished or interrupted."""
-        repo = CatchupRepo(self.engine.store.db)
+        repo = self.engine.store.catchup
         names = {c["channel"]: c["name"] for c in channels}
         platforms = (
             [platform] if platform else sorted({c["channel"].split("/")[0] for c in channels})

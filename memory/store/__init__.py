@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memory.config import StoreConfig
+from memory.store.catchup import CatchupRepo
 from memory.store.channels import ChannelRepo
 from memory.store.database import Database, StoreBusy, StoreError
 from memory.store.driver import DriverUnavailable, pick_driver, stdlib_can_load_extensions
@@ -42,6 +43,7 @@ class Store:
         self.segments = SegmentRepo(self.db)
         self.governance = GovernanceRepo(self.db, self.channels)
         self.interactions = InteractionRepo(self.db)
+        self.catchup = CatchupRepo(self.db)
 
     @property
     def driver_name(self) -> str:
