@@ -242,9 +242,11 @@ def test_fts_syntax_is_not_passed_through() -> None:
     assert '"' not in issue and "*" not in issue and "(" not in issue
 
 
-def test_deterministic() -> None:
-    q = "What did Alice tell Bob about the launch before May?"
-    assert _p(q) == _p(q)
+def test_source_addressee_and_issue_of_a_told_question() -> None:
+    p = _p("What did Alice tell Bob about the launch before May?")
+    assert (p.source, p.addressee, p.rows, p.speakers) == ("U1", "U2", ["U1"], ["U1"])
+    assert p.issue == "launch"
+    assert p.tense == "full"  # "before May" asks about the past, not the current state
 
 
 # ------------------------------------------------------------------------------------------

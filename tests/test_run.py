@@ -1,4 +1,5 @@
-"""`speakermem run` as a real process: serves Slack over HTTP, then drains on SIGTERM."""
+"""`speakermem run` as a real process: serves Slack over HTTP; SIGTERM with an acked event
+still in flight waits for it, then exits cleanly."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
         users={"U1": {"id": "U1", "name": "alice", "real_name": "Alice"}},
         members={"C1": ["U1"]},
     ).start()
+    # the event's roster sync blocks at the stand-in, so SIGTERM lands while it is in flight
+    entered, release = api.hold("conversations.members")
     port = free_port()
     db = tmp_path / "run.db"
     env = {
@@ -95,10 +98,14 @@ async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
                 headers=signed_headers(SECRET, body, content_type="application/json"),
             )
             assert resp.status == 200
-        await asyncio.sleep(0.5)
+        await asyncio.wait_for(entered.wait(), timeout=10)
         proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(1.0)
+        assert proc.returncode is None  # still draining: the acked event is not done yet
+        release.set()
         out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
     finally:
+        release.set()
         if proc.returncode is None:
             proc.kill()
             await proc.wait()

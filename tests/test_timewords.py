@@ -143,9 +143,11 @@ def test_window_helpers() -> None:
     assert not w.contains(d(2024, 3, 11))
 
 
-def test_deterministic() -> None:
-    q = "what did we decide the week before 8 May 2023"
-    assert resolve_time(q, ANCHOR) == resolve_time(q, ANCHOR)
+def test_week_before_an_explicit_date() -> None:
+    w = resolve_time("what did we decide the week before 8 May 2023", ANCHOR)
+    assert w is not None
+    assert (w.start, w.end) == (d(2023, 5, 1), d(2023, 5, 8))
+    assert w.phrase == "the week before 8 May 2023"
 
 
 @pytest.mark.parametrize(
