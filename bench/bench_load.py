@@ -295,6 +295,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "settings": settings,
                 "lag_out": str(tmp / "lag.jsonl"),
                 "recall_llm": args.recall_llm,
+                "profile": str(args.profile.resolve()) if args.profile else None,
             }
         )
     )
@@ -615,6 +616,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--settle", type=float, default=120.0, help="wait for stored == sent (s)")
     p.add_argument("--start-timeout", type=float, default=120.0)
     p.add_argument("--json", type=Path, help="also write the raw results here")
+    p.add_argument(
+        "--profile", type=Path, help="run the bot under cProfile; top functions to this file"
+    )
     p.add_argument("--role", choices=["measure", "bot", "sender"], default="measure")
     p.add_argument("--bot-config", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--sender-url", help=argparse.SUPPRESS)
@@ -625,7 +629,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.role == "bot":
         logging.basicConfig(level=logging.WARNING, format="bot %(levelname)s %(name)s: %(message)s")
-        return asyncio.run(bot_main(json.loads(args.bot_config.read_text())))
+        cfg = json.loads(args.bot_config.read_text())
+        if not cfg.get("profile"):
+            return asyncio.run(bot_main(cfg))
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            return asyncio.run(bot_main(cfg))
+        finally:
+            profiler.disable()
+            with open(cfg["profile"], "w") as fh:
+                pstats.Stats(profiler, stream=fh).sort_stats("tottime").print_stats(40)
     if args.role == "sender":
         asyncio.run(sender_main(args))
         return 0
