@@ -314,3 +314,32 @@ async def test_discord_permissions_are_computed_when_the_question_is_asked(
         assert "1357" not in str(await _discord_recall(bot, elsewhere))
     finally:
         await close()
+
+
+async def test_discord_unreadable_interaction_permissions_refuse_instead_of_the_roster(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """If the invoker's permissions in the interaction cannot be read, the answer is a
+    refusal; the stored roster (which still lists the member) is no fallback."""
+    import integrations.discord.translate as discord_translate
+    from integrations.payload import PayloadError
+
+    bot, close = await start_discord(tmp_path)
+    try:
+        await discord_post(bot, "the vault code is 1357", author_index=2, channel_id=SECRET)
+        ask = question("what is the vault code?")
+        assert BOB in await bot.roster(SECRET)
+
+        def unreadable(_d: Any) -> int | None:
+            raise PayloadError("discord interaction member.permissions: not an integer")
+
+        monkeypatch.setattr(discord_translate, "member_channel_permissions", unreadable)
+        payload = bot.standin.interaction("recall", ask, member_index=2, channel_id=SECRET)
+        refused = await _discord_recall(bot, payload)
+        assert "1357" not in str(refused)
+        assert bot.standin.interaction_callbacks[-1]["data"]["flags"] & 64  # only the asker
+        monkeypatch.undo()
+        ok = bot.standin.interaction("recall", ask, member_index=2, channel_id=SECRET)
+        assert "1357" in str(await _discord_recall(bot, ok))
+    finally:
+        await close()

@@ -1024,6 +1024,7 @@ class DiscordAdapter:
                 readable = self._readable_now(payload, inv.user_id, inv.scope.channel, state)
         except PayloadError as exc:
             log.warning("discord: malformed /recall interaction: %s", exc)
+            inv = None  # permissions that cannot be read are no permission (fail closed)
         self._want_members(state)
         # The answer is private when the asker cannot read here (nothing to leak, but
         # nothing to show the channel either) or when the operator wants it so.
