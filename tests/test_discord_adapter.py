@@ -574,7 +574,7 @@ def test_render_links_markers_and_lists_sources():
         text="Here is what I found:\n• Ally: “budget 300” [1][2]\n• [9] is unknown",
         citations=[_citation(1), _citation(2, speaker="b*o*b")],
     )
-    embed = render_embed(
+    embed: dict[str, Any] = render_embed(
         answer, {2: "https://example.invalid/2"}, channel_names={GENERAL: "general"}
     )
     url1 = f"https://discord.com/channels/{GUILD_ID}/{GENERAL}/800000000000000001"
@@ -588,7 +588,7 @@ def test_render_links_markers_and_lists_sources():
 
 def test_render_escapes_links_people_wrote():
     answer = RecallAnswer(text="“[free nitro](https://evil.invalid)” [1]", citations=[_citation(1)])
-    embed = render_embed(answer)
+    embed: dict[str, Any] = render_embed(answer)
     assert "](https://evil.invalid)" not in embed["description"].replace("\\]", "")
     assert "\\[free nitro\\](https://evil.invalid)" in embed["description"]
 
@@ -596,7 +596,9 @@ def test_render_escapes_links_people_wrote():
 def test_render_respects_discord_limits():
     citations = [_citation(n, speaker="x" * 200) for n in range(1, 200)]
     text = " ".join(f"word{i} [{(i % 199) + 1}]" for i in range(3000))
-    embed = render_embed(RecallAnswer(text=text, citations=citations), question="q" * 1000)
+    embed: dict[str, Any] = render_embed(
+        RecallAnswer(text=text, citations=citations), question="q" * 1000
+    )
     assert len(embed["title"]) <= 256
     assert len(embed["description"]) <= DESCRIPTION_LIMIT
     assert len(embed["fields"]) <= FIELD_LIMIT
@@ -610,7 +612,7 @@ def test_render_respects_discord_limits():
 
 def test_render_cut_never_leaves_a_dangling_escape():
     for pad in ("", "x"):
-        embed = render_embed(RecallAnswer(text=pad + "[" * 5000))
+        embed: dict[str, Any] = render_embed(RecallAnswer(text=pad + "[" * 5000))
         body = embed["description"].removesuffix("…")
         assert len(embed["description"]) <= DESCRIPTION_LIMIT
         assert (len(body) - len(body.rstrip("\\"))) % 2 == 0
