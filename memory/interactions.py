@@ -5,7 +5,7 @@ Platforms tag some of this (mentions, replies, threads: the adapters' `addressee
 `reply_to`). Most chat is untagged, so the rest is inferred from the text and the turn
 order, each link labelled with how it was found:
 
-- `vocative`: the message calls someone by name ("Ross, can you...", "thanks, Ross!");
+- `vocative`: the message calls someone by name ("Dana, can you...", "thanks, Dana!");
 - `name_start`: a message that starts with the name of someone who spoke recently;
 - `adjacency`: in a stretch where only two people talk, each turn is to the other.
 
@@ -118,9 +118,9 @@ _GREETING = re.compile(
 def vocatives(text: str, names: NameIndex) -> list[tuple[str, How]]:
     """People the text calls by name.
 
-    vocative: a name at the start set off by punctuation ("Ross, can you..."), a name after a
-    greeting ("hey Ross"), or a name closing the message after a comma ("thanks, Ross!").
-    name_start: a message that simply starts with a name ("Ross the van is here").
+    vocative: a name at the start set off by punctuation ("Dana, can you..."), a name after a
+    greeting ("hey Dana"), or a name closing the message after a comma ("thanks, Dana!").
+    name_start: a message that simply starts with a name ("Dana the van is here").
     """
     found = names.find(text)
     if not found:
