@@ -16,7 +16,7 @@ from integrations.shell import demo
 from integrations.shell.adapter import ShellAdapter, line_source
 from integrations.shell.render import render_answer
 from integrations.shell.session import LocalBot, local_bot, local_settings
-from integrations.shell.translate import DEFAULT_WORKSPACE
+from integrations.shell.translate import DEFAULT_CHANNEL, DEFAULT_SPEAKER, DEFAULT_WORKSPACE
 from memory.query.pipeline import RecallResult
 
 NO_LLM_HINT = (
@@ -41,7 +41,12 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
     )
     common(p)
     p.add_argument("--no-input", action="store_true", help="do not open the shell (for CI)")
-    p.add_argument("--as", dest="speaker", default="you", help="who you speak as in the shell")
+    p.add_argument(
+        "--as",
+        dest="speaker",
+        default=DEFAULT_SPEAKER,
+        help="who you speak as in the shell (default: %(default)s)",
+    )
     p.set_defaults(handler="integrations.cli.commands_demo:cmd_demo")
 
     p = sub.add_parser(
@@ -52,9 +57,18 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         "Uses ./speakermem-demo.db unless --db is given; offers the demo on an empty one.",
     )
     common(p)
-    p.add_argument("--as", dest="speaker", default="you", help="who you speak as (default: you)")
-    p.add_argument("--channel", default="general", help="the channel to start in")
-    p.add_argument("--workspace", default=DEFAULT_WORKSPACE, help="shell workspace id")
+    p.add_argument(
+        "--as",
+        dest="speaker",
+        default=DEFAULT_SPEAKER,
+        help="who you speak as (default: %(default)s)",
+    )
+    p.add_argument(
+        "--channel", default=DEFAULT_CHANNEL, help="the channel to start in (default: %(default)s)"
+    )
+    p.add_argument(
+        "--workspace", default=DEFAULT_WORKSPACE, help="shell workspace id (default: %(default)s)"
+    )
     p.set_defaults(handler="integrations.cli.commands_demo:cmd_shell")
 
 
@@ -145,7 +159,9 @@ async def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         print("\nThe shell is next. Try: /as carol, /recall what did Dan propose?, /channel #leads")
         workspace = demo.load_conversation().workspace
-        return await open_shell(bot, sys.stdin, sys.stdout, args.speaker, "general", workspace)
+        return await open_shell(
+            bot, sys.stdin, sys.stdout, args.speaker, DEFAULT_CHANNEL, workspace
+        )
 
 
 async def open_shell(

@@ -174,7 +174,7 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         help="the latest admin actions with their receipts",
         description="Who did what, when, and the receipt of what changed.",
     )
-    p.add_argument("--limit", type=int, default=20, help="how many entries (default 20)")
+    p.add_argument("--limit", type=int, default=20, help="how many entries (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 

@@ -69,7 +69,9 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         default="none",
         help="System 2 source: none, replayed LoCoMo observations, or the LLM Writer",
     )
-    p.add_argument("--k", type=int, default=10, help="evidence budget (default 10)")
+    p.add_argument(
+        "--k", type=int, default=10, help="evidence budget: recall@K (default %(default)s)"
+    )
     p.add_argument("--limit", type=int, default=None, help="only the first N questions")
     p.add_argument(
         "--no-sessions",

@@ -20,6 +20,7 @@ from bot.dispatch import Dispatcher
 from integrations.shell import render
 from integrations.shell.translate import (
     DEFAULT_CHANNEL,
+    DEFAULT_SPEAKER,
     DEFAULT_WORKSPACE,
     HELP,
     PLATFORM,
@@ -105,7 +106,7 @@ class ShellAdapter:
         out: TextIO,
         *,
         workspace: str = DEFAULT_WORKSPACE,
-        speaker: str = "you",
+        speaker: str = DEFAULT_SPEAKER,
         channel: str = DEFAULT_CHANNEL,
         admin: bool = True,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),

@@ -27,6 +27,7 @@ from bot.events import (
     Scope,
 )
 from integrations.shell.session import LocalBot
+from integrations.shell.translate import DEFAULT_CHANNEL
 from memory.query.pipeline import RecallRequest, RecallResult
 from memory.writer.runner import FlushOutcome
 
@@ -55,7 +56,7 @@ class DemoEvent(BaseModel):
 
     kind: Literal["join", "alias", "message", "edit", "delete"]
     at: datetime
-    channel: str = "general"
+    channel: str = DEFAULT_CHANNEL
     user: str | None = None
     id: str | None = None
     text: str | None = None

@@ -18,6 +18,7 @@ from bot.events import CommandInvocation, MessageEvent, RosterAction, RosterEven
 PLATFORM = "shell"
 DEFAULT_WORKSPACE = "local"
 DEFAULT_CHANNEL = "general"
+DEFAULT_SPEAKER = "you"
 
 Kind = Literal[
     "say", "as", "channel", "join", "invite", "recall", "memory", "who", "help", "quit", "empty"

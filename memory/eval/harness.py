@@ -90,7 +90,7 @@ class EvalHarness:
         engine: MemoryEngine,
         pipeline: RecallPipeline,
         *,
-        k: int = 10,
+        k: int,
         llm: LLM | None = None,
     ) -> None:
         self.engine = engine

@@ -422,7 +422,7 @@ class Governance:
         return out
 
     async def audit(
-        self, limit: int = 20, *, platform: str | None = None, workspace: str | None = None
+        self, limit: int, *, platform: str | None = None, workspace: str | None = None
     ) -> list[dict[str, Any]]:
         entries = await self.repo.audit(limit, platform=platform, workspace=workspace)
         return [

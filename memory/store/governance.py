@@ -313,7 +313,7 @@ class GovernanceRepo:
             )
 
     async def audit(
-        self, limit: int = 20, *, platform: str | None = None, workspace: str | None = None
+        self, limit: int, *, platform: str | None = None, workspace: str | None = None
     ) -> list[AuditEntry]:
         rows = await self.db.read(
             "SELECT id, at, platform, workspace, actor, action, target, args, receipt"
