@@ -76,8 +76,6 @@ from memory.engine import MemoryEngine
 from memory.query.answer import RecallAnswer
 
 __all__ = [
-    "DEFAULT_API_URL",
-    "DEFAULT_GATEWAY_URL",
     "DiscordAdapter",
     "DiscordStartError",
     "GuildState",
@@ -91,8 +89,6 @@ log = logging.getLogger(__name__)
 CHUNK_TIMEOUT_S = 120.0
 """How long a lazy member request may take (a 100,000-member guild is 100 chunks)."""
 
-DEFAULT_API_URL = "https://discord.com/api/v10"
-DEFAULT_GATEWAY_URL = "wss://gateway.discord.gg/"
 MANAGE_GUILD = 1 << 5
 
 _MESSAGE_EVENTS = frozenset(
@@ -150,10 +146,11 @@ def discord_endpoints(settings: Settings) -> Iterator[None]:
 
     old_base = discord.http.Route.BASE
     old_gateway = discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY
+    # only what differs from discord.py's own endpoints is patched
     api = settings.discord_api_url.rstrip("/")
-    if api != DEFAULT_API_URL:
+    if api != old_base.rstrip("/"):
         discord.http.Route.BASE = api  # type: ignore[misc]
-    if settings.discord_gateway_url.rstrip("/") != DEFAULT_GATEWAY_URL.rstrip("/"):
+    if settings.discord_gateway_url.rstrip("/") != str(old_gateway).rstrip("/"):
         discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(settings.discord_gateway_url)
     try:
         yield
