@@ -5,10 +5,12 @@ one order from ranks alone. The re-ranker scores each of the top `depth` candida
 linear model over features the pipeline already has: where each ranking put it, its dense
 cosine, how strongly its session matches the question, whether it is in the dominant
 session or in the reply structure around the top picks, how many of the question's words
-it contains, its length, and whether its speaker is a person the question names. The
-weights are fitted offline (bench/quality/fit_rerank.py, a listwise softmax over each
-question's candidates, on tuning half A of the questions only) and shipped as constants.
-Candidates below `depth` keep their fused order.
+(and of its rare words) it contains, its length, whether its speaker is a person the
+question names, and whether the turns just before and after it are candidates too. The
+weights are fitted offline (bench/quality/fit_rerank.py: a pairwise logistic loss over
+each question's gold and other candidates, on tuning half A of the questions only) and
+shipped as constants. Candidates below `depth` keep their fused order. It makes no store
+query: a few dozen candidates, one dot product each.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ FEATURES: tuple[str, ...] = (
 """Feature order of the weight vector."""
 
 RANK_K0 = 10.0
-"""Offset of the reciprocal-rank features: 1 / (RANK_K0 + rank)."""
+"""Offset of the reciprocal-rank features: RANK_K0 / (RANK_K0 + rank)."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class Candidate:
 
 
 def rank_feature(rank: int | None) -> float:
-    """1 / (RANK_K0 + rank) for a 0-based rank; 0 when the ranking did not find it."""
+    """RANK_K0 / (RANK_K0 + rank) for a 0-based rank (1 for the first); 0 when the ranking
+    did not find it."""
     return 0.0 if rank is None else RANK_K0 / (RANK_K0 + rank)
 
 
