@@ -7,12 +7,13 @@
        python bench/quality/fit_rerank.py dump friendsqa /tmp/h4/fqa.db \\
            ../shared/data/friendsqa/friendsqa-dev.json /tmp/h4/fqa.pkl
 
-2. fit: a listwise softmax (each question's candidates, gold ones as targets) over the
-   questions of half A of every dump given, L2-regularised; prints the weights and the
-   evidence recall@10 of the fused order and of the re-ranked order on halves A and B
-   and per category:
+2. fit: a pairwise logistic loss (each question's gold candidates against its others; or
+   `--loss softmax`, listwise) over the questions of half A of every dump given,
+   L2-regularised; prints the weights and the evidence recall@10 of the fused order and of
+   the re-ranked order on halves A and B and per category. The shipped weights:
 
-       python bench/quality/fit_rerank.py fit /tmp/h4/fqa.pkl /tmp/h4/locomo.pkl
+       python bench/quality/fit_rerank.py fit /tmp/h4/fqa.pkl /tmp/h4/loc.pkl \
+           /tmp/h4/fqa_ns.pkl --loss pairwise --l2 0.001 --nonneg rank_relation
 """
 
 from __future__ import annotations
@@ -179,8 +180,8 @@ def main() -> None:
     d.add_argument("--limit", type=int, default=None)
     f = sub.add_parser("fit")
     f.add_argument("dumps", nargs="+")
-    f.add_argument("--l2", type=float, default=0.01)
-    f.add_argument("--loss", choices=("softmax", "pairwise"), default="softmax")
+    f.add_argument("--l2", type=float, default=0.001)
+    f.add_argument("--loss", choices=("softmax", "pairwise"), default="pairwise")
     f.add_argument("--nonneg", nargs="*", default=[], help="features whose weight stays >= 0")
     args = p.parse_args()
     if args.cmd == "dump":
