@@ -94,7 +94,10 @@ async def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
 
     try:
         result = await backup_database(
-            Path(settings.db_path), Path(args.path), pick_driver(settings.sqlite_driver)
+            Path(settings.db_path),
+            Path(args.path),
+            pick_driver(settings.sqlite_driver),
+            busy_timeout_ms=settings.memory_config().store.busy_timeout_ms,
         )
     except StoreError as exc:
         raise CliError(str(exc)) from exc

@@ -219,7 +219,9 @@ class Governance:
         if not pks:
             raise UnknownMessage(f"I hold no message {message_id} in {scope.channel}")
         receipt = Receipt(action="forget-message", target=f"{scope}/{message_id}")
-        await self.repo.forget_messages(pks, receipt, reason="forget-message")
+        await self.repo.forget_messages(
+            pks, receipt, reason="forget-message", batch=self.cfg.forget_batch
+        )
         await self._audit(scope.platform, scope.workspace, actor, receipt, {})
         return receipt
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from memory.config import StoreConfig
 from memory.store.database import StoreError
 from memory.store.driver import Driver, connect_sync
 
@@ -72,8 +73,11 @@ def _backup(source: Path, dest: Path, driver: Driver, busy_timeout_ms: int) -> B
     )
 
 
+BUSY_TIMEOUT_MS: int = StoreConfig.model_fields["busy_timeout_ms"].default
+
+
 async def backup_database(
-    source: Path, dest: Path, driver: Driver, *, busy_timeout_ms: int = 5_000
+    source: Path, dest: Path, driver: Driver, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS
 ) -> BackupResult:
     """Copy `source` to `dest` consistently while other processes may be writing."""
     return await asyncio.to_thread(_backup, source, dest, driver, busy_timeout_ms)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memory.config import GovernanceConfig
 from memory.governance.policy import Receipt, relink_chain, remaining_support, should_rederive
 from memory.models import DerivedRecord, Scope
 from memory.store.channels import ChannelRepo, normalise_alias
@@ -33,6 +34,10 @@ class ChannelPolicy:
     """None = never set: the default applies."""
     retention_days: int | None
     notice_posted_at: float | None
+
+
+FORGET_BATCH: int = GovernanceConfig.model_fields["forget_batch"].default
+"""Messages per transaction when no batch is given (a platform delete): the config's default."""
 
 
 @dataclass(frozen=True)
@@ -463,7 +468,7 @@ class GovernanceRepo:
         *,
         reason: str,
         forgotten_people: set[str] | None = None,
-        batch: int = 2_000,
+        batch: int = FORGET_BATCH,
     ) -> Receipt:
         """Forget these messages and everything derived from them, one transaction per batch."""
         pks = sorted(set(message_pks))
