@@ -117,7 +117,7 @@ class Writer:
         self.rand: Callable[[], float] = random.random
         """Jitter source for backoff delays (tests substitute a seeded one)."""
         self.failures = 0
-        """Consecutive endpoint failures (reset by the first successful call)."""
+        """Consecutive failed probe rounds of the endpoint (reset by the first success)."""
         self.paused_until = 0.0
         """Wall-clock time before which no LLM call is made (the breaker); 0 when closed."""
         self._stopping = False
@@ -145,13 +145,14 @@ class Writer:
         """Open (or extend) the breaker after an endpoint failure.
 
         `delay` is the failed item's own backoff; the breaker's pause grows with consecutive
-        failures of the endpoint. Returns the item's delay, never shorter than the pause, so
-        the item is due no earlier than the breaker closes.
+        probe rounds that failed (calls of one round, in flight together, count once).
+        Returns the item's delay, never shorter than the pause, so the item is due no
+        earlier than the breaker closes.
         """
         now = time.time()
-        pause = backoff_seconds(self.failures, self.cfg, self.rand)
-        self.failures += 1
-        self.paused_until = max(self.paused_until, now + pause)
+        if not self.paused:
+            self.paused_until = now + backoff_seconds(self.failures, self.cfg, self.rand)
+            self.failures += 1
         return max(delay, self.paused_until - now)
 
     def _deferred(self, key: int, delay: float) -> None:
