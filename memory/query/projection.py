@@ -58,7 +58,7 @@ class Projection(BaseModel):
     addressee: str | None = None
     """For "what did Alice tell Bob": Bob."""
     candidates: list[str] = Field(default_factory=list)
-    """Everyone an ambiguous name could mean ("Phoebe" with two Phoebes): not speakers, but
+    """Everyone an ambiguous name could mean ("Sam" with two Sams): not speakers, but
     their messages still narrow the speaker ranking."""
     method: Literal["llm", "fallback"]
 
@@ -109,7 +109,9 @@ _NAME_LIKE_WORDS_TEXT = """
     sunny team group bot admin everyone all
 """
 _NAME_LIKE_WORDS = frozenset(_NAME_LIKE_WORDS_TEXT.split())
-"""Roster name tokens that are also common words: they only match when capitalised."""
+"""Everyday English words that are also given names (modal verbs, months, virtues,
+flowers, adjectives): as roster name tokens they only match when capitalised. The channel's
+own usage adds more per channel (`name_keys` / `common`)."""
 
 _DROP_PHRASES = re.compile(
     r"\b(?:used?\s+to|at\s+first|no\s+longer|over\s+time|last\s+time|in\s+the\s+past"
@@ -236,7 +238,7 @@ def _build_index(
         for n in (display, *aliases):
             for v in _variants(n):
                 strong.setdefault(v, set()).add(uid)
-        # A remark in brackets ("Carl (Rachel's date)") describes the person; it is not
+        # A remark in brackets ("Carl (Dana's date)") describes the person; it is not
         # their name, so only the part before it gives name tokens (and a name by itself).
         bare = _BRACKETS.sub(" ", display).strip()
         if bare and bare != display.strip():

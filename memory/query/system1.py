@@ -80,7 +80,7 @@ def name_terms(names: Iterable[str]) -> frozenset[str]:
 
 
 def phrase_match(question: str) -> str:
-    """Adjacent content-word pairs as FTS5 phrases ("count faster" OR "faster ross")."""
+    """Adjacent content-word pairs as FTS5 phrases ("count faster" OR "faster dana")."""
     terms = query_terms(question)
     return " OR ".join(quote(f"{a} {b}") for a, b in pairwise(terms))
 
