@@ -11,6 +11,13 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from memory.writer.gate import (
+    DEFAULT_DENSE_THRESHOLD,
+    DEFAULT_GATE_MODE,
+    DEFAULT_LEXICAL_THRESHOLD,
+    GateMode,
+)
+
 
 class StoreConfig(BaseModel):
     db_path: Path = Path("speakermem.db")
@@ -125,9 +132,9 @@ class WriterConfig(BaseModel):
     retry_base_s: float = Field(default=30.0, gt=0)
     retry_max_s: float = Field(default=1800.0, gt=0)
     max_tokens: int = Field(default=2048, ge=64)
-    gate_mode: Literal["lexical", "dense", "either", "both"] = "lexical"
-    gate_lexical_threshold: float = Field(default=0.25, ge=0, le=1)
-    gate_dense_threshold: float = Field(default=0.6, ge=-1, le=1)
+    gate_mode: GateMode = DEFAULT_GATE_MODE
+    gate_lexical_threshold: float = Field(default=DEFAULT_LEXICAL_THRESHOLD, ge=0, le=1)
+    gate_dense_threshold: float = Field(default=DEFAULT_DENSE_THRESHOLD, ge=-1, le=1)
 
 
 class GovernanceConfig(BaseModel):

@@ -25,6 +25,7 @@ from memory.query.links import LinkResolver, default_link
 from memory.store import ChangeStatus
 from memory.store.diagnostics import last_writer_run
 from memory.writer.gate import EvidenceGate, date_terms
+from memory.writer.runner import gate_from
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,7 @@ class Governance:
         self.repo = engine.store.governance
         self.cfg = config or engine.config.governance
         self.llm_probe = llm_probe
-        wc = engine.config.writer
-        self.gate = gate or EvidenceGate(
-            lexical_threshold=wc.gate_lexical_threshold,
-            dense_threshold=wc.gate_dense_threshold,
-            mode=wc.gate_mode,
-        )
+        self.gate = gate or gate_from(engine.config.writer)
         self.link = link
 
     # ---- channel switch -----------------------------------------------------------------

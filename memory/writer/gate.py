@@ -21,6 +21,7 @@ from typing import Literal
 
 GateMode = Literal["lexical", "dense", "either", "both"]
 
+DEFAULT_GATE_MODE: GateMode = "lexical"
 DEFAULT_LEXICAL_THRESHOLD = 0.25
 DEFAULT_DENSE_THRESHOLD = 0.6
 # Calibrated on LoCoMo dev observations (1,210; bench/calibrate_gate.py, seed 13): lexical-only
@@ -146,7 +147,7 @@ class EvidenceGate:
 
     lexical_threshold: float = DEFAULT_LEXICAL_THRESHOLD
     dense_threshold: float = DEFAULT_DENSE_THRESHOLD
-    mode: GateMode = "lexical"
+    mode: GateMode = DEFAULT_GATE_MODE
     enabled: bool = True
 
     def __post_init__(self) -> None:
