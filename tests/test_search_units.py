@@ -72,13 +72,13 @@ def test_rrf_on_hand_built_lists() -> None:
 
 
 def test_rrf_weights_limit_ties_and_duplicates() -> None:
-    assert [k for k, _ in rrf([["a"], ["b"]], weights=[1.0, 2.0])] == ["b", "a"]
-    assert [k for k, _ in rrf([["x", "y"], ["y", "x"]])] == ["x", "y"]  # tie: first seen wins
+    assert [k for k, _ in rrf([["a"], ["b"]], k0=60, weights=[1.0, 2.0])] == ["b", "a"]
+    assert [k for k, _ in rrf([["x", "y"], ["y", "x"]], k0=60)] == ["x", "y"]  # tie: first seen wins
     assert rrf([["a", "a", "b"]], k0=1)[0] == ("a", 0.5)  # a duplicate counts once
-    assert len(rrf([list("abcdef")], limit=3)) == 3
-    assert rrf([]) == []
+    assert len(rrf([list("abcdef")], k0=60, limit=3)) == 3
+    assert rrf([], k0=60) == []
     with pytest.raises(ValueError):
-        rrf([["a"]], weights=[1.0, 2.0])
+        rrf([["a"]], k0=60, weights=[1.0, 2.0])
 
 
 def test_place_message_sessions_and_turns() -> None:

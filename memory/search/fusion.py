@@ -11,7 +11,7 @@ T = TypeVar("T", bound=Hashable)
 def rrf(
     rankings: Sequence[Sequence[T]],
     *,
-    k0: int = 60,
+    k0: int,
     weights: Sequence[float] | None = None,
     limit: int | None = None,
 ) -> list[tuple[T, float]]:
