@@ -53,7 +53,8 @@ async def dump(args: argparse.Namespace) -> list[dict[str, Any]]:
     pipeline_module.RERANK_WEIGHTS = {"fused": 1.0}  # enables the stage; order unchanged
     items: list[dict[str, Any]] = []
     async with open_engine(settings) as engine:
-        overrides = {"rerank_depth": args.depth}
+        overrides: dict[str, Any] = {"rerank_depth": args.depth}
+        overrides.update({k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)})
         cfg = engine.config.recall.model_copy(update=overrides)
         pipeline = RecallPipeline(engine, config=cfg)
         questions = [q for q in dataset.questions if q.evidence][: args.limit]
@@ -178,6 +179,7 @@ def main() -> None:
     d.add_argument("--no-sessions", action="store_true")
     d.add_argument("--depth", type=int, default=30)
     d.add_argument("--limit", type=int, default=None)
+    d.add_argument("--set", action="append", default=[], help="RecallConfig field=JSON")
     f = sub.add_parser("fit")
     f.add_argument("dumps", nargs="+")
     f.add_argument("--l2", type=float, default=0.001)
