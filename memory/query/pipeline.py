@@ -37,6 +37,7 @@ from memory.query.claims import check_claims
 from memory.query.compose import EvidencePack, compose
 from memory.query.links import LinkResolver, default_link
 from memory.query.projection import (
+    ALL,
     PROJECT_PROMPT_VERSION,
     PROJECT_SCHEMA,
     Projection,
@@ -595,6 +596,17 @@ class RecallPipeline:
             if window is None
             else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
+        # System 2 needs System 1's evidence only to choose the people of an ALL row; rows
+        # the question names can be read while System 1 ranks.
+        issue = projection.issue
+        qvec = (lambda: self.engine.embed_query(issue)) if pks else None
+        early_s2 = (
+            asyncio.create_task(
+                read_rows(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
+            )
+            if ALL not in projection.rows
+            else None
+        )
         with stage("system1"):
             if self.cfg.interaction_catchup > 0 and pks:
                 index = interaction_names(roster)
@@ -603,27 +615,34 @@ class RecallPipeline:
                         pk, index, limit=self.cfg.interaction_catchup
                     )
             terms = self._name_terms(roster)
-            s1 = (
-                await self.system1(
-                    question,
-                    projection,
-                    known,
-                    pks,
-                    window,
-                    trace,
-                    terms,
-                    display_names(roster),
+            try:
+                s1 = (
+                    await self.system1(
+                        question,
+                        projection,
+                        known,
+                        pks,
+                        window,
+                        trace,
+                        terms,
+                        display_names(roster),
+                    )
+                    if pks
+                    else []
                 )
-                if pks
-                else []
-            )
+            except BaseException:
+                if early_s2 is not None:
+                    early_s2.cancel()
+                raise
         trace.s1_evidence = [m.message_id for m in s1]
         with stage("system2"):
             # embedded only if some row runs short of lexical matches (rarely): saves a model call
-            issue = projection.issue
-            qvec = (lambda: self.engine.embed_query(issue)) if pks else None
-            s2 = await read_rows(
-                self.engine, projection, roster, pks, self.cfg, query_vector=qvec, evidence=s1
+            s2 = (
+                await early_s2
+                if early_s2 is not None
+                else await read_rows(
+                    self.engine, projection, roster, pks, self.cfg, query_vector=qvec, evidence=s1
+                )
             )
             rows = s2.rows
             support = await self._support(rows)
