@@ -279,7 +279,7 @@ async def test_endpoint_down_defers_then_commits_once(
                     "SELECT next_attempt_at FROM segments WHERE id = ?", (seg,)
                 )
             )[0]
-            assert retry_at >= before + backoff_seconds(attempt - 1, FAST)
+            assert retry_at >= before + backoff_seconds(attempt - 1, FAST, lambda: 0.0)
             await asyncio.sleep(max(0.0, retry_at - time.time()) + 0.01)
         (out,) = await writer.flush_due()
         assert out.status == "committed" and out.accepted == 1

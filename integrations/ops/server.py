@@ -15,7 +15,14 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.health import HealthFacts, HealthReport, LLMHealth, decide
+from bot.health import (
+    HealthFacts,
+    HealthReport,
+    LLMHealth,
+    WriterQueue,
+    decide,
+    measure_writer_queue,
+)
 from integrations.ops.metrics import CONTENT_TYPE, MeteredLLM, Metrics
 from memory.engine import MemoryEngine
 
@@ -67,14 +74,14 @@ class OpsServer:
 
     async def facts(self) -> HealthFacts:
         db_ok, db_error, latency = True, None, None
-        writer_pending = embed_pending = 0
+        embed_pending = 0
+        queue = WriterQueue()
         started = time.perf_counter()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
                 await self.engine.store.db.read("SELECT 1")
                 latency = round((time.perf_counter() - started) * 1000, 1)
-                counts = await self.engine.store.segments.counts()
-                writer_pending = counts.get("segments_pending", 0)
+                queue = await measure_writer_queue(self.engine.store)
                 embed_pending = await self.engine.store.messages.count_pending_embeddings()
         except Exception as exc:  # any failure here means the store cannot serve
             db_ok, db_error = False, f"{type(exc).__name__}: {str(exc)[:120]}"
@@ -86,7 +93,7 @@ class OpsServer:
                 platforms[name] = False
         m = self.metrics
         m.db_up.set(1 if db_ok else 0)
-        m.writer_pending.set(writer_pending)
+        m.set_writer_queue(queue)
         m.embed_pending.set(embed_pending)
         for name, up in platforms.items():
             m.platform_up.labels(name).set(1 if up else 0)
@@ -95,7 +102,8 @@ class OpsServer:
             db_error=db_error,
             db_latency_ms=latency,
             platforms=platforms,
-            writer_pending=writer_pending,
+            writer_pending=queue.pending,
+            writer_queue=queue,
             embed_pending=embed_pending,
             llm=self.llm.health if self.llm is not None else LLMHealth(configured=False),
         )
