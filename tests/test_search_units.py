@@ -73,7 +73,8 @@ def test_rrf_on_hand_built_lists() -> None:
 
 def test_rrf_weights_limit_ties_and_duplicates() -> None:
     assert [k for k, _ in rrf([["a"], ["b"]], k0=60, weights=[1.0, 2.0])] == ["b", "a"]
-    assert [k for k, _ in rrf([["x", "y"], ["y", "x"]], k0=60)] == ["x", "y"]  # tie: first seen wins
+    # a tie: the first seen wins
+    assert [k for k, _ in rrf([["x", "y"], ["y", "x"]], k0=60)] == ["x", "y"]
     assert rrf([["a", "a", "b"]], k0=1)[0] == ("a", 0.5)  # a duplicate counts once
     assert len(rrf([list("abcdef")], k0=60, limit=3)) == 3
     assert rrf([], k0=60) == []
