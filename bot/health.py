@@ -72,6 +72,8 @@ class HealthFacts(BaseModel):
     writer_queue: WriterQueue = WriterQueue()
     """The backlog in detail (pending, deferred, oldest age); `writer_pending` is its total."""
     embed_pending: int = 0
+    spilled: int = 0
+    """Events kept in the disk-full spill, waiting to be stored (bot/spill.py)."""
     llm: LLMHealth = LLMHealth(configured=False)
 
 
@@ -109,6 +111,11 @@ def decide(facts: HealthFacts, *, queue_warn: int = 1_000) -> HealthReport:
         )
         degraded.append(
             f"Writer backing off: {q.deferred} of {q.pending} segments deferred{waited}"
+        )
+    if facts.spilled:
+        degraded.append(
+            f"{facts.spilled} events wait in the spill: the database or disk was full"
+            " (they are stored when space returns)"
         )
     if down:
         return HealthReport(status="down", http_status=503, reasons=down + degraded, facts=facts)

@@ -157,6 +157,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                 metrics,
                 named,
                 llm=writer_llm,
+                spill=dispatcher.spill,
                 host=settings.ops_host,
                 port=settings.ops_port,
             )

@@ -370,3 +370,60 @@ def test_backup_cli(tmp_path: Path) -> None:
         timeout=120,
     )
     assert again.returncode == 2 and "exists" in again.stderr
+
+
+# --- the spill and catch-up on /healthz and /metrics ------------------------------------------
+
+
+def test_spilled_events_degrade_health() -> None:
+    good = HealthFacts(db_ok=True, platforms={"slack": True})
+    report = decide(good.model_copy(update={"spilled": 7}))
+    assert report.status == "degraded" and report.http_status == 200
+    assert "7 events wait in the spill" in report.reasons[0]
+
+
+async def test_metrics_and_health_show_the_spill_and_catch_up_lag(tmp_path: Path) -> None:
+    from bot.catchup import CatchUp, ChannelProgress
+    from bot.dispatch import Dispatcher
+    from bot.spill import Spill
+    from memory.query.pipeline import RecallPipeline
+
+    engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=tmp_path / "m.db")))
+    spill = Spill(tmp_path / "spill.jsonl")
+    dispatcher = Dispatcher(engine, RecallPipeline(engine), spill=spill)
+    scope = Scope(platform="slack", workspace="T1", channel="C1")
+    for i in range(3):
+        spill.append(msg(scope, f"m{i}", "Ann", "kept while the disk was full", i))
+
+    class Adapter:  # the two attributes the collector reads of a platform adapter
+        def __init__(self, runner: CatchUp) -> None:
+            self.stats: dict[str, int] = {}
+            self.catchup = type("Life", (), {"catchup": runner})()
+
+        async def connected(self) -> bool:
+            return True
+
+    runner = CatchUp(dispatcher, engine.store.catchup, source=None)  # type: ignore[arg-type]
+    behind = Scope(platform="slack", workspace="T1", channel="C2")
+    runner.progress[behind] = ChannelProgress(scope=behind, name="eng", fetched=40)
+    runner.progress[behind].newest_ts = time.time() - 600
+    runner.progress[scope] = ChannelProgress(scope=scope, name="gen", fetched=2, done=True)
+    metrics = Metrics()
+    adapters = {"slack": Adapter(runner)}
+    metrics.watch(dispatcher, adapters)
+    ops = OpsServer(engine, metrics, adapters, spill=spill)
+    try:
+        text = metrics.render().decode()
+        assert "speakermem_spill_events 3.0" in text
+        lag = next(
+            line
+            for line in text.splitlines()
+            if line.startswith('speakermem_catchup_lag_seconds{channel="C2"')
+        )
+        assert 590 <= float(lag.split()[-1]) <= 700
+        assert 'speakermem_catchup_lag_seconds{channel="C1",platform="slack"} 0.0' in text
+        assert 'speakermem_catchup_messages_total{platform="slack"} 42.0' in text
+        report = await ops.report()
+        assert report.facts.spilled == 3 and report.status == "degraded"
+    finally:
+        await engine.close()

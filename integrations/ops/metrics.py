@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from bot.dispatch import Dispatcher
@@ -65,6 +65,40 @@ class _DispatchCollector(Collector):
                 if isinstance(n, int | float):
                     adapter.add_metric([platform, str(key)], n)
         yield adapter
+        yield from self._catchup()
+        spill = getattr(self.dispatcher, "spill", None)
+        spilled = GaugeMetricFamily(
+            "speakermem_spill_events",
+            "Events kept in the disk-full spill, waiting to be stored",
+        )
+        spilled.add_metric([], spill.count if spill is not None else 0)
+        yield spilled
+
+    def _catchup(self) -> Iterable[Metric]:
+        """Per channel of each adapter's catch-up runs: how far behind the present it still
+        is (0 once caught up) and how many messages it fetched."""
+        lag = GaugeMetricFamily(
+            "speakermem_catchup_lag_seconds",
+            "Per channel: now minus the newest message catch-up has reached (0 when done)",
+            labels=["platform", "channel"],
+        )
+        fetched = CounterMetricFamily(
+            "speakermem_catchup_messages",
+            "Messages fetched by catch-up and backfill runs since start",
+            labels=["platform"],
+        )
+        now = time.time()
+        for platform, ad in self.adapters.items():
+            runner = getattr(getattr(ad, "catchup", None), "catchup", None)
+            progress = getattr(runner, "progress", None) or {}
+            total = 0
+            for scope, prog in progress.items():
+                total += prog.fetched
+                behind = 0.0 if prog.done or prog.newest_ts is None else now - prog.newest_ts
+                lag.add_metric([platform, scope.channel], max(0.0, behind))
+            fetched.add_metric([platform], total)
+        yield lag
+        yield fetched
 
 
 class Metrics:
@@ -110,15 +144,6 @@ class Metrics:
             "1 when the platform is connected",
             ["platform"],
             registry=r,
-        )
-        self.catchup_lag = Gauge(
-            "speakermem_catchup_lag_seconds",
-            "Age of the newest stored message when catch-up last ran, per channel",
-            ["platform", "channel"],
-            registry=r,
-        )
-        self.catchup_messages = Counter(
-            "speakermem_catchup_messages", "Messages fetched by catch-up", ["platform"], registry=r
         )
 
     def watch(self, dispatcher: Dispatcher, adapters: Mapping[str, Any]) -> None:

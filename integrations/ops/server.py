@@ -23,6 +23,7 @@ from bot.health import (
     decide,
     measure_writer_queue,
 )
+from bot.spill import Spill
 from integrations.ops.metrics import CONTENT_TYPE, MeteredLLM, Metrics
 from memory.engine import MemoryEngine
 
@@ -41,6 +42,7 @@ class OpsServer:
         adapters: Mapping[str, Any],
         *,
         llm: MeteredLLM | None = None,
+        spill: Spill | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         queue_warn: int = 1_000,
@@ -49,6 +51,7 @@ class OpsServer:
         self.metrics = metrics
         self.adapters = adapters
         self.llm = llm
+        self.spill = spill
         self.host = host
         self.port = port
         self.queue_warn = queue_warn
@@ -105,6 +108,7 @@ class OpsServer:
             writer_pending=queue.pending,
             writer_queue=queue,
             embed_pending=embed_pending,
+            spilled=self.spill.count if self.spill is not None else 0,
             llm=self.llm.health if self.llm is not None else LLMHealth(configured=False),
         )
 
