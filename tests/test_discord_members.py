@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from memory.models import Scope
 from tests.standins.discord_gateway import GUILD_ID, ROLE_MEMBERS, default_guild, member, user
 from tests.test_discord_adapter import BOB, GENERAL, SECRET, message, start_bot, until
 
@@ -68,5 +69,45 @@ async def test_a_complete_guild_is_never_chunked(tmp_path: Path) -> None:
         assert b.adapter.guilds[GUILD_ID].complete
         await b.recall("what is the plan?")
         assert b.standin.member_requests == []
+    finally:
+        await close()
+
+
+async def test_creates_waiting_together_are_stored_as_one_burst_in_order(tmp_path: Path) -> None:
+    b, close = await start_bot(tmp_path)
+    try:
+        m = b.standin.guild["members"][1]
+        fields = {k: v for k, v in m.items() if k != "user"}
+        first = [
+            message(b.standin, f"burst message {i}", author=m["user"], member=fields)
+            for i in range(30)
+        ]
+        edit = {
+            **first[5],
+            "content": "burst message 5, edited",
+            "edited_timestamp": first[5]["timestamp"],
+        }
+        second = [
+            message(b.standin, f"burst message {i}", author=m["user"], member=fields)
+            for i in range(30, 60)
+        ]
+        before = b.adapter.processed
+        # all 61 wait in the queue at once (no await in between), as under a busy gateway
+        queue = b.adapter._queue
+        for payload in first:
+            queue.put_nowait(("MESSAGE_CREATE", payload))
+        queue.put_nowait(("MESSAGE_UPDATE", edit))
+        for payload in second:
+            queue.put_nowait(("MESSAGE_CREATE", payload))
+        await b.adapter.wait_processed(before + 61)
+        assert b.adapter.stats["message_bursts"] == 2  # 30 creates, the edit alone, 30 creates
+        ids = [str(p["id"]) for p in first + second]
+        stored = await b.engine.store.messages.by_ids(
+            Scope(platform="discord", workspace=GUILD_ID, channel=GENERAL), ids
+        )
+        assert len(stored) == 60
+        turns = [stored[i].turn_index for i in ids]
+        assert turns == sorted(turns)  # arrival order kept
+        assert stored[ids[5]].text == "burst message 5, edited"  # the edit came after its create
     finally:
         await close()

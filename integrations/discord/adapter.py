@@ -57,7 +57,7 @@ from discord import app_commands
 
 from bot.commands import COMMANDS, MEMORY, RECALL, CommandSpec
 from bot.dispatch import Dispatcher
-from bot.events import RosterAction, RosterEvent, Scope
+from bot.events import MessageEvent, RosterAction, RosterEvent, Scope
 from bot.governance import CommandReply, ConfirmPrompt
 from bot.settings import Settings
 from integrations.discord import translate as tr
@@ -85,6 +85,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+BURST_MAX = 200
+"""Most MESSAGE_CREATEs stored in one transaction when they wait in the queue together."""
 
 CHUNK_TIMEOUT_S = 120.0
 """How long a lazy member request may take (a 100,000-member guild is 100 chunks)."""
@@ -631,21 +634,38 @@ class DiscordAdapter:
             self._queue.put_nowait((event, data))
 
     async def _work(self) -> None:
+        """Events in arrival order; a run of MESSAGE_CREATEs already waiting in the queue is
+        stored as one burst (one transaction), so a busy guild does not pay a transaction
+        per message. Order holds: a burst never jumps over an edit or a delete."""
+        carry: tuple[str, Any] | None = None
         while True:
-            event, data = await self._queue.get()
+            item = carry if carry is not None else await self._queue.get()
+            carry = None
+            burst = [item]
+            if item[0] == "MESSAGE_CREATE":
+                while len(burst) < BURST_MAX and not self._queue.empty():
+                    nxt = self._queue.get_nowait()
+                    if nxt[0] != "MESSAGE_CREATE":
+                        carry = nxt
+                        break
+                    burst.append(nxt)
             try:
-                await self._handle(event, data)
-                self.stats[event] += 1
+                if len(burst) > 1:
+                    await self._handle_burst(burst)
+                else:
+                    await self._handle(*item)
+                    self.stats[item[0]] += 1
             except PayloadError as exc:
                 self.stats["malformed"] += 1
-                log.warning("discord: skipped malformed %s: %s", event, exc)
+                log.warning("discord: skipped malformed %s: %s", item[0], exc)
             except Exception:
                 self.stats["errors"] += 1
-                log.exception("discord: failed to handle %s; skipped", event)
+                log.exception("discord: failed to handle %s; skipped", item[0])
             finally:
-                self._queue.task_done()
+                for _ in burst:
+                    self._queue.task_done()
                 async with self._progress:
-                    self.processed += 1
+                    self.processed += len(burst)
                     self._progress.notify_all()
 
     async def _handle(self, event: str, d: Any) -> None:
@@ -684,6 +704,45 @@ class DiscordAdapter:
         self.stats["member_learned"] += 1
         await self._reconcile(state, users=[uid])
 
+    def _created(self, d: dict[str, Any], parents: dict[str, str]) -> MessageEvent | None:
+        """A MESSAGE_CREATE as a message to store, or None (not a message, or a bot's)."""
+        msg = tr.message_create(d, channel_parent=parents)
+        if msg is None:
+            return None
+        me = self.client.user if self.client is not None else None
+        if msg.speaker_is_bot or (me is not None and msg.speaker_id == str(me.id)):
+            # any bot, and this bot's own posts (answers, notices) even unflagged
+            self.stats["bot_message_skipped"] += 1
+            return None
+        return msg
+
+    async def _handle_burst(self, burst: list[tuple[str, Any]]) -> None:
+        """Consecutive MESSAGE_CREATEs taken from the queue together: translated one by one
+        (a malformed one is skipped alone), stored in one transaction, in order."""
+        msgs: list[MessageEvent] = []
+        authors: list[tuple[str | None, dict[str, Any]]] = []
+        for event, d in burst:
+            try:
+                if not isinstance(d, dict):
+                    raise PayloadError(f"discord {event}: expected an object")
+                guild_id = opt_str(d, "guild_id", f"discord {event}")
+                parents, private = self._channel_parent(guild_id, d.get("channel_id"))
+                if private:
+                    self.stats["private_thread_skipped"] += 1
+                    continue
+                msg = self._created(d, parents)
+                if msg is not None:
+                    msgs.append(msg)
+                    authors.append((guild_id, d))
+            except PayloadError as exc:
+                self.stats["malformed"] += 1
+                log.warning("discord: skipped malformed %s: %s", event, exc)
+        await self.dispatcher.handle_many(msgs)
+        for guild_id, d in authors:
+            await self._learn_author(guild_id, d)
+        self.stats["MESSAGE_CREATE"] += len(burst)
+        self.stats["message_bursts"] += 1
+
     async def _on_message_event(self, event: str, d: dict[str, Any]) -> None:
         guild_id = opt_str(d, "guild_id", f"discord {event}")
         parents, private = self._channel_parent(guild_id, d.get("channel_id"))
@@ -691,13 +750,8 @@ class DiscordAdapter:
             self.stats["private_thread_skipped"] += 1
             return
         if event == "MESSAGE_CREATE":
-            msg = tr.message_create(d, channel_parent=parents)
+            msg = self._created(d, parents)
             if msg is None:
-                return
-            me = self.client.user if self.client is not None else None
-            if msg.speaker_is_bot or (me is not None and msg.speaker_id == str(me.id)):
-                # any bot, and this bot's own posts (answers, notices) even unflagged
-                self.stats["bot_message_skipped"] += 1
                 return
             await self.dispatcher.handle(msg)
             await self._learn_author(guild_id, d)

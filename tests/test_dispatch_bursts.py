@@ -1,0 +1,90 @@
+"""Bursts of new messages are stored in one transaction with the same outcome as one by one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bot.dispatch import Dispatcher
+from memory.engine import MemoryEngine
+from memory.models import MessageEvent, Scope
+from memory.query.pipeline import RecallPipeline
+from tests.conftest import make_config, msg
+from tests.fakes import HashEmbedder
+
+ON = Scope(platform="test", workspace="w1", channel="general")
+OFF = Scope(platform="test", workspace="w1", channel="quiet")
+
+
+def _events() -> list[MessageEvent]:
+    events = [
+        msg(ON, f"m{i}", ["Ann", "Bob", "Cy"][i % 3], f"note number {i} on the plan", i)
+        for i in range(12)
+    ]
+    events.insert(3, msg(ON, "bot1", "Helper", "I am a bot", 3.5, speaker_is_bot=True))
+    events.insert(5, msg(ON, "out1", "Olive", "an opted-out member speaks", 4.5))
+    events.insert(7, msg(OFF, "q1", "Ann", "memory is off in this channel", 5.5))
+    events.append(events[1])  # a duplicate delivery
+    return events
+
+
+async def _state(tmp_path: Path, name: str, batched: bool) -> tuple[Any, ...]:
+    engine = await MemoryEngine.open(make_config(tmp_path / name), HashEmbedder())
+    try:
+        dispatcher = Dispatcher(engine, RecallPipeline(engine))
+        await dispatcher.governance.set_channel(OFF, False, actor="test")
+        await dispatcher.governance.opt_out("test", "w1", "olive", forget=False, actor="test")
+        events = _events()
+        if batched:
+            await dispatcher.handle_many(events)
+        else:
+            for event in events:
+                await dispatcher.handle(event)
+        rows = await engine.store.db.read(
+            "SELECT m.message_id, m.speaker_id, m.text, m.session_id, m.turn_index, m.segment_id"
+            " FROM messages m ORDER BY m.id"
+        )
+        return (
+            [tuple(r) for r in rows],
+            dict(dispatcher.stats.handled),
+            dict(dispatcher.stats.ignored),
+            await engine.search("plan", [ON], limit=20),
+        )
+    finally:
+        await engine.close()
+
+
+async def test_a_burst_ends_like_the_same_messages_one_by_one(tmp_path: Path) -> None:
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    one = await _state(tmp_path, "one", batched=False)
+    many = await _state(tmp_path, "many", batched=True)
+    assert [r[0] for r in many[0]] == [f"m{i}" for i in range(12)]  # in order, nothing else
+    assert many[0] == one[0]  # same rows, sessions, turns and segments
+    assert many[1] == one[1] == {"message_stored": 12, "message_duplicate": 1}
+    assert many[2] == one[2] == {"bot_message": 1, "opted_out": 1, "channel_off": 1}
+    assert [h.message.message_id for h in many[3]] == [h.message.message_id for h in one[3]]
+
+
+async def test_a_failed_burst_is_applied_one_by_one(tmp_path: Path) -> None:
+    engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
+    try:
+        dispatcher = Dispatcher(engine, RecallPipeline(engine))
+        real = engine.ingest_many
+        calls = 0
+
+        async def failing_once(*args: Any, **kwargs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RuntimeError("the batch's transaction failed")
+            return await real(*args, **kwargs)
+
+        engine.ingest_many = failing_once  # type: ignore[method-assign]
+        events = [msg(ON, f"m{i}", "Ann", f"text {i}", i) for i in range(5)]
+        await dispatcher.handle_many(events)
+        stored = await engine.store.messages.by_ids(ON, [f"m{i}" for i in range(5)])
+        assert sorted(stored) == [f"m{i}" for i in range(5)]
+        assert dispatcher.stats.handled["message_stored"] == 5
+    finally:
+        await engine.close()
