@@ -54,3 +54,22 @@ async def test_worker_catches_up_the_backlog_then_follows_new_messages(
 
 async def _has(engine: MemoryEngine, scope: Scope, mid: str) -> bool:
     return bool(await _addressees(engine, scope, mid))
+
+
+async def test_a_recall_does_not_queue_behind_a_pass_already_reading_the_channel(
+    engine: MemoryEngine, scope: Scope
+) -> None:
+    from memory.interactions import interaction_names
+
+    await engine.ingest(msg(scope, "a1", "Rachel", "hello", 0))
+    await engine.ingest(msg(scope, "a2", "Ross", "Rachel, hi", 1))
+    (pk,) = await engine.channel_pks([scope])
+    names = interaction_names(await engine.members(scope))
+    lock = engine.store.interactions._locks.setdefault(pk, asyncio.Lock())
+    async with lock:  # another pass (the background worker) is reading this channel
+        assert await engine.store.interactions.update(pk, names, wait=False) == 0
+        waiting = asyncio.create_task(engine.store.interactions.update(pk, names))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the default waits its turn
+    assert await waiting == 2
+    assert await engine.store.interactions.update(pk, names, wait=False) == 0  # up to date

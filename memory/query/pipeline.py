@@ -612,7 +612,7 @@ class RecallPipeline:
                 index = interaction_names(roster)
                 for pk in pks:
                     await self.engine.store.interactions.update(
-                        pk, index, limit=self.cfg.interaction_catchup
+                        pk, index, limit=self.cfg.interaction_catchup, wait=False
                     )
             terms = self._name_terms(roster)
             try:

@@ -39,10 +39,16 @@ class InteractionRepo:
         self.db = db
         self._locks: dict[int, asyncio.Lock] = {}
 
-    async def update(self, channel_pk: int, names: NameIndex, *, limit: int = 5_000) -> int:
+    async def update(
+        self, channel_pk: int, names: NameIndex, *, limit: int = 5_000, wait: bool = True
+    ) -> int:
         """Infer addressees and reply links for up to `limit` new messages of a channel;
-        returns how many were read (0: the channel is up to date)."""
+        returns how many were read (0: the channel is up to date). `wait=False` returns 0 at
+        once when another pass is already reading the channel (a /recall does not queue
+        behind the background worker)."""
         lock = self._locks.setdefault(channel_pk, asyncio.Lock())
+        if not wait and lock.locked():
+            return 0
         async with lock:
             rows = await self.db.read(
                 "SELECT last_pk FROM interaction_cursor WHERE channel_pk = ?", (channel_pk,)
