@@ -362,7 +362,7 @@ async def test_history_waits_out_repeated_429s_itself(tmp_path: Path) -> None:
         pages = [p async for p in history.pages(SCOPE, after_id=None, after_ts=T0 - 1)]
         assert [len(p) for p in pages] == [2, 2, 1]
         assert [e.text for p in pages for e in p] == [f"m{i}" for i in range(5)]
-        assert slept == [2.0, 2.0, 2.0] and history.waited_s == 6.0
+        assert slept == [2.0, 2.0, 2.0] and history.api.waited_s == 6.0
         hist = history_calls(standin)
         assert len(hist) == 3 + 3 and hist[0] == hist[1] == hist[2] == hist[3]
     finally:

@@ -112,7 +112,7 @@ async def test_rate_limited_pages_wait_for_retry_after_then_ask_again(
     outcome = await sync_channel_roster(store, directory, scope())
     assert waits == [1.0, 3.0, 3.0]
     assert outcome.members == N + 1 and outcome.unnamed == 0
-    assert directory.calls["users.list"] == 11 + 2 and directory.waited_s == 7.0
+    assert directory.api.calls["users.list"] == 11 + 2 and directory.api.waited_s == 7.0
     # the refused page is asked again (same cursor), then the pages follow one by one
     cursors = [a.get("cursor") for a in standin.method_calls("users.list")]
     assert cursors[:4] == [None, None, None, "1000"]

@@ -21,7 +21,7 @@ messages, joins, other subtypes and malformed messages are skipped exactly the s
 Names: history payloads carry user ids only; `names` (the adapter's cached directory /
 ``users.info``) fills them in, once per user per channel.
 
-Rate limits: every call goes through `call_waiting_out_429` (shared with the roster
+Rate limits: every call goes through `RateLimitedApi` (shared with the roster
 directory): a 429 is waited out for its ``Retry-After`` and the same page is asked again.
 
 `SlackCatchUp` ties it to the adapter's life: a snapshot before connecting, catch-up once
@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -46,7 +45,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.catchup import CatchUp, ChannelProgress, Start
 from bot.dispatch import Dispatcher
 from bot.events import MessageEvent, Scope
-from integrations.slack.roster_sync import Sleep, call_waiting_out_429
+from integrations.slack.roster_sync import RateLimitedApi, Sleep
 from integrations.slack.translate import PLATFORM, PayloadError, translate_event
 from memory.store.catchup import CatchupRepo
 
@@ -104,44 +103,21 @@ class SlackHistory:
         max_retries: int = 5,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        self.client = client
         self.names = names
         self.before_channel = before_channel
         self.page_size = page_size
         self.thread_lookback_s = thread_lookback_s
         self.window_s = window_s
-        self.max_retries = max_retries
-        self._sleep = sleep
-        self.calls: Counter[str] = Counter()
-        """Web API calls made, by method (429s included)."""
-        self.waited_s = 0.0
-        """Time spent waiting out Retry-After."""
+        self.api = RateLimitedApi(client, max_retries=max_retries, sleep=sleep)
         self.skipped = 0
         """Messages the translator rejected as malformed."""
-
-    async def _call(self, method: str, **args: Any) -> Any:
-        def count() -> None:
-            self.calls[method] += 1
-
-        def waited(seconds: float) -> None:
-            self.waited_s += seconds
-
-        return await call_waiting_out_429(
-            self.client,
-            method,
-            args,
-            max_retries=self.max_retries,
-            sleep=self._sleep,
-            on_call=count,
-            on_wait=waited,
-        )
 
     async def _listing(self, method: str, **args: Any) -> list[dict[str, Any]]:
         """Every message of a cursor-paged listing, in the order Slack gives them."""
         out: list[dict[str, Any]] = []
         cursor: str | None = None
         while True:
-            page = await self._call(method, limit=self.page_size, cursor=cursor, **args)
+            page = await self.api.call(method, limit=self.page_size, cursor=cursor, **args)
             out.extend(m for m in page.get("messages") or [] if isinstance(m, dict))
             cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
             if not cursor or not page.get("has_more", True):

@@ -56,36 +56,39 @@ def retry_after_s(exc: SlackApiError, default: float = 1.0) -> float | None:
         return default
 
 
-async def call_waiting_out_429(
-    client: AsyncWebClient,
-    method: str,
-    args: Mapping[str, Any],
-    *,
-    max_retries: int = 5,
-    sleep: Sleep = asyncio.sleep,
-    on_call: Callable[[], None] | None = None,
-    on_wait: Callable[[float], None] | None = None,
-) -> Any:
-    """One Web API call (``"users.list"``), asked again after each 429's Retry-After.
+class RateLimitedApi:
+    """Web API calls asked again after each 429's Retry-After, counted per method.
 
     The client's own retry handler may already have waited; this is the loop that makes a
     long, paged listing slow rather than refused. Other errors, and the 429 after
     `max_retries` waits, are raised. Shared by the roster directory and channel history.
     """
-    for attempt in range(max_retries + 1):
-        if on_call is not None:
-            on_call()
-        try:
-            return await getattr(client, method.replace(".", "_"))(**args)
-        except SlackApiError as exc:
-            wait = retry_after_s(exc)
-            if wait is None or attempt == max_retries:
-                raise
-            if on_wait is not None:
-                on_wait(wait)
-            log.info("slack %s rate-limited; waiting %.1f s (Retry-After)", method, wait)
-            await sleep(wait)
-    raise AssertionError("unreachable")  # pragma: no cover
+
+    def __init__(
+        self, client: AsyncWebClient, *, max_retries: int = 5, sleep: Sleep = asyncio.sleep
+    ) -> None:
+        self.client = client
+        self.max_retries = max_retries
+        self._sleep = sleep
+        self.calls: Counter[str] = Counter()
+        """Calls made, by method (429s included), for stats and the benchmarks."""
+        self.waited_s = 0.0
+        """Time spent waiting out Retry-After here (after the client's own retries)."""
+
+    async def call(self, method: str, **args: Any) -> Any:
+        """One call (``"users.list"``), waiting out up to `max_retries` 429s."""
+        for attempt in range(self.max_retries + 1):
+            self.calls[method] += 1
+            try:
+                return await getattr(self.client, method.replace(".", "_"))(**args)
+            except SlackApiError as exc:
+                wait = retry_after_s(exc)
+                if wait is None or attempt == self.max_retries:
+                    raise
+                self.waited_s += wait
+                log.info("slack %s rate-limited; waiting %.1f s (Retry-After)", method, wait)
+                await self._sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 class SlackDirectory:
@@ -100,19 +103,13 @@ class SlackDirectory:
         max_retries: int = 5,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
-        self.client = client
         self.ttl_s = ttl_s
         self.retry_s = retry_s
-        self.max_retries = max_retries
-        self._sleep = sleep
+        self.api = RateLimitedApi(client, max_retries=max_retries, sleep=sleep)
         self._users: dict[str, dict[str, tuple[str, bool]]] = {}
         self._loaded_at: dict[str, float] = {}
         self._failed_at: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self.calls: Counter[str] = Counter()
-        """API calls made, by method (429s included), for stats and the benchmark."""
-        self.waited_s = 0.0
-        """Time spent waiting out Retry-After here (after the client's own retries)."""
 
     def fresh(self, team: str) -> bool:
         loaded = self._loaded_at.get(team)
@@ -155,32 +152,13 @@ class SlackDirectory:
         out: dict[str, tuple[str, bool]] = {}
         cursor: str | None = None
         while True:
-            page = await self.call("users.list", limit=USERS_PAGE, cursor=cursor)
+            page = await self.api.call("users.list", limit=USERS_PAGE, cursor=cursor)
             for user in page.get("members") or []:
                 if isinstance(user, Mapping) and isinstance(user.get("id"), str):
                     out[user["id"]] = (display_name(user) or user["id"], bool(user.get("is_bot")))
             cursor = (page.get("response_metadata") or {}).get("next_cursor") or None
             if not cursor:
                 return out
-
-    async def call(self, method: str, **args: Any) -> Any:
-        """One Web API call, asked again after each 429's Retry-After (at most max_retries)."""
-
-        def count() -> None:
-            self.calls[method] += 1
-
-        def waited(seconds: float) -> None:
-            self.waited_s += seconds
-
-        return await call_waiting_out_429(
-            self.client,
-            method,
-            args,
-            max_retries=self.max_retries,
-            sleep=self._sleep,
-            on_call=count,
-            on_wait=waited,
-        )
 
 
 @dataclass(frozen=True)
@@ -197,7 +175,7 @@ async def channel_members(directory: SlackDirectory, channel: str) -> list[str]:
     members: list[str] = []
     cursor: str | None = None
     while True:
-        page = await directory.call(
+        page = await directory.api.call(
             "conversations.members", channel=channel, limit=MEMBERS_PAGE, cursor=cursor
         )
         members.extend(m for m in page.get("members") or [] if isinstance(m, str))
