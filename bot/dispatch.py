@@ -35,7 +35,7 @@ from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
 from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
-from memory.store import IngestStatus
+from memory.store import IngestOutcome, IngestStatus
 from memory.store.database import StoreFull
 
 log = logging.getLogger(__name__)
@@ -126,23 +126,7 @@ class Dispatcher:
             return
         enabled: dict[Scope, bool] = {}
         opted_out: dict[tuple[str, str, str], bool] = {}
-        kept: list[MessageEvent] = []
-        for event in events:
-            if event.speaker_is_bot:
-                self.stats.ignored["bot_message"] += 1
-                continue
-            if event.scope not in enabled:
-                enabled[event.scope] = await self.governance.channel_enabled(event.scope)
-            if not enabled[event.scope]:
-                self.stats.ignored["channel_off"] += 1
-                continue
-            who = (event.scope.platform, event.scope.workspace, event.speaker_id)
-            if who not in opted_out:
-                opted_out[who] = await self.governance.is_opted_out(*who)
-            if opted_out[who]:
-                self.stats.ignored["opted_out"] += 1
-                continue
-            kept.append(event)
+        kept = [e for e in events if await self._admitted(e, enabled, opted_out)]
         if not kept:
             return
         try:
@@ -153,10 +137,38 @@ class Dispatcher:
                 await self.handle(event)
             return
         for event, outcome in zip(kept, outcomes, strict=True):
-            self.stats.handled[f"message_{outcome.status.value}"] += 1
-            if outcome.status is IngestStatus.STORED:
-                self._kick()
-                self.maybe_notice(event.scope)
+            self._ingested(event, outcome)
+
+    async def _admitted(
+        self,
+        event: MessageEvent,
+        enabled: dict[Scope, bool],
+        opted_out: dict[tuple[str, str, str], bool],
+    ) -> bool:
+        """Whether a new message is stored at all: not a bot's, memory on in its channel, its
+        author not opted out. Counts what it turns away; `enabled` and `opted_out` remember
+        the answers (across a burst)."""
+        if event.speaker_is_bot:
+            self.stats.ignored["bot_message"] += 1
+            return False
+        if event.scope not in enabled:
+            enabled[event.scope] = await self.governance.channel_enabled(event.scope)
+        if not enabled[event.scope]:
+            self.stats.ignored["channel_off"] += 1
+            return False
+        who = (event.scope.platform, event.scope.workspace, event.speaker_id)
+        if who not in opted_out:
+            opted_out[who] = await self.governance.is_opted_out(*who)
+        if opted_out[who]:
+            self.stats.ignored["opted_out"] += 1
+            return False
+        return True
+
+    def _ingested(self, event: MessageEvent, outcome: IngestOutcome) -> None:
+        self.stats.handled[f"message_{outcome.status.value}"] += 1
+        if outcome.status is IngestStatus.STORED:
+            self._kick()
+            self.maybe_notice(event.scope)
 
     # ---- the spill ----------------------------------------------------------------------
 
@@ -228,22 +240,8 @@ class Dispatcher:
 
     async def _apply(self, event: Event) -> None:
         if isinstance(event, MessageEvent):
-            if event.speaker_is_bot:
-                self.stats.ignored["bot_message"] += 1
-                return
-            if not await self.governance.channel_enabled(event.scope):
-                self.stats.ignored["channel_off"] += 1
-                return
-            if await self.governance.is_opted_out(
-                event.scope.platform, event.scope.workspace, event.speaker_id
-            ):
-                self.stats.ignored["opted_out"] += 1
-                return
-            outcome = await self.engine.ingest(event)
-            self.stats.handled[f"message_{outcome.status.value}"] += 1
-            if outcome.status is IngestStatus.STORED:
-                self._kick()
-                self.maybe_notice(event.scope)
+            if await self._admitted(event, {}, {}):
+                self._ingested(event, await self.engine.ingest(event))
         elif isinstance(event, EditEvent):
             if (
                 not await self.governance.channel_enabled(event.scope)
