@@ -650,7 +650,7 @@ class DiscordAdapter:
                         break
                     burst.append(nxt)
             try:
-                if len(burst) > 1:
+                if item[0] == "MESSAGE_CREATE":
                     await self._handle_burst(burst)
                 else:
                     await self._handle(*item)
@@ -716,24 +716,34 @@ class DiscordAdapter:
             return None
         return msg
 
+    def _channel_of(
+        self, event: str, d: dict[str, Any]
+    ) -> tuple[str | None, dict[str, str]] | None:
+        """(guild id, thread -> parent map) of a message event; None for a private thread
+        (never stored)."""
+        guild_id = opt_str(d, "guild_id", f"discord {event}")
+        parents, private = self._channel_parent(guild_id, d.get("channel_id"))
+        if private:
+            self.stats["private_thread_skipped"] += 1
+            return None
+        return guild_id, parents
+
     async def _handle_burst(self, burst: list[tuple[str, Any]]) -> None:
-        """Consecutive MESSAGE_CREATEs taken from the queue together: translated one by one
-        (a malformed one is skipped alone), stored in one transaction, in order."""
+        """MESSAGE_CREATEs taken from the queue together: translated one by one (a malformed
+        one is skipped alone), stored in one transaction, in order."""
         msgs: list[MessageEvent] = []
         authors: list[tuple[str | None, dict[str, Any]]] = []
         for event, d in burst:
             try:
                 if not isinstance(d, dict):
-                    raise PayloadError(f"discord {event}: expected an object")
-                guild_id = opt_str(d, "guild_id", f"discord {event}")
-                parents, private = self._channel_parent(guild_id, d.get("channel_id"))
-                if private:
-                    self.stats["private_thread_skipped"] += 1
-                    continue
-                msg = self._created(d, parents)
-                if msg is not None:
+                    raise PayloadError(
+                        f"discord {event}: expected an object, got {type(d).__name__}"
+                    )
+                where = self._channel_of(event, d)
+                msg = self._created(d, where[1]) if where is not None else None
+                if where is not None and msg is not None:
                     msgs.append(msg)
-                    authors.append((guild_id, d))
+                    authors.append((where[0], d))
             except PayloadError as exc:
                 self.stats["malformed"] += 1
                 log.warning("discord: skipped malformed %s: %s", event, exc)
@@ -741,21 +751,16 @@ class DiscordAdapter:
         for guild_id, d in authors:
             await self._learn_author(guild_id, d)
         self.stats["MESSAGE_CREATE"] += len(burst)
-        self.stats["message_bursts"] += 1
+        if len(burst) > 1:
+            self.stats["message_bursts"] += 1
 
     async def _on_message_event(self, event: str, d: dict[str, Any]) -> None:
-        guild_id = opt_str(d, "guild_id", f"discord {event}")
-        parents, private = self._channel_parent(guild_id, d.get("channel_id"))
-        if private:
-            self.stats["private_thread_skipped"] += 1
+        """Edits and deletes (creates come in bursts, `_handle_burst`)."""
+        where = self._channel_of(event, d)
+        if where is None:
             return
-        if event == "MESSAGE_CREATE":
-            msg = self._created(d, parents)
-            if msg is None:
-                return
-            await self.dispatcher.handle(msg)
-            await self._learn_author(guild_id, d)
-        elif event == "MESSAGE_UPDATE":
+        parents = where[1]
+        if event == "MESSAGE_UPDATE":
             edit = tr.message_update(d, channel_parent=parents)
             if edit is not None:
                 await self.dispatcher.handle(edit)
