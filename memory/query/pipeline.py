@@ -76,7 +76,7 @@ from memory.query.system1 import (
 )
 from memory.query.system2 import Row, read_rows
 from memory.query.timewords import TimeWindow, resolve_time
-from memory.roster_cache import display_names
+from memory.roster_cache import derived, display_names
 from memory.search.fts_query import query_terms
 from memory.search.fusion import rrf
 
@@ -163,9 +163,6 @@ class RecallPipeline:
         self.llm = llm
         self.cfg = config or engine.config.recall
         self.link = link
-        self._terms: tuple[list[RosterMember], frozenset[str]] | None = None
-        """The last roster's name terms: a cached roster (one list object while it does not
-        change) is tokenised once, not on every /recall."""
 
     # ---- access -------------------------------------------------------------------------
 
@@ -691,11 +688,14 @@ class RecallPipeline:
         trace.latency_ms = timings
         return RecallResult(answer=result, pack=pack, trace=trace, rows=rows)
 
-    def _name_terms(self, roster: list[RosterMember]) -> frozenset[str]:
-        if self._terms is None or self._terms[0] is not roster:
-            terms = name_terms(n for m in roster for n in (m.display_name, *m.aliases))
-            self._terms = (roster, terms)
-        return self._terms[1]
+    @staticmethod
+    def _name_terms(roster: list[RosterMember]) -> frozenset[str]:
+        """The search terms of the roster's names (once per roster list, `derived`)."""
+        return derived(
+            roster,
+            "name-terms",
+            lambda r: name_terms(n for m in r for n in (m.display_name, *m.aliases)),
+        )
 
     async def _support(self, rows: list[Row]) -> dict[str, StoredMessage]:
         wanted: dict[Scope, set[str]] = {}
