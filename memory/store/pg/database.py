@@ -1,0 +1,454 @@
+"""Connections, transactions and migrations for the PostgreSQL backend.
+
+`PgDatabase` offers the API of the SQLite `Database` (open, close, transaction, read,
+read_in, schema_version, reader) so the repositories' SQL runs unchanged where it is
+portable:
+
+- SQL keeps SQLite's `?` placeholders; `translate` turns them into psycopg's `%s` (and
+  doubles literal `%`) once per statement text. Values are bound client-side
+  (`AsyncClientCursor`), so untyped parameters behave as in SQLite (`? IS NULL` works).
+- Rows answer both `row[0]` and `row["column"]`, like sqlite3.Row, and unpack as tuples.
+- `numeric` results (sum of BIGINT, avg) load as int or float, never Decimal.
+- One write transaction at a time per process (an asyncio lock, as SQLite's single writer
+  connection gives), on its own pooled connection; across processes Postgres' row locks
+  and unique keys serialise writers. A lock held by another process longer than
+  `lock_wait_s` raises StoreBusy, as does a serialization failure or deadlock; a full disk
+  raises StoreFull.
+- Migrations are recorded in `schema_migrations`; each runs in its own transaction under
+  `pg_advisory_xact_lock`, so processes opening the same database at once apply each once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+
+import psycopg
+import psycopg.errors
+from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor
+from psycopg.adapt import Loader
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from memory.config import StoreConfig
+from memory.store.database import (
+    IN_CHUNK,
+    Database,
+    StoreBusy,
+    StoreError,
+    StoreFull,
+    Transaction,
+)
+from memory.store.driver import Driver, DriverName
+from memory.store.schema import Migration
+
+log = logging.getLogger(__name__)
+
+MIGRATION_LOCK = 0x53504D454D  # "SPMEM": the advisory lock id that serialises migrations
+
+DRIVER = Driver(cast(DriverName, "postgres"), psycopg)
+"""What `Store.driver_name` reports, and `db.driver.error` (psycopg.Error) for callers that
+catch the driver's own errors."""
+
+
+# ---- SQL text ----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def translate(sql: str) -> str:
+    """SQLite-style SQL to psycopg's format: `?` -> `%s`, `%` -> `%%`.
+
+    A `?` inside a quoted string ('...'), a quoted identifier ("..."), a dollar-quoted body
+    ($$...$$, $tag$...$tag$) or a comment is text, not a placeholder, and stays. A `%` is
+    doubled everywhere, because psycopg reads `%` anywhere in the statement (quotes
+    included) when it binds parameters.
+    """
+    out: list[str] = []
+    i, n = 0, len(sql)
+    while i < n:
+        ch = sql[i]
+        if ch in ("'", '"'):
+            end = i + 1
+            while end < n:
+                if sql[end] == ch:
+                    if end + 1 < n and sql[end + 1] == ch:  # '' or "" escapes the quote
+                        end += 2
+                        continue
+                    break
+                end += 1
+            out.append(sql[i : end + 1].replace("%", "%%"))
+            i = end + 1
+        elif ch == "-" and sql.startswith("--", i):
+            end = sql.find("\n", i)
+            end = n if end < 0 else end
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "/" and sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "$" and (tag := _DOLLAR_TAG.match(sql, i)) is not None:
+            close = sql.find(tag.group(0), tag.end())
+            end = n if close < 0 else close + len(tag.group(0))
+            out.append(sql[i:end].replace("%", "%%"))
+            i = end
+        elif ch == "?":
+            out.append("%s")
+            i += 1
+        elif ch == "%":
+            out.append("%%")
+            i += 1
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
+
+
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$")
+
+
+def masked_url(url: str) -> str:
+    """The URL with any password replaced by '***' (for logs and `stats`)."""
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+# ---- rows --------------------------------------------------------------------------------
+
+
+class PgRow(tuple):  # type: ignore[type-arg]
+    """A result row: a tuple (index, slice, unpacking, ==) that also answers row["column"]
+    and keys(), like sqlite3.Row. Each result shape gets its own subclass carrying the
+    column index, so a row costs no more than a tuple."""
+
+    _index: dict[str, int] = {}
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            try:
+                return tuple.__getitem__(self, self._index[key])
+            except KeyError:
+                raise IndexError(f"no such column: {key}") from None
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._index)
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_class(names: tuple[str, ...]) -> type[PgRow]:
+    index: dict[str, int] = {}
+    for pos, name in enumerate(names):
+        index.setdefault(name, pos)  # the first of duplicate names, as sqlite3.Row does
+    return type("PgRow", (PgRow,), {"_index": index})
+
+
+def pg_row(cursor: AsyncCursor[Any]) -> Callable[[Sequence[Any]], PgRow]:
+    """psycopg row factory building PgRow objects."""
+    names = tuple(col.name for col in cursor.description or ())
+    cls = _row_class(names)
+    return lambda values: cls(values)
+
+
+class _NumericLoader(Loader):
+    """numeric (sum of BIGINT, avg of integers) as int when whole, else float: SQLite gives
+    integers and reals, and JSON/arithmetic downstream expects those, not Decimal."""
+
+    def load(self, data: Any) -> int | float:
+        text = bytes(data).decode()
+        if "." not in text and "e" not in text.lower() and text.lstrip("-").isdigit():
+            return int(text)
+        return float(text)
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+_BUSY = (
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+)
+
+
+def map_error(exc: BaseException, *, where: str, lock_wait_s: float) -> BaseException:
+    """The typed store error for a psycopg error, or the error itself when it has none."""
+    if isinstance(exc, _BUSY):
+        return StoreBusy(
+            f"{where}: another process held a conflicting lock ({type(exc).__name__}: "
+            f"{str(exc).strip()}); nothing was written. Retry; if it persists, stop the other "
+            f"writer or raise SPEAKERMEM_DB_LOCK_WAIT_S (now {lock_wait_s:g} s)"
+        )
+    if isinstance(exc, psycopg.errors.DiskFull):
+        log.error("write refused, %s is full (%s): free disk space", where, exc)
+        return StoreFull(f"{where}: database disk is full ({str(exc).strip()})")
+    if type(exc) is psycopg.OperationalError or isinstance(exc, psycopg.InterfaceError):
+        return StoreError(f"{where}: connection failed ({str(exc).strip()})")
+    return exc
+
+
+# ---- the database ------------------------------------------------------------------------
+
+
+class PgDatabase(Database):
+    """A PostgreSQL database: a connection pool, recorded migrations.
+
+    It subclasses the SQLite `Database` only so the repositories (typed against it) take it;
+    nothing of the SQLite implementation runs (no super().__init__: there is no file).
+    """
+
+    def __init__(self, config: StoreConfig) -> None:
+        if config.db_url is None:
+            raise StoreError("PgDatabase needs StoreConfig.db_url (postgresql://...)")
+        self.config = config
+        self.url = config.db_url.get_secret_value()
+        self.where = masked_url(self.url)
+        self.path = Path(self.where)
+        self.driver = DRIVER
+        self._pool: AsyncConnectionPool[AsyncConnection[PgRow]] | None = None
+        self._write_lock = asyncio.Lock()
+
+    # open / close ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        lock_ms = max(1, int(self.config.lock_wait_s * 1000))
+
+        async def configure(conn: AsyncConnection[Any]) -> None:
+            conn.adapters.register_loader("numeric", _NumericLoader)
+            await conn.execute(f"SET lock_timeout = {lock_ms}")
+            await conn.execute("SET TIME ZONE 'UTC'")
+
+        pool: AsyncConnectionPool[AsyncConnection[PgRow]] = AsyncConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self.config.readers + 1,
+            kwargs={"autocommit": True, "cursor_factory": AsyncClientCursor, "row_factory": pg_row},
+            configure=configure,
+            open=False,
+            name="speakermem",
+        )
+        try:
+            await pool.open(wait=True, timeout=max(5.0, self.config.lock_wait_s))
+        except (PoolTimeout, psycopg.Error) as exc:
+            await pool.close()
+            raise StoreError(f"cannot open database {self.where}: {exc}") from exc
+        self._pool = pool
+        try:
+            await self._migrate()
+        except BaseException:
+            await self.close()
+            raise
+        log.info("store open: %s (postgres)", self.where)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    @property
+    def pool(self) -> AsyncConnectionPool[AsyncConnection[PgRow]]:
+        if self._pool is None:
+            raise StoreError("database is not open")
+        return self._pool
+
+    @property
+    def writer(self) -> Any:
+        raise StoreError("PostgreSQL has no single writer connection: use transaction()")
+
+    async def _migrate(self) -> None:
+        from memory.store.pg.schema import migrations
+
+        for migration in migrations(self.config):
+            await self._apply(migration)
+
+    async def _apply(self, migration: Migration) -> bool:
+        """Apply one migration unless recorded; True when this process applied it."""
+        async with self.transaction() as tx:
+            await tx.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+            await tx.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+                " applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            done = await tx.fetchone(
+                "SELECT 1 FROM schema_migrations WHERE version = ?", (migration.version,)
+            )
+            if done is not None:
+                return False
+            await tx.executescript_in_tx(migration.sql)
+            await tx.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (migration.version, migration.name, time.time()),
+            )
+        log.info("applied migration %d: %s", migration.version, migration.name)
+        return True
+
+    async def schema_version(self) -> int:
+        rows = await self.read("SELECT max(version) FROM schema_migrations")
+        return int(rows[0][0] or 0)
+
+    # writes ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Transaction]:
+        """One write transaction (BEGIN ... COMMIT on a pooled connection), rolled back on
+        any error. Lock waits beyond `lock_wait_s`, serialization failures and deadlocks
+        raise StoreBusy; a full disk raises StoreFull; other psycopg errors pass through
+        (IntegrityError stays catchable as `db.driver.integrity_error`)."""
+        async with self._write_lock:
+            try:
+                async with (
+                    self.pool.connection(timeout=self.config.lock_wait_s) as conn,
+                    conn.transaction(),
+                ):
+                    yield PgTransaction(conn)
+            except PoolTimeout as exc:
+                raise StoreBusy(
+                    f"{self.where}: no free connection for {self.config.lock_wait_s:g} s"
+                ) from exc
+            except psycopg.Error as exc:
+                mapped = map_error(exc, where=self.where, lock_wait_s=self.config.lock_wait_s)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+
+    # reads ----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def reader(self) -> AsyncIterator[Any]:  # type: ignore[override]
+        """A pooled connection in autocommit mode, shaped like the aiosqlite connection the
+        SQLite repositories use (`async with conn.execute(sql, params) as cur`)."""
+        try:
+            async with self.pool.connection(timeout=self.config.lock_wait_s) as conn:
+                yield PgReader(conn)
+        except psycopg.Error as exc:
+            mapped = map_error(exc, where=self.where, lock_wait_s=self.config.lock_wait_s)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    async def read(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        async with self.reader() as conn, conn.execute(sql, params) as cur:
+            return list(await cur.fetchall())
+
+    async def read_in(
+        self,
+        sql: str,
+        values: Sequence[Any],
+        *,
+        before: tuple[Any, ...] = (),
+        chunk: int = IN_CHUNK,
+    ) -> list[Any]:
+        """Rows of `sql` whose `{marks}` placeholder is an IN list over `values`, `chunk`
+        values per statement; `before` binds the parameters that precede the list."""
+        rows: list[Any] = []
+        values = list(values)
+        for start in range(0, len(values), chunk):
+            part = values[start : start + chunk]
+            marks = ",".join("?" * len(part))
+            rows.extend(await self.read(sql.format(marks=marks), (*before, *part)))
+        return rows
+
+
+class PgTransaction(Transaction):
+    """The statements of one write transaction on one connection.
+
+    `insert` returns the new row's id: it appends ` RETURNING id` to the INSERT unless the
+    SQL already has a RETURNING clause (then its first column is the id). An INSERT that
+    inserted nothing (ON CONFLICT DO NOTHING) raises StoreError, as SQLite's missing rowid.
+    """
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self.conn = conn  # type: ignore[assignment]
+        self.pg = conn
+
+    async def execute(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
+        cur = self.pg.cursor()
+        await cur.execute(translate(sql), params)
+        return cur
+
+    async def executemany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        if rows:
+            async with self.pg.cursor() as cur:
+                await cur.executemany(translate(sql), rows)
+
+    async def fetchall(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        async with self.pg.cursor() as cur:
+            await cur.execute(translate(sql), params)
+            return list(await cur.fetchall())
+
+    async def fetchone(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
+        async with self.pg.cursor() as cur:
+            await cur.execute(translate(sql), params)
+            return await cur.fetchone()
+
+    async def insert(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> int:
+        if not re.search(r"\breturning\b", sql, re.IGNORECASE):
+            sql = sql.rstrip().rstrip(";") + " RETURNING id"
+        row = await self.fetchone(sql, params)
+        if row is None:
+            raise StoreError("insert returned no row id")
+        return int(row[0])
+
+    async def executescript_in_tx(self, script: str) -> None:
+        """Run a multi-statement script (no parameters) inside the open transaction.
+
+        Sent as one simple-protocol query: Postgres splits it itself, so PL/pgSQL bodies
+        with `;` inside need no splitter, and `%` and `?` are sent untouched."""
+        async with self.pg.cursor() as cur:
+            await cur.execute(script)
+
+    @contextlib.asynccontextmanager
+    async def savepoint(self) -> AsyncIterator[None]:
+        """A nested block rolled back alone on error. Postgres aborts the whole transaction
+        on any failed statement; code that catches an error and goes on (as SQLite allows)
+        must run the failing statement inside this."""
+        async with self.pg.transaction():
+            yield
+
+
+class PgReader:
+    """A pooled autocommit connection with aiosqlite's `execute` shape."""
+
+    def __init__(self, conn: AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> _Execution:
+        return _Execution(self.conn, translate(sql), params)
+
+
+class _Execution:
+    """`await conn.execute(...)` or `async with conn.execute(...) as cur`."""
+
+    def __init__(
+        self, conn: AsyncConnection[Any], sql: str, params: tuple[Any, ...] | list[Any]
+    ) -> None:
+        self._conn, self._sql, self._params = conn, sql, params
+        self._cur: AsyncCursor[Any] | None = None
+
+    async def _run(self) -> AsyncCursor[Any]:
+        cur = self._conn.cursor()
+        await cur.execute(self._sql, self._params)
+        self._cur = cur
+        return cur
+
+    def __await__(self) -> Any:
+        return self._run().__await__()
+
+    async def __aenter__(self) -> AsyncCursor[Any]:
+        return await self._run()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._cur is not None:
+            await self._cur.close()

@@ -1,0 +1,41 @@
+"""PgStore: the repositories of `memory.store.Store` over a PostgreSQL database."""
+
+from __future__ import annotations
+
+from memory.config import StoreConfig
+from memory.store import Store
+from memory.store.governance import GovernanceRepo
+from memory.store.pg.catchup import PgCatchupRepo
+from memory.store.pg.channels import PgChannelRepo
+from memory.store.pg.database import PgDatabase
+from memory.store.pg.interactions import PgInteractionRepo
+from memory.store.pg.messages import PgMessageRepo
+from memory.store.records import RecordRepo
+from memory.store.segments import SegmentRepo
+
+
+class PgStore(Store):
+    """The same attributes as the SQLite `Store` (channels, messages, records, segments,
+    governance, interactions, catchup, db), each a repository whose SQL PostgreSQL runs:
+    a PostgreSQL subclass where the SQLite one has SQLite-only SQL."""
+
+    def __init__(self, config: StoreConfig, *, gap_seconds: float, window: int) -> None:
+        # no super().__init__: that would build the SQLite Database
+        self.db = PgDatabase(config)
+        self.channels = PgChannelRepo(self.db)
+        self.messages = PgMessageRepo(
+            self.db, self.channels, gap_seconds=gap_seconds, window=window
+        )
+        self.records = RecordRepo(self.db, self.channels)
+        self.segments = SegmentRepo(self.db)
+        self.governance = GovernanceRepo(self.db, self.channels)
+        self.interactions = PgInteractionRepo(self.db)
+        self.catchup = PgCatchupRepo(self.db)
+
+    @property
+    def driver_name(self) -> str:
+        return "postgres"
+
+    async def db_size_bytes(self) -> int:
+        rows = await self.db.read("SELECT pg_database_size(current_database())")
+        return int(rows[0][0])
