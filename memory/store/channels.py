@@ -268,6 +268,17 @@ class ChannelRepo:
             )
             return len(changed), len(gone)
 
+    _MEMBERS_SQL = (
+        "SELECT r.user_id, coalesce(u.display_name, r.user_id), coalesce(u.is_bot, 0),"
+        " r.joined_at, r.left_at,"
+        " (SELECT json_group_array(a.alias) FROM user_aliases a WHERE a.platform = r.platform"
+        "  AND a.workspace = r.workspace AND a.user_id = r.user_id)"
+        " FROM roster r LEFT JOIN users u ON u.platform = r.platform"
+        " AND u.workspace = r.workspace AND u.user_id = r.user_id"
+        " WHERE r.channel_pk = ? AND (? OR r.left_at IS NULL) ORDER BY r.joined_at, r.user_id"
+    )
+    """A channel's members with their aliases as a JSON array (SQLite's json1 here)."""
+
     async def members(self, scope: Scope, *, include_left: bool = False) -> list[RosterMember]:
         """The channel's members, oldest first. Cached per channel until its roster revision
         moves (migration 5): a community channel's thousands of members are read once, not
@@ -285,16 +296,7 @@ class ChannelRepo:
         if cached is not None and cached[0] == rev:
             self._members.move_to_end(key)
             return cached[1]
-        rows = await self.db.read(
-            "SELECT r.user_id, coalesce(u.display_name, r.user_id), coalesce(u.is_bot, 0),"
-            " r.joined_at, r.left_at,"
-            " (SELECT json_group_array(a.alias) FROM user_aliases a WHERE a.platform = r.platform"
-            "  AND a.workspace = r.workspace AND a.user_id = r.user_id)"
-            " FROM roster r LEFT JOIN users u ON u.platform = r.platform"
-            " AND u.workspace = r.workspace AND u.user_id = r.user_id"
-            " WHERE r.channel_pk = ? AND (? OR r.left_at IS NULL) ORDER BY r.joined_at, r.user_id",
-            (pk, int(include_left)),
-        )
+        rows = await self.db.read(self._MEMBERS_SQL, (pk, int(include_left)))
         members = [
             RosterMember(
                 user_id=r[0],

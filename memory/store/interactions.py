@@ -35,6 +35,14 @@ def _turn(r: tuple) -> Turn:  # type: ignore[type-arg]
 
 
 class InteractionRepo:
+    _ADDRESSEE_UPSERT = (
+        "INSERT OR REPLACE INTO message_addressees (message_pk, addressee, how) VALUES (?, ?, ?)"
+    )
+    _LINK_UPSERT = (
+        "INSERT OR REPLACE INTO message_links (message_pk, parent_pk, how) VALUES (?, ?, ?)"
+    )
+    """The upserts of inferred addressees and links (SQLite's INSERT OR REPLACE here)."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
         self._locks: dict[int, asyncio.Lock] = {}
@@ -77,13 +85,11 @@ class InteractionRepo:
             )
             async with self.db.transaction() as tx:
                 await tx.executemany(
-                    "INSERT OR REPLACE INTO message_addressees (message_pk, addressee, how)"
-                    " VALUES (?, ?, ?)",
+                    self._ADDRESSEE_UPSERT,
                     [(i.pk, uid, how) for i in inferred for uid, how in i.addressees],
                 )
                 await tx.executemany(
-                    "INSERT OR REPLACE INTO message_links (message_pk, parent_pk, how)"
-                    " VALUES (?, ?, ?)",
+                    self._LINK_UPSERT,
                     [(i.pk, i.parent, i.parent_how) for i in inferred if i.parent is not None],
                 )
                 await tx.execute(
