@@ -1,0 +1,505 @@
+"""System 1 on PostgreSQL: the SQLite `MessageRepo` with its SQLite-only SQL replaced.
+
+What changes (everything else — placement into sessions, turns and segments, the
+convergence of creates, edits and deletes — is the base class's code):
+
+- Ingest: one transaction-scoped advisory lock serialises ingest across processes, as
+  SQLite's single writer does (placement reads each channel's cursor and the next segment
+  id, so two concurrent batches must not interleave); JSON table functions become
+  `unnest` joins, `INSERT OR IGNORE` becomes `ON CONFLICT DO NOTHING`, and the full-text
+  index needs no write of its own (a generated column, see messages_schema.py).
+- Lexical search: the FTS5 MATCH expressions the callers build (OR-ed quoted words and
+  phrases, some limited to the text column) are parsed into `tsquery`s; matching rows of
+  the channels come from the GIN index and are ranked by Okapi BM25 computed in SQL with
+  FTS5's constants and column weights (text 1.0, speaker name 0.5), so the ranking keeps
+  the inverse document frequency that `ts_rank_cd` lacks (see `_BM25_SQL`).
+- Dense search: exact inner product over the channels' pgvector rows picks the
+  candidates; their float32 payloads are re-scored with numpy exactly as on SQLite, so
+  both backends return the same similarities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memory.models import MessageEvent
+from memory.store.database import Transaction
+from memory.store.governance import GovernanceRepo
+from memory.store.messages import _CHUNK, MessageRepo, _Early, embed_text, speaker_phrase
+from memory.store.pg.messages_schema import TS_CONFIG, fts_input
+from memory.store.vectors import rescore
+
+INGEST_LOCK = 0x53504D53  # "SPMS": the advisory lock id that serialises message ingest
+
+K1, B = 1.2, 0.75
+"""FTS5's bm25() constants."""
+WEIGHT_TEXT, WEIGHT_SPEAKER = 1.0, 0.5
+"""Column weights of every lexical query (bm25(messages_fts, 1.0, 0.5, 0.0) on SQLite)."""
+MIN_IDF = 1e-6
+"""FTS5 floors a term's IDF here when it occurs in more than half of the rows."""
+STATS_TTL_S = 30.0
+STATS_EXACT_BELOW = 20_000
+"""Corpus statistics (row count, mean length) are re-read on every query below this many
+live messages and at most every STATS_TTL_S above it (a full scan; the IDF barely moves)."""
+
+# A quoted FTS5 string, optionally behind a column filter: `{text} : "word"`, `"a b"`.
+_ITEM = re.compile(r'(?:\{([^}]*)\}\s*:\s*)?"((?:[^"]|"")*)"')
+_LEXEME = re.compile(r"'([^']*)'")
+
+
+@dataclass(frozen=True)
+class Term:
+    """One quoted string of a MATCH expression, normalised by the text search config."""
+
+    query: str
+    """Its tsquery text without weights: `'word'` or a phrase `'a' <-> 'b'`."""
+    weights: str
+    """Columns it may match: 'A' (text), 'B' (speaker name) or 'AB'."""
+
+    @property
+    def lexeme(self) -> str | None:
+        """The single stemmed word, or None for a phrase."""
+        m = _LEXEME.fullmatch(self.query)
+        return m.group(1) if m else None
+
+    def weighted(self, weights: str | None = None) -> str | None:
+        """The tsquery text restricted to `weights` (default: its own); None when the
+        restriction leaves no column."""
+        w = "".join(c for c in (weights or self.weights) if c in self.weights)
+        if not w:
+            return None
+        if w == "AB":
+            return self.query
+        return _LEXEME.sub(lambda m: f"'{m.group(1)}':{w}", self.query)
+
+
+def parse_match(match: str, *, columns: str = "AB") -> list[tuple[str, str]]:
+    """The quoted strings of an FTS5 OR-expression as (raw text, columns 'A'/'B'/'AB').
+
+    The callers' expressions are ORs of quoted words or phrases (`build_match`,
+    `phrase_match`, `speaker_phrase`), some under a `{text}` or `{speaker_name}` filter;
+    operators between them carry no other meaning here."""
+    out: list[tuple[str, str]] = []
+    for cols, raw in _ITEM.findall(match):
+        weights = columns
+        if cols.strip():
+            names = set(cols.split())
+            weights = "".join(
+                w for w, name in (("A", "text"), ("B", "speaker_name")) if name in names
+            )
+            weights = "".join(c for c in weights if c in columns)
+        if weights:
+            out.append((raw.replace('""', '"'), weights))
+    return out
+
+
+class PgMessageRepo(MessageRepo):
+    _SESSIONS_SQL = (
+        "INSERT INTO sessions (channel_pk, platform, workspace, channel, session_id,"
+        " started_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+    )
+    _SEGMENT_UPDATE_SQL = (
+        "UPDATE segments SET n_messages = ?, last_message_at = GREATEST(last_message_at, ?),"
+        " state = CASE WHEN ? <> 0 THEN 'pending' ELSE state END,"
+        " closed_at = CASE WHEN ? <> 0 THEN ? ELSE closed_at END WHERE id = ?"
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._norm_cache: OrderedDict[str, str] = OrderedDict()
+        self._stats: tuple[float, int, float] | None = None  # (read at, rows, mean length)
+
+    # ---- writes -------------------------------------------------------------------------
+
+    async def _ingest_tx(self, tx: Transaction, events: Sequence[MessageEvent]) -> list[Any]:
+        await tx.execute("SELECT pg_advisory_xact_lock(?)", (INGEST_LOCK,))
+        return await super()._ingest_tx(tx, events)
+
+    @staticmethod
+    async def _index_new_messages(tx: Transaction, last_message_pk: int) -> None:
+        """Nothing to do: `messages.fts` is a generated column."""
+
+    def _governance(self) -> GovernanceRepo:
+        try:
+            from memory.store.pg.governance import PgGovernanceRepo
+        except ImportError:  # pragma: no cover - before the PostgreSQL governance port
+            return GovernanceRepo(self.db, self.channels)
+        return PgGovernanceRepo(self.db, self.channels)
+
+    @staticmethod
+    async def _existing_pairs(tx: Transaction, pairs: list[tuple[int, str]]) -> dict[int, set[str]]:
+        found: dict[int, set[str]] = {}
+        for start in range(0, len(pairs), 5_000):
+            chunk = pairs[start : start + 5_000]
+            for r in await tx.fetchall(
+                "SELECT m.channel_pk, m.message_id FROM unnest(?::bigint[], ?::text[])"
+                " AS j(pk, mid) JOIN messages AS m ON m.channel_pk = j.pk"
+                " AND m.message_id = j.mid",
+                ([p for p, _ in chunk], [m for _, m in chunk]),
+            ):
+                found.setdefault(r[0], set()).add(r[1])
+        return found
+
+    async def _early_changes(
+        self, tx: Transaction, events: Sequence[MessageEvent]
+    ) -> dict[tuple[str, ...], _Early]:
+        if await tx.fetchone("SELECT 1 FROM early_changes LIMIT 1") is None:
+            return {}
+        await self._prune_early_edits(tx)
+        keys = [(*ev.scope.key(), ev.message_id) for ev in events]
+        out: dict[tuple[str, ...], _Early] = {}
+        for start in range(0, len(keys), 5_000):
+            chunk = keys[start : start + 5_000]
+            for r in await tx.fetchall(
+                "SELECT e.platform, e.workspace, e.channel, e.message_id, e.deleted_at, e.text,"
+                " e.edited_at FROM unnest(?::text[], ?::text[], ?::text[], ?::text[])"
+                " AS j(p, w, c, m) JOIN early_changes AS e ON e.platform = j.p"
+                " AND e.workspace = j.w AND e.channel = j.c AND e.message_id = j.m",
+                tuple([k[i] for k in chunk] for i in range(4)),
+            ):
+                out[(r[0], r[1], r[2], r[3])] = _Early(r[4] is not None, r[5], r[6])
+        return out
+
+    async def store_vectors(
+        self, items: Sequence[tuple[int, int, str]], vectors: np.ndarray
+    ) -> int:
+        """Write vectors for messages whose text did not change since they were read."""
+        if not items:
+            return 0
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        async with self.db.transaction() as tx:
+            ids = [pk for pk, _, _ in items]
+            current: dict[int, str] = {}
+            for start in range(0, len(ids), _CHUNK):
+                for r in await tx.fetchall(
+                    "SELECT id, speaker_name, text FROM messages WHERE id = ANY(?)"
+                    " AND embedded = 0 AND deleted_at IS NULL",
+                    (ids[start : start + _CHUNK],),
+                ):
+                    current[r[0]] = embed_text(r[1], r[2])
+            keep = [i for i, (pk, _, text) in enumerate(items) if current.get(pk) == text]
+            if not keep:
+                return 0
+            await tx.execute(
+                "INSERT INTO messages_vec (rowid, channel_pk, embedding)"
+                " SELECT * FROM unnest(?::bigint[], ?::bigint[], ?::vector[])"
+                " ON CONFLICT (rowid) DO UPDATE SET channel_pk = excluded.channel_pk,"
+                " embedding = excluded.embedding",
+                (
+                    [items[i][0] for i in keep],
+                    [items[i][1] for i in keep],
+                    [vector_literal(vectors[i]) for i in keep],
+                ),
+            )
+            await tx.executemany(
+                "INSERT INTO message_vectors (id, embedding) VALUES (?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET embedding = excluded.embedding",
+                [(items[i][0], vectors[i].tobytes()) for i in keep],
+            )
+            await tx.execute(
+                "UPDATE messages SET embedded = 1 WHERE id = ANY(?)", ([items[i][0] for i in keep],)
+            )
+        return len(keep)
+
+    # ---- lexical ------------------------------------------------------------------------
+
+    async def _terms(self, items: list[tuple[str, str]]) -> list[Term]:
+        """Each (raw text, columns) as a Term, normalised by Postgres (cached per text)."""
+        missing = [raw for raw, _ in items if raw not in self._norm_cache]
+        if missing:
+            missing = list(dict.fromkeys(missing))
+            rows = await self.db.read(
+                f"SELECT t.n, phraseto_tsquery('{TS_CONFIG}', {fts_input('t.raw')})::text"
+                " FROM unnest(?::text[]) WITH ORDINALITY AS t(raw, n)",
+                (missing,),
+            )
+            for n, query in rows:
+                self._norm_cache[missing[int(n) - 1]] = query
+            while len(self._norm_cache) > 4096:
+                self._norm_cache.popitem(last=False)
+        out: list[Term] = []
+        seen: set[tuple[str, str]] = set()
+        for raw, weights in items:
+            query = self._norm_cache.get(raw, "")
+            if query and (query, weights) not in seen:
+                seen.add((query, weights))
+                out.append(Term(query, weights))
+        return out
+
+    async def _corpus_stats(self) -> tuple[int, float]:
+        """(live messages, their mean token count): BM25's N and average length."""
+        now = time.monotonic()
+        if self._stats is not None:
+            at, rows, mean = self._stats
+            if rows >= STATS_EXACT_BELOW and now - at < STATS_TTL_S:
+                return rows, mean
+        r = (
+            await self.db.read(
+                "SELECT count(*), coalesce(avg(fts_len), 0) FROM messages WHERE deleted_at IS NULL"
+            )
+        )[0]
+        self._stats = (now, int(r[0]), float(r[1]))
+        return int(r[0]), float(r[1])
+
+    async def _idf(self, terms: list[Term]) -> list[float]:
+        """FTS5's IDF of each term over all live messages (as FTS5, not per channel)."""
+        rows, _ = await self._corpus_stats()
+        counts = ", ".join("count(*) FILTER (WHERE fts @@ ?::tsquery)" for _ in terms)
+        queries = [t.weighted() for t in terms]
+        r = (
+            await self.db.read(
+                f"SELECT {counts} FROM messages WHERE fts @@ ?::tsquery AND deleted_at IS NULL",
+                (*queries, _any(queries)),
+            )
+        )[0]
+        out = []
+        for n in map(int, r):
+            ratio = (rows - n + 0.5) / (n + 0.5)
+            out.append(max(math.log(ratio), MIN_IDF) if ratio > 0 else MIN_IDF)
+        return out
+
+    async def _scored(
+        self,
+        match: str,
+        channel_pks: Sequence[int],
+        *,
+        speakers: Sequence[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> tuple[str, list[Any]] | None:
+        """SQL selecting (id, speaker_id, score) of the channels' live matches, score the
+        negative BM25 (lower is better, as FTS5's bm25()); None when nothing can match."""
+        terms = await self._terms(parse_match(match))
+        if not terms:
+            return None
+        idf = await self._idf(terms)
+        _, mean = await self._corpus_stats()
+        params: list[Any] = [
+            K1 + 1,
+            K1,
+            1 - B,
+            B / max(mean, 1e-9),
+            [t.lexeme for t in terms],
+            idf,
+            [t.weights for t in terms],
+            [t.weighted("A") for t in terms],
+            [t.weighted("B") for t in terms],
+            WEIGHT_TEXT,
+            WEIGHT_SPEAKER,
+            WEIGHT_TEXT,
+            WEIGHT_SPEAKER,
+            _any([t.weighted() for t in terms]),
+            list(dict.fromkeys(int(pk) for pk in channel_pks)),
+        ]
+        sql = _BM25_SQL
+        if speakers:
+            sql += " AND m.speaker_id = ANY(?)"
+            params.append(list(speakers))
+        if since is not None:
+            sql += " AND m.ts >= ?"
+            params.append(since)
+        if until is not None:
+            sql += " AND m.ts < ?"
+            params.append(until)
+        return sql, params
+
+    async def lexical(
+        self,
+        match: str,
+        channel_pks: Sequence[int],
+        limit: int,
+        *,
+        speakers: Sequence[str] | None = None,
+        speaker_names: Sequence[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[tuple[int, float]]:
+        """BM25 over the given channels' live messages: [(pk, -bm25)] best first.
+
+        `speaker_names` narrows FTS5's search on SQLite; here the speaker-id filter alone
+        does (an index on the matches), so the names are not needed."""
+        if not match or not channel_pks:
+            return []
+        scored = await self._scored(match, channel_pks, speakers=speakers, since=since, until=until)
+        if scored is None:
+            return []
+        sql, params = scored
+        rows = await self.db.read(
+            f"SELECT id, score FROM ({sql}) s ORDER BY score, id LIMIT ?", [*params, limit]
+        )
+        return [(int(r[0]), float(r[1])) for r in rows]
+
+    async def lexical_by_speaker(
+        self, match: str, channel_pks: Sequence[int], speakers: Sequence[str], per_speaker: int
+    ) -> dict[str, list[int]]:
+        speakers = list(dict.fromkeys(speakers))
+        if not match or not channel_pks or not speakers or per_speaker <= 0:
+            return {}
+        scored = await self._scored(match, channel_pks, speakers=speakers)
+        if scored is None:
+            return {}
+        sql, params = scored
+        rows = await self.db.read(
+            "SELECT id, speaker_id FROM (SELECT id, speaker_id, row_number() OVER"
+            f" (PARTITION BY speaker_id ORDER BY score, id) AS rn FROM ({sql}) s) r"
+            " WHERE rn <= ? ORDER BY speaker_id, rn",
+            [*params, per_speaker],
+        )
+        out: dict[str, list[int]] = {}
+        for pk, speaker in rows:
+            out.setdefault(speaker, []).append(int(pk))
+        return out
+
+    async def lowercase_share(
+        self, word: str, channel_pks: Sequence[int], *, sample: int = 200
+    ) -> tuple[int, float]:
+        phrase = speaker_phrase(word)
+        if not phrase or not channel_pks:
+            return 0, 0.0
+        terms = await self._terms(parse_match(phrase, columns="A"))
+        if not terms:
+            return 0, 0.0
+        rows = await self.db.read(
+            "SELECT text FROM messages WHERE fts @@ ?::tsquery AND deleted_at IS NULL"
+            " AND channel_pk = ANY(?) LIMIT ?",
+            (terms[0].weighted(), list(channel_pks), sample),
+        )
+        pattern = re.compile(
+            r"(?<!\w)" + r"\s+".join(map(re.escape, word.split())) + r"(?!\w)", re.IGNORECASE
+        )
+        seen = lower = 0
+        for (text,) in rows:
+            for m in pattern.finditer(text):
+                seen += 1
+                lower += m.group(0) == m.group(0).lower()
+        return seen, (lower / seen if seen else 0.0)
+
+    async def session_term_counts(
+        self, terms: Sequence[str], channel_pks: Sequence[int], *, cap: int = 2000
+    ) -> dict[str, dict[tuple[int, int], int]]:
+        if not channel_pks:
+            return {}
+        pks = list(dict.fromkeys(int(pk) for pk in channel_pks))
+        out: dict[str, dict[tuple[int, int], int]] = {}
+        for term in terms:
+            parsed = await self._terms(parse_match(term))
+            if not parsed:
+                out[term] = {}
+                continue
+            query = _any([t.weighted() for t in parsed])
+            (hits,) = (
+                await self.db.read(
+                    "SELECT count(*) FROM (SELECT 1 FROM messages WHERE fts @@ ?::tsquery"
+                    " AND deleted_at IS NULL AND channel_pk = ANY(?) LIMIT ?) f",
+                    (query, pks, cap + 1),
+                )
+            )[0]
+            if hits > cap:
+                continue
+            rows = await self.db.read(
+                "SELECT channel_pk, session_id, count(*) FROM messages WHERE fts @@ ?::tsquery"
+                " AND deleted_at IS NULL AND channel_pk = ANY(?) GROUP BY channel_pk, session_id",
+                (query, pks),
+            )
+            out[term] = {(r[0], r[1]): int(r[2]) for r in rows}
+        return out
+
+    # ---- dense --------------------------------------------------------------------------
+
+    async def dense(
+        self,
+        query: np.ndarray,
+        channel_pks: Sequence[int],
+        limit: int,
+        oversample: int,
+        oversample_fraction: float = 0.0,
+    ) -> list[tuple[int, float]]:
+        """Vector KNN over the given channels: [(pk, cosine similarity)] best first.
+
+        The candidates are exact: pgvector's inner product over every vector of the
+        channels (no approximate index, so the top `limit` equal an exact cosine ranking).
+        `oversample` and `oversample_fraction` size SQLite's coarse binary pass and change
+        nothing here. The float32 payloads are re-scored with numpy, as on SQLite."""
+        if not channel_pks:
+            return []
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
+        literal = vector_literal(q)
+        rows = await self.db.read(
+            "SELECT v.id, v.embedding FROM (SELECT rowid FROM messages_vec"
+            " WHERE channel_pk = ANY(?) ORDER BY embedding <#> ?::vector, rowid LIMIT ?) c"
+            " JOIN message_vectors v ON v.id = c.rowid",
+            (list(dict.fromkeys(int(pk) for pk in channel_pks)), literal, limit),
+        )
+        if not rows:
+            return []
+        return await asyncio.to_thread(rescore, [(int(r[0]), bytes(r[1])) for r in rows], q, limit)
+
+    # ---- counts -------------------------------------------------------------------------
+
+    async def counts(self) -> dict[str, int]:
+        r = (
+            await self.db.read(
+                "SELECT count(*), count(*) FILTER (WHERE deleted_at IS NOT NULL),"
+                " count(*) FILTER (WHERE embedded = 0 AND deleted_at IS NULL),"
+                " count(DISTINCT channel_pk) FROM messages"
+            )
+        )[0]
+        return {
+            "messages": int(r[0]) - int(r[1]),
+            "deleted": int(r[1]),
+            "unembedded": int(r[2]),
+            "channels_with_messages": int(r[3]),
+        }
+
+
+# Okapi BM25 as FTS5 computes it, per matching row m:
+#   sum over terms t of idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * |m| / avg|m|))
+# f: for a single word, its occurrences in the allowed columns weighted by column (text 1.0,
+# speaker name 0.5), read from the tsvector's positions; for a phrase, 1.0 when it occurs in
+# the text plus 0.5 when it occurs in the name (a tsvector keeps no phrase counts).
+# |m| is the row's token count (messages.fts_len). Parameters, in order:
+# k1 + 1, k1, 1 - b, b / avg|m|, then the per-term arrays (lexeme or NULL, idf, allowed
+# weights, query in the text, query in the name), the text and name weights (twice), the
+# OR of all terms and the channel pks.
+_BM25_SQL = """
+SELECT m.id AS id, m.speaker_id AS speaker_id, -(
+    SELECT coalesce(sum(t.idf * t.f * ?::float8 / (t.f + ?::float8 * (?::float8
+        + ?::float8 * m.fts_len))), 0)
+    FROM (
+        SELECT q.idf, CASE WHEN q.lex IS NULL THEN 0 ELSE 1 END AS single, q.lex, q.ws,
+               q.qa, q.qb
+        FROM unnest(?::text[], ?::float8[], ?::text[], ?::text[], ?::text[])
+             AS q(lex, idf, ws, qa, qb)
+    ) q2 CROSS JOIN LATERAL (
+        SELECT q2.idf, CASE WHEN q2.single = 1 THEN (
+            SELECT coalesce(sum(CASE w WHEN 'A' THEN ?::float8 WHEN 'B' THEN ?::float8
+                ELSE 0 END), 0)
+            FROM unnest(m.fts) AS u, unnest(u.weights) AS w
+            WHERE u.lexeme = q2.lex AND strpos(q2.ws, w) > 0
+        ) ELSE (CASE WHEN m.fts @@ q2.qa::tsquery THEN ?::float8 ELSE 0 END)
+             + (CASE WHEN m.fts @@ q2.qb::tsquery THEN ?::float8 ELSE 0 END)
+        END AS f
+    ) t
+    WHERE t.f > 0
+) AS score
+FROM messages m
+WHERE m.fts @@ ?::tsquery AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])"""
+
+
+def _any(queries: Sequence[str | None]) -> str:
+    """The OR of tsquery texts."""
+    return " | ".join(f"({q})" for q in queries if q)
+
+
+def vector_literal(vector: np.ndarray) -> str:
+    """pgvector's text form of a float32 vector (9 significant digits round-trip exactly)."""
+    return "[" + ",".join(f"{float(x):.9g}" for x in np.asarray(vector).reshape(-1)) + "]"

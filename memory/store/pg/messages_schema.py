@@ -1,0 +1,94 @@
+"""PostgreSQL DDL for System 1's search objects: the messages' full-text and dense indexes.
+
+pg/schema.py creates the plain tables (messages, sessions, early_changes, ...); this module
+adds, as later migrations, what SQLite builds from FTS5 and sqlite-vec:
+
+- Full text: a stored generated `tsvector` column `messages.fts` (text weighted 'A', the
+  speaker's name 'B', like FTS5's `text` and `speaker_name` columns weighted 1.0 and 0.5)
+  under a partial GIN index over live messages, and `messages.fts_len`, the row's token
+  count (BM25's document length). The text search configuration
+  `speakermem` stems English words with Snowball but keeps every word (FTS5's porter
+  tokenizer drops no stop-words either: quoted speaker names must keep "the" and "of"),
+  and punctuation becomes a space before parsing, so "example.com", "3.5" and "well-known"
+  split into words as unicode61 splits them (Postgres' parser would keep host names,
+  numbers and compounds as single tokens). A generated column follows every update of
+  `text` and `speaker_name` (an edit, a forget) without triggers.
+- Dense: `message_vectors (id, embedding BYTEA)` (pg/schema.py) keeps the float32 payload
+  exactly as SQLite does (the interaction graph and the evaluation read it with numpy);
+  `messages_vec
+  (rowid, channel_pk, embedding vector(N))` is the pgvector index, exact inner product per
+  channel (the vectors are unit length: inner product = cosine). The column is named
+  `rowid` so the cascades written for vec0 (`DELETE FROM messages_vec WHERE rowid = ?`)
+  run unchanged.
+"""
+
+from __future__ import annotations
+
+from memory.store.schema import EMBED_DIM
+
+TS_CONFIG = "speakermem"
+
+
+def fts_input(expr: str) -> str:
+    """The SQL that turns a text expression into what the tsvector parses: punctuation
+    runs become one space. Queries must normalise their words with the same expression."""
+    return f"regexp_replace({expr}, '[[:punct:]]+', ' ', 'g')"
+
+
+def fts_document(text: str = "text", speaker_name: str = "speaker_name") -> str:
+    """The weighted tsvector of a message row: text 'A', speaker name 'B'."""
+    return (
+        f"setweight(to_tsvector('{TS_CONFIG}'::regconfig, {fts_input(text)}), 'A')"
+        f" || setweight(to_tsvector('{TS_CONFIG}'::regconfig, {fts_input(speaker_name)}), 'B')"
+    )
+
+
+def text_search_config_sql() -> str:
+    """The `speakermem` text search configuration (English Snowball stems, no stop-words).
+
+    Idempotent, so the records' migration can create it again if it runs alone."""
+    return f"""
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_ts_dict WHERE dictname = '{TS_CONFIG}_stem') THEN
+        CREATE TEXT SEARCH DICTIONARY {TS_CONFIG}_stem (TEMPLATE = snowball, Language = english);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_ts_config WHERE cfgname = '{TS_CONFIG}') THEN
+        CREATE TEXT SEARCH CONFIGURATION {TS_CONFIG} (COPY = english);
+        ALTER TEXT SEARCH CONFIGURATION {TS_CONFIG}
+            ALTER MAPPING FOR asciiword, word, numword, asciihword, hword, numhword,
+                hword_asciipart, hword_part, hword_numpart
+            WITH {TS_CONFIG}_stem;
+    END IF;
+END
+$$;
+"""
+
+
+def messages_search_sql(dim: int = EMBED_DIM) -> str:
+    """Full-text and vector objects of the messages table (one migration)."""
+    return (
+        text_search_config_sql()
+        + f"""
+CREATE EXTENSION IF NOT EXISTS vector;
+
+-- BM25's document length: tokens (positions) of the row, plus the channel tag FTS5 counts.
+CREATE FUNCTION speakermem_tokens(doc tsvector) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (SELECT coalesce(sum(array_length(positions, 1)), 0) FROM unnest(doc));
+
+ALTER TABLE messages ADD COLUMN fts tsvector
+    GENERATED ALWAYS AS ({fts_document()}) STORED;
+ALTER TABLE messages ADD COLUMN fts_len integer
+    GENERATED ALWAYS AS (speakermem_tokens({fts_document()}) + 1) STORED;
+-- Live messages only: every search filters on deleted_at IS NULL (tombstones keep no text).
+CREATE INDEX messages_fts_gin ON messages USING gin (fts) WHERE deleted_at IS NULL;
+
+CREATE TABLE messages_vec (
+    rowid      BIGINT PRIMARY KEY REFERENCES messages(id),
+    channel_pk BIGINT NOT NULL,
+    embedding  vector({dim}) NOT NULL
+);
+CREATE INDEX messages_vec_channel ON messages_vec (channel_pk);
+"""
+    )

@@ -1,0 +1,260 @@
+"""System 1 search on PostgreSQL against SQLite and brute force, on one small corpus.
+
+The same messages go into a SQLite store and a PostgreSQL store; the searches whose
+answer is a set or a count (which messages match, per-session term counts, per-speaker
+matches, how a name is written) must agree exactly, rankings must follow BM25's rules
+(a rare word outweighs a common one, the text column outweighs the speaker's name), and
+dense search must equal exact cosine computed with numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memory.config import MemoryConfig, StoreConfig
+from memory.engine import MemoryEngine
+from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
+from memory.search.fts_query import build_match, quote
+from memory.store.pg.messages import Term, parse_match, vector_literal
+from tests.conftest import T0, msg
+from tests.fakes import HashEmbedder
+
+SCOPE = Scope(platform="test", workspace="w1", channel="general")
+OTHER = Scope(platform="test", workspace="w1", channel="random")
+
+CORPUS = [
+    ("Alice", "I planted tomatoes and basil in the garden this weekend"),
+    ("Bob", "Gardening is relaxing, my tomatoes never grow though"),
+    ("Carol", "The quarterly report is due on Friday"),
+    ("Alice", "Can someone review the report before Friday?"),
+    ("Dave", "I am running a marathon in October"),
+    ("Bob", "Running every morning keeps me sane"),
+    ("Carol", "Alice said the garden party moved to Sunday"),
+    ("Dave", "The deploy to example.com failed at 3.5 seconds"),
+    ("Erin", "well-known issue: the cache is stale again"),
+    ("Alice", "the the the report report"),
+    ("Bob", "Alice, the basil pesto was great"),
+    ("Erin", "alice and bob went hiking"),
+]
+
+
+def events() -> list[MessageEvent]:
+    out = [msg(SCOPE, f"m{i}", sp, text, i * 5) for i, (sp, text) in enumerate(CORPUS)]
+    out.append(msg(OTHER, "o1", "Zed", "tomatoes in the other channel", 1))
+    # a long gap starts a second session
+    out.append(
+        MessageEvent(
+            scope=SCOPE,
+            message_id="late",
+            speaker_id="bob",
+            speaker_name="Bob",
+            text="more tomatoes next year",
+            ts=T0 + timedelta(days=3),
+        )
+    )
+    return out
+
+
+async def open_engine(tmp_path: Path, url: str | None) -> MemoryEngine:
+    cfg = MemoryConfig(store=StoreConfig(db_path=tmp_path / "s.db", db_url=url))
+    return await MemoryEngine.open(cfg, HashEmbedder())
+
+
+@pytest.fixture
+async def pair(tmp_path: Path, pg_url: str) -> AsyncIterator[tuple[MemoryEngine, MemoryEngine]]:
+    lite = await open_engine(tmp_path, None)
+    pg = await open_engine(tmp_path, pg_url)
+    try:
+        for eng in (lite, pg):
+            await eng.ingest_many(events())
+            await eng.embed_pending()
+        yield lite, pg
+    finally:
+        await lite.close()
+        await pg.close()
+
+
+async def pks_to_ids(eng: MemoryEngine, hits: list[tuple[int, float]]) -> list[str]:
+    got = await eng.store.messages.get_many([pk for pk, _ in hits])
+    return [got[pk].message_id for pk, _ in hits]
+
+
+async def channel_pks(eng: MemoryEngine, *scopes: Scope) -> list[int]:
+    out = []
+    for s in scopes:
+        pk = await eng.store.channels.lookup(s)
+        assert pk is not None
+        out.append(pk)
+    return out
+
+
+def test_parse_match_reads_the_expressions_the_callers_build() -> None:
+    match = build_match("Alice's tomatoes, basil?", text_only={"alice"})
+    assert parse_match(match) == [("alice", "A"), ("tomatoes", "AB"), ("basil", "AB")]
+    assert parse_match(quote('say "hi" now')) == [('say "hi" now', "AB")]
+    assert parse_match('{speaker_name} : "bob"') == [("bob", "B")]
+    assert parse_match('{speaker_name} : "bob" OR "x"', columns="A") == [("x", "A")]
+    term = Term("'a' <-> 'b'", "A")
+    assert term.lexeme is None and term.weighted() == "'a':A <-> 'b':A"
+    assert term.weighted("B") is None
+    assert Term("'a'", "AB").weighted("B") == "'a':B" and Term("'a'", "AB").lexeme == "a"
+
+
+def test_vector_literal_round_trips_float32() -> None:
+    v = np.random.default_rng(1).standard_normal(8).astype(np.float32)
+    back = np.array(vector_literal(v)[1:-1].split(","), dtype=np.float32)
+    assert np.array_equal(back, v)
+
+
+QUERIES = [
+    "tomatoes",
+    "gardening tomatoes",
+    "report friday",
+    "running marathon",
+    "example com",
+    "well known cache",
+    "alice",
+    "basil pesto",
+    "nothing matches xyzzy",
+]
+
+
+@pytest.mark.parametrize("question", QUERIES)
+async def test_lexical_matches_and_scores_as_fts5_bm25(
+    pair: tuple[MemoryEngine, MemoryEngine], question: str
+) -> None:
+    """Same matches, same BM25 (FTS5's IDF, k1, b, column weights and token lengths)."""
+    lite, pg = pair
+    match = build_match(question)
+    results = []
+    for eng in (lite, pg):
+        pks = await channel_pks(eng, SCOPE)
+        hits = await eng.store.messages.lexical(match, pks, 100)
+        assert [s for _, s in hits] == sorted(s for _, s in hits)  # best (lowest) first
+        results.append(dict(zip(await pks_to_ids(eng, hits), (s for _, s in hits), strict=True)))
+    assert results[0].keys() == results[1].keys()
+    for mid, score in results[0].items():
+        assert results[1][mid] == pytest.approx(score, rel=1e-6), mid
+    assert (not results[0]) == (question == "nothing matches xyzzy")
+
+
+async def test_bm25_rare_word_and_text_column_outweigh(
+    pair: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    _, pg = pair
+    pks = await channel_pks(pg, SCOPE)
+    # "marathon" occurs once, "running" twice: the message with both ranks first, the
+    # one with only the rarer word before the one with only the commoner
+    ids = await pks_to_ids(pg, await pg.store.messages.lexical('"running" OR "marathon"', pks, 10))
+    assert ids == ["m4", "m5"]
+    # "alice" in the text (weight 1.0) beats "alice" only as the speaker (weight 0.5)
+    ids = await pks_to_ids(pg, await pg.store.messages.lexical('"alice"', pks, 20))
+    by_speaker_only = {"m0", "m3", "m9"}
+    in_text = {"m6", "m10", "m11"}
+    assert set(ids) == by_speaker_only | in_text
+    assert set(ids[:3]) == in_text
+    # restricted to the text column, the speaker's own messages drop out
+    ids = await pks_to_ids(pg, await pg.store.messages.lexical('{text} : "alice"', pks, 20))
+    assert set(ids) == in_text
+
+
+async def test_lexical_filters_channels_speakers_and_time(
+    pair: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    lite, pg = pair
+    for eng in (lite, pg):
+        here = await channel_pks(eng, SCOPE)
+        both = await channel_pks(eng, SCOPE, OTHER)
+        repo = eng.store.messages
+        assert "o1" not in await pks_to_ids(eng, await repo.lexical('"tomatoes"', here, 20))
+        assert "o1" in await pks_to_ids(eng, await repo.lexical('"tomatoes"', both, 20))
+        bob = await pks_to_ids(
+            eng,
+            await repo.lexical('"tomatoes"', here, 20, speakers=["bob"], speaker_names=["Bob"]),
+        )
+        assert set(bob) == {"m1", "late"}
+        early = await pks_to_ids(
+            eng,
+            await repo.lexical(
+                '"tomatoes"',
+                here,
+                20,
+                since=T0.timestamp(),
+                until=(T0 + timedelta(days=1)).timestamp(),
+            ),
+        )
+        assert set(early) == {"m0", "m1"}
+
+
+async def test_per_speaker_session_counts_and_name_case_agree_with_sqlite(
+    pair: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    lite, pg = pair
+    out = []
+    for eng in (lite, pg):
+        pks = await channel_pks(eng, SCOPE)
+        repo = eng.store.messages
+        by_speaker = await repo.lexical_by_speaker(
+            '"tomatoes" OR "report"', pks, ["alice", "bob", "carol"], 5
+        )
+        ids = {}
+        for speaker, got in by_speaker.items():
+            ids[speaker] = set(await pks_to_ids(eng, [(pk, 0.0) for pk in got]))
+        counts = await repo.session_term_counts([quote("tomatoes"), quote("report")], pks)
+        sessions = {
+            term: {session: n for (_, session), n in by_session.items()}
+            for term, by_session in counts.items()
+        }
+        share = await repo.lowercase_share("alice", pks)
+        out.append((ids, sessions, share))
+    assert out[0] == out[1]
+    ids, sessions, (seen, lower) = out[1]
+    assert ids["bob"] == {"m1", "late"} and ids["carol"] == {"m2"}
+    assert sessions['"tomatoes"'] == {1: 2, 2: 1}
+    assert seen == 3 and lower == pytest.approx(1 / 3)
+
+
+async def test_dense_equals_exact_cosine(pair: tuple[MemoryEngine, MemoryEngine]) -> None:
+    _, pg = pair
+    pks = await channel_pks(pg, SCOPE)
+    repo = pg.store.messages
+    rows = await pg.store.db.read(
+        "SELECT m.id, v.embedding FROM messages m JOIN message_vectors v ON v.id = m.id"
+        " WHERE m.channel_pk = ?",
+        (pks[0],),
+    )
+    ids = np.array([r[0] for r in rows])
+    mat = np.stack([np.frombuffer(bytes(r[1]), dtype=np.float32) for r in rows])
+    embedder = HashEmbedder()
+    for question in ("tomatoes in the garden", "friday report", "hiking"):
+        q = (await embedder.embed([question]))[0]
+        sims = mat @ q
+        order = np.argsort(-sims, kind="stable")[:5]
+        got = await repo.dense(q, pks, 5, 1)
+        assert [pk for pk, _ in got] == [int(ids[i]) for i in order]
+        assert [s for _, s in got] == pytest.approx([float(sims[i]) for i in order], abs=1e-6)
+
+
+async def test_edits_and_deletes_leave_the_indexes(
+    pair: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    _, pg = pair
+    pks = await channel_pks(pg, SCOPE)
+    repo = pg.store.messages
+    await pg.edit(EditEvent(scope=SCOPE, message_id="m4", text="cycling tour", edited_at=T0))
+    assert "m4" not in await pks_to_ids(pg, await repo.lexical('"marathon"', pks, 10))
+    assert await pks_to_ids(pg, await repo.lexical('"cycling"', pks, 10)) == ["m4"]
+    assert await pg.delete(DeleteEvent(scope=SCOPE, message_id="m2"))
+    left = await pks_to_ids(pg, await repo.lexical('"quarterly"', pks, 10))
+    assert left == []
+    q = (await HashEmbedder().embed(["quarterly report"]))[0]
+    dense_ids = await pks_to_ids(pg, await repo.dense(q, pks, 50, 50))
+    assert "m2" not in dense_ids and "m4" not in dense_ids  # m4 waits for a new vector
+    assert await pg.embed_pending() == 1
+    counts = await repo.counts()
+    assert counts["deleted"] == 1 and counts["unembedded"] == 0
