@@ -1,0 +1,219 @@
+"""Writer workers claim segments with a lease (issue 13), on both backends.
+
+Each test opens two stores on one database, as two worker processes would: on PostgreSQL
+two connection pools whose transactions really overlap (the claim locks rows with FOR
+UPDATE SKIP LOCKED), on SQLite two connections to one file (BEGIN IMMEDIATE serialises
+them). Segments are inserted as pending rows directly, so the claims are tested apart from
+ingestion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from memory.models import Layer, NewRecord, RecordScope, Scope
+from memory.store import Store, WriterRunLog, make_store
+from tests.conftest import T0, make_config
+
+pytestmark = pytest.mark.contract
+
+LEASE = 60.0
+
+
+def _store(tmp_path: Path) -> Store:
+    cfg = make_config(tmp_path)
+    return make_store(cfg.store, gap_seconds=1800.0, window=20)
+
+
+@pytest.fixture
+async def workers(tmp_path: Path) -> AsyncIterator[tuple[Store, Store]]:
+    a = _store(tmp_path)
+    await a.open()
+    b = _store(tmp_path)
+    await b.open()
+    try:
+        yield a, b
+    finally:
+        await b.close()
+        await a.close()
+
+
+def _scope(i: int) -> Scope:
+    return Scope(platform="test", workspace="w1", channel=f"c{i}")
+
+
+async def _pending(store: Store, channels: int, per_channel: int) -> list[int]:
+    """`per_channel` pending segments in each of `channels` channels, interleaved (ids
+    alternate between channels, as busy channels' segments do); their ids."""
+    ids: list[int] = []
+    now = time.time() - 3600
+    async with store.db.transaction() as tx:
+        pks = [await store.channels.ensure(tx, _scope(c)) for c in range(channels)]
+        for _ in range(per_channel):
+            for c, pk in enumerate(pks):
+                ids.append(
+                    await tx.insert(
+                        "INSERT INTO segments (channel_pk, platform, workspace, channel, state,"
+                        " n_messages, opened_at, last_message_at, closed_at)"
+                        " VALUES (?, ?, ?, ?, 'pending', 1, ?, ?, ?)",
+                        (pk, *_scope(c).key(), now, now, now),
+                    )
+                )
+    return ids
+
+
+async def _write(store: Store, segment_id: int, scope: Scope) -> list[int]:
+    """What a worker does when its LLM call returns: commit (no records here)."""
+    run = WriterRunLog(model="m", prompt_version="v", started_at=time.time())
+    return await store.records.commit_segment(segment_id, scope, [], None, run)
+
+
+async def _states(store: Store) -> dict[int, str]:
+    return {r[0]: r[1] for r in await store.db.read("SELECT id, state FROM segments")}
+
+
+async def test_two_claimers_never_get_the_same_segment(workers: tuple[Store, Store]) -> None:
+    a, b = workers
+    ids = await _pending(a, channels=10, per_channel=1)
+    got_a, got_b = await asyncio.gather(
+        a.segments.claim("worker-a", LEASE, limit=4), b.segments.claim("worker-b", LEASE, limit=4)
+    )
+    ids_a, ids_b = {s.id for s in got_a}, {s.id for s in got_b}
+    assert len(ids_a) == len(ids_b) == 4
+    assert not ids_a & ids_b
+    # leased segments stay out of later claims: only the two unclaimed ones are left
+    rest = await a.segments.claim("worker-a", LEASE, limit=10)
+    assert {s.id for s in rest} == set(ids) - ids_a - ids_b
+    assert await b.segments.claim("worker-b", LEASE, limit=10) == []
+    holders = dict(await a.db.read("SELECT id, claimed_by FROM segments"))
+    assert {holders[i] for i in ids_b} == {"worker-b"}
+
+
+async def test_a_claim_whose_lease_ran_out_is_claimed_again(
+    workers: tuple[Store, Store],
+) -> None:
+    a, b = workers
+    (seg_id,) = await _pending(a, channels=1, per_channel=1)
+    t0 = time.time()
+    (seg,) = await a.segments.claim("worker-a", 30.0, now=t0)
+    assert seg.id == seg_id
+    assert await b.segments.claim("worker-b", 30.0, now=t0 + 29.0) == []
+    # worker-a stalls past its lease (or died): worker-b takes the segment over
+    (again,) = await b.segments.claim("worker-b", 30.0, now=t0 + 31.0)
+    assert again.id == seg_id
+    assert not await a.segments.renew(seg_id, "worker-a", 30.0)
+    assert await b.segments.renew(seg_id, "worker-b", 30.0)
+    await _write(b, seg_id, seg.scope)
+    # the first worker's late commit writes nothing: the segment is done once
+    assert await _write(a, seg_id, seg.scope) == []
+    assert (await a.db.read("SELECT count(*) FROM writer_runs"))[0][0] == 1
+    assert await _states(a) == {seg_id: "done"}
+    assert await a.segments.claim("worker-a", 30.0, now=t0 + 1000.0) == []
+
+
+async def test_two_workers_committing_one_segment_at_once_write_it_once(
+    workers: tuple[Store, Store],
+) -> None:
+    """A lease ran out while its worker was still writing: both workers commit together."""
+    a, b = workers
+    (seg_id,) = await _pending(a, channels=1, per_channel=1)
+    t0 = time.time()
+    (seg,) = await a.segments.claim("worker-a", 1.0, now=t0)
+    (again,) = await b.segments.claim("worker-b", 1.0, now=t0 + 2.0)
+    assert again.id == seg.id
+
+    def record(text: str) -> NewRecord:
+        return NewRecord(
+            layer=Layer.CORE,
+            record_scope=RecordScope.PERSON,
+            content=text,
+            source="alice",
+            owner="alice",
+            event="",
+            time=T0,
+            session_id=None,
+            from_ids=("m1",),
+            writer_model="m",
+            prompt_version="v",
+        )
+
+    run = WriterRunLog(model="m", prompt_version="v", started_at=t0)
+    got = await asyncio.gather(
+        a.records.commit_segment(seg_id, seg.scope, [record("alice likes tea")], None, run),
+        b.records.commit_segment(seg_id, seg.scope, [record("alice likes coffee")], None, run),
+    )
+    assert sorted(len(ids) for ids in got) == [0, 1]
+    assert (await a.db.read("SELECT count(*) FROM records"))[0][0] == 1
+    assert (await a.db.read("SELECT count(*) FROM writer_runs"))[0][0] == 1
+
+
+async def test_a_channel_is_claimed_in_order_one_segment_at_a_time(
+    workers: tuple[Store, Store],
+) -> None:
+    a, b = workers
+    first, second = await _pending(a, channels=1, per_channel=2)
+    (seg,) = await a.segments.claim("worker-a", LEASE, limit=5)
+    assert seg.id == first
+    # the channel's later segment waits while the earlier one is in flight ...
+    assert await b.segments.claim("worker-b", LEASE, limit=5) == []
+    # ... and while it backs off after a failure (defer also ends the lease)
+    await a.segments.defer(first, "endpoint down", 3600.0)
+    assert await b.segments.claim("worker-b", LEASE, limit=5) == []
+    (retry,) = await b.segments.claim("worker-b", LEASE, now=time.time() + 3601.0)
+    assert retry.id == first and retry.attempts == 1
+    await _write(b, first, retry.scope)
+    (nxt,) = await a.segments.claim("worker-a", LEASE)
+    assert nxt.id == second
+
+
+async def test_release_gives_a_segment_back_at_once(workers: tuple[Store, Store]) -> None:
+    a, b = workers
+    (seg_id,) = await _pending(a, channels=1, per_channel=1)
+    await a.segments.claim("worker-a", LEASE)
+    assert not await b.segments.release(seg_id, "worker-b")  # not the holder
+    assert await a.segments.release(seg_id, "worker-a")
+    assert [s.id for s in await b.segments.claim("worker-b", LEASE)] == [seg_id]
+
+
+async def test_two_workers_write_every_segment_exactly_once(
+    workers: tuple[Store, Store],
+) -> None:
+    """200 segments over 20 channels, two workers claiming and committing concurrently."""
+    ids = await _pending(workers[0], channels=20, per_channel=10)
+    written: dict[str, list[int]] = {"worker-a": [], "worker-b": []}
+    scope_of: dict[int, Scope] = {}
+    for r in await workers[0].db.read("SELECT id, platform, workspace, channel FROM segments"):
+        scope_of[r[0]] = Scope(platform=r[1], workspace=r[2], channel=r[3])
+
+    async def worker(store: Store, name: str) -> None:
+        idle = 0
+        while idle < 3:
+            claimed = await store.segments.claim(name, LEASE, limit=3)
+            if not claimed:
+                idle += 1
+                await asyncio.sleep(0.01)
+                continue
+            idle = 0
+            for seg in claimed:
+                await asyncio.sleep(0.005)  # the LLM call: the other worker claims meanwhile
+                await _write(store, seg.id, scope_of[seg.id])
+                written[name].append(seg.id)
+
+    await asyncio.gather(worker(workers[0], "worker-a"), worker(workers[1], "worker-b"))
+    everything = written["worker-a"] + written["worker-b"]
+    assert sorted(everything) == sorted(ids)  # each segment once, none lost
+    assert written["worker-a"] and written["worker-b"]  # both did work
+    assert set((await _states(workers[0])).values()) == {"done"}
+    runs = await workers[0].db.read("SELECT segment_id FROM writer_runs ORDER BY id")
+    assert sorted(r[0] for r in runs) == sorted(ids)
+    # each channel's segments were committed in id order, whichever worker wrote them
+    commits = [r[0] for r in runs]
+    by_channel: dict[Scope, list[int]] = {}
+    for sid in commits:
+        by_channel.setdefault(scope_of[sid], []).append(sid)
+    assert all(order == sorted(order) for order in by_channel.values())
