@@ -12,13 +12,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import tests.test_reliability_idempotency as idem
+from bot.dispatch import Dispatcher
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
+from memory.query.pipeline import RecallPipeline
 from memory.search.fts_query import build_match, quote
 from memory.store.pg.messages import Term, parse_match, vector_literal
 from tests.conftest import T0, msg
@@ -258,3 +262,90 @@ async def test_edits_and_deletes_leave_the_indexes(
     assert await pg.embed_pending() == 1
     counts = await repo.counts()
     assert counts["deleted"] == 1 and counts["unembedded"] == 0
+
+
+async def pg_state(engine: MemoryEngine, embedder: HashEmbedder, scope: Scope) -> dict[str, Any]:
+    """What a message leaves behind in its channel on PostgreSQL (the SQLite test's state(),
+    with the index reads in this backend's terms)."""
+    pk = await engine.store.channels.lookup(scope)
+    assert pk is not None
+    db = engine.store.db
+    rows = await db.read(
+        "SELECT id, message_id, text, speaker_id, speaker_name, deleted_at IS NOT NULL,"
+        " edited_at, embedded, session_id, turn_index FROM messages WHERE channel_pk = ?",
+        (pk,),
+    )
+    fts = {
+        word: len(await engine.store.messages.lexical(quote(word), [pk], 10))
+        for word in idem.WORDS.values()
+    }
+    ids = [r[0] for r in rows]
+    vectors = await engine.store.messages.vectors(ids)
+    bits = await db.read_in("SELECT rowid FROM messages_vec WHERE rowid IN ({marks})", ids)
+    for r in rows:
+        if r[0] in vectors:
+            want = embedder.embed_sync([f"{r[4]}: {r[2]}"])[0]
+            assert (vectors[r[0]] == want).all()
+    records = await db.read(
+        "SELECT count(*) FROM records r, json_array_elements_text(r.from_ids::json) j"
+        " WHERE r.channel_pk = ? AND j = ?",
+        (pk, idem.MID),
+    )
+    citing_deleted = await db.read(
+        "SELECT count(*) FROM record_sources s JOIN messages m ON m.id = s.message_pk"
+        " WHERE m.channel_pk = ? AND m.deleted_at IS NOT NULL",
+        (pk,),
+    )
+    early = await db.read(
+        "SELECT count(*) FROM early_changes WHERE platform = ? AND workspace = ? AND channel = ?",
+        scope.key(),
+    )
+    return {
+        "messages": [tuple(r[1:]) for r in rows],
+        "fts": fts,
+        "vectors": len(vectors),
+        "vec_bits": len(bits),
+        "records_citing": records[0][0],
+        "record_sources_on_deleted": citing_deleted[0][0],
+        "early": early[0][0],
+    }
+
+
+@pytest.mark.parametrize("with_delete", [True, False], ids=["create-edits-delete", "create-edits"])
+async def test_any_order_with_duplicates_converges_on_postgres(
+    tmp_path: Path, pg_url: str, with_delete: bool
+) -> None:
+    """tests/test_reliability_idempotency.py's convergence check over every order of a
+    create, two edits (and a delete), with duplicates, on PostgreSQL."""
+    embedder = HashEmbedder()
+    engine = await MemoryEngine.open(
+        MemoryConfig(store=StoreConfig(db_path=tmp_path / "x.db", db_url=pg_url)), embedder
+    )
+    try:
+        dispatcher = Dispatcher(engine, RecallPipeline(engine))
+        names = ["C", "E1", "E2", "D"] if with_delete else ["C", "E1", "E2"]
+        base = Scope(platform="test", workspace="w1", channel="in-order")
+        await idem.run_sequence(dispatcher, engine, base, names)
+        expected = await pg_state(engine, embedder, base)
+        words = idem.WORDS
+        if with_delete:
+            assert [m[1:5] for m in expected["messages"]] == [("", "", "", True)]
+            assert expected["fts"] == dict.fromkeys(words.values(), 0)
+            assert expected["vectors"] == expected["vec_bits"] == 0
+            assert expected["records_citing"] == 0
+        else:
+            assert [m[1] for m in expected["messages"]] == [f"the {words['E2']} plan"]
+            assert expected["fts"] == {words["C"]: 0, words["E1"]: 0, words["E2"]: 1}
+            assert expected["vectors"] == expected["vec_bits"] == 1
+            assert expected["records_citing"] == 1
+        assert expected["early"] == 0
+        # every order with one event doubled, and a sample with all doubled (fewer than
+        # the SQLite test: each case costs more round trips here)
+        cases = idem.sequences(names, sample_all_doubled=10, seed=9)
+        for i, seq in enumerate(cases):
+            scope = Scope(platform="test", workspace="w1", channel=f"case{i}")
+            await idem.run_sequence(dispatcher, engine, scope, seq)
+            assert await pg_state(engine, embedder, scope) == expected, f"order {seq}"
+        assert not dispatcher.stats.errors
+    finally:
+        await engine.close()

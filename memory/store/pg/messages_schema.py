@@ -83,6 +83,11 @@ ALTER TABLE messages ADD COLUMN fts_len integer
     GENERATED ALWAYS AS (speakermem_tokens({fts_document()}) + 1) STORED;
 -- Live messages only: every search filters on deleted_at IS NULL (tombstones keep no text).
 CREATE INDEX messages_fts_gin ON messages USING gin (fts) WHERE deleted_at IS NULL;
+-- The rows FTS5's messages_fts holds (live messages), under its name, so row counts and
+-- diagnostics read the same on both backends (FTS5's MATCH syntax stays SQLite's).
+CREATE VIEW messages_fts AS
+    SELECT id AS rowid, text, speaker_name, 'c' || channel_pk AS channel_tag, fts
+    FROM messages WHERE deleted_at IS NULL;
 
 CREATE TABLE messages_vec (
     rowid      BIGINT PRIMARY KEY REFERENCES messages(id),
