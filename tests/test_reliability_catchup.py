@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot.dispatch import Dispatcher
 from integrations.discord.adapter import DiscordAdapter
 from memory.engine import MemoryEngine
@@ -19,6 +21,8 @@ from memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn
 from tests.test_discord_adapter import settings_for
+
+pytestmark = pytest.mark.contract
 
 # two days back: the 300 messages' 50 minutes never reach today, so the progress line shows
 # a full date whatever the time of day the test runs

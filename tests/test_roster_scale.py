@@ -16,6 +16,8 @@ from memory.engine import MemoryEngine
 from tests.conftest import make_config
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn
 
+pytestmark = pytest.mark.contract
+
 N = 10_000
 CHANNEL = "CBIG"
 

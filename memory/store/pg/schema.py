@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from memory.config import StoreConfig
 from memory.store.pg.messages_schema import messages_search_sql
+from memory.store.pg.records_schema import records_search_sql, segment_claims_sql
 from memory.store.schema import EMBED_DIM, Migration
 
 T = 'TEXT COLLATE "C"'
@@ -347,16 +348,22 @@ CREATE TRIGGER message_interactions_ad AFTER DELETE ON messages
 
 -- roster revisions: bumped by any change to a channel's roster rows, and to the names,
 -- bot flags or aliases of its members (the roster cache re-reads only when it moved).
+-- Once per channel and transaction: the cache only compares revisions, and bumping the same
+-- channel row for each of 10,000 members makes PostgreSQL walk an ever longer version
+-- chain of that row (quadratic); a row this transaction already updated has our xid as xmin.
+CREATE FUNCTION roster_rev_bump(channel_pks bigint[]) RETURNS void LANGUAGE sql AS $$
+    UPDATE channels SET roster_rev = roster_rev + 1
+    WHERE id = ANY(channel_pks) AND xmin <> pg_current_xact_id()::xid;
+$$;
 CREATE FUNCTION roster_rev_roster() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        UPDATE channels SET roster_rev = roster_rev + 1 WHERE id = OLD.channel_pk;
+        PERFORM roster_rev_bump(ARRAY[OLD.channel_pk]);
         RETURN OLD;
     ELSIF TG_OP = 'UPDATE' THEN
-        UPDATE channels SET roster_rev = roster_rev + 1
-            WHERE id IN (OLD.channel_pk, NEW.channel_pk);
+        PERFORM roster_rev_bump(ARRAY[OLD.channel_pk, NEW.channel_pk]);
     ELSE
-        UPDATE channels SET roster_rev = roster_rev + 1 WHERE id = NEW.channel_pk;
+        PERFORM roster_rev_bump(ARRAY[NEW.channel_pk]);
     END IF;
     RETURN NEW;
 END
@@ -369,9 +376,9 @@ DECLARE
     who record;
 BEGIN
     IF TG_OP = 'DELETE' THEN who := OLD; ELSE who := NEW; END IF;
-    UPDATE channels SET roster_rev = roster_rev + 1 WHERE id IN (
+    PERFORM roster_rev_bump(ARRAY(
         SELECT channel_pk FROM roster WHERE platform = who.platform
-        AND workspace = who.workspace AND user_id = who.user_id);
+        AND workspace = who.workspace AND user_id = who.user_id));
     RETURN who;
 END
 $$;
@@ -390,6 +397,8 @@ def migrations(config: StoreConfig) -> list[Migration]:
     return [
         Migration(1, "initial schema (SQLite migrations 1-7 as one)", INITIAL),
         Migration(2, "messages: full-text (tsvector, GIN) and pgvector", messages_search_sql()),
+        Migration(3, "records: full-text (tsvector, GIN) and pgvector", records_search_sql()),
+        Migration(4, "workers: segment claims with a lease", segment_claims_sql()),
     ]
 
 
