@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from memory.config import StoreConfig
 from memory.store import Store
-from memory.store.governance import GovernanceRepo
 from memory.store.pg.catchup import PgCatchupRepo
 from memory.store.pg.channels import PgChannelRepo
 from memory.store.pg.database import PgDatabase
+from memory.store.pg.governance import PgGovernanceRepo
 from memory.store.pg.interactions import PgInteractionRepo
 from memory.store.pg.messages import PgMessageRepo
-from memory.store.records import RecordRepo
-from memory.store.segments import SegmentRepo
+from memory.store.pg.records import PgRecordRepo
+from memory.store.pg.segments import PgSegmentRepo
 
 
 class PgStore(Store):
@@ -26,9 +26,9 @@ class PgStore(Store):
         self.messages = PgMessageRepo(
             self.db, self.channels, gap_seconds=gap_seconds, window=window
         )
-        self.records = RecordRepo(self.db, self.channels)
-        self.segments = SegmentRepo(self.db)
-        self.governance = GovernanceRepo(self.db, self.channels)
+        self.records = PgRecordRepo(self.db, self.channels)
+        self.segments = PgSegmentRepo(self.db)
+        self.governance = PgGovernanceRepo(self.db, self.channels)
         self.interactions = PgInteractionRepo(self.db)
         self.catchup = PgCatchupRepo(self.db)
 
