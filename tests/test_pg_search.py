@@ -9,6 +9,7 @@ dense search must equal exact cosine computed with numpy.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -349,3 +350,45 @@ async def test_any_order_with_duplicates_converges_on_postgres(
         assert not dispatcher.stats.errors
     finally:
         await engine.close()
+
+
+async def test_two_processes_ingesting_one_channel_place_every_message_once(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """Two stores on one database (two processes) ingest interleaved batches into the same
+    channels at once: sessions, turns and segments come out as from one writer."""
+    engines = [await open_engine(tmp_path / str(i), pg_url) for i in range(2)]
+    try:
+        batches: list[list[MessageEvent]] = [[], []]
+        for i in range(400):
+            scope = SCOPE if i % 3 else OTHER
+            batches[(i // 20) % 2].append(msg(scope, f"c{i}", "Al", f"word{i} text", i * 0.5))
+        outcomes = await asyncio.gather(
+            *(
+                eng.ingest_many(batch[start : start + 20])
+                for start in range(0, 200, 20)
+                for eng, batch in zip(engines, batches, strict=True)
+            )
+        )
+        assert sum(len(o) for o in outcomes) == 400
+        db = engines[0].store.db
+        rows = await db.read(
+            "SELECT channel_pk, session_id, turn_index, segment_id FROM messages"
+            " ORDER BY channel_pk, session_id, turn_index"
+        )
+        assert len(rows) == 400
+        turns: dict[tuple[int, int], list[int]] = {}
+        for channel_pk, session, turn, _ in rows:
+            turns.setdefault((channel_pk, session), []).append(turn)
+        for got in turns.values():
+            assert got == list(range(len(got)))  # no turn placed twice or skipped
+        segs = await db.read(
+            "SELECT s.id, s.n_messages, count(m.id) FROM segments s"
+            " LEFT JOIN messages m ON m.segment_id = s.id GROUP BY s.id, s.n_messages"
+        )
+        assert segs and all(n == c for _, n, c in segs)
+        (opened,) = (await db.read("SELECT count(*) FROM segments WHERE state = 'open'"))[0]
+        assert opened <= 2  # at most one open segment per channel
+    finally:
+        for eng in engines:
+            await eng.close()
