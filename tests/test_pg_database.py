@@ -395,3 +395,19 @@ async def test_an_unreachable_server_is_a_store_error(tmp_path: Path) -> None:
     db = PgDatabase(config(url, lock_wait_s=1))
     with pytest.raises(StoreError, match="cannot open database"):
         await db.open()
+
+
+async def test_connections_the_server_dropped_are_replaced(pg_url: str) -> None:
+    db = await opened(pg_url)
+    try:
+        assert await db.read("SELECT 1") == [(1,)]
+        with psycopg.connect(pg_url, autocommit=True) as admin:  # a restart, a failover
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND datname = current_database()"
+            )
+        assert await db.read("SELECT 2") == [(2,)]
+        async with db.transaction() as tx:
+            assert (await tx.fetchone("SELECT 3"))[0] == 3
+    finally:
+        await db.close()

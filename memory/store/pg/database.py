@@ -230,6 +230,9 @@ class PgDatabase(Database):
             max_size=self.config.readers + 1,
             kwargs={"autocommit": True, "cursor_factory": AsyncClientCursor, "row_factory": pg_row},
             configure=configure,
+            # a connection the server dropped (restart, failover, idle timeout) is replaced
+            # when taken from the pool, not handed to a query that would fail on it
+            check=AsyncConnectionPool.check_connection,
             open=False,
             name="speakermem",
         )
