@@ -411,3 +411,24 @@ async def test_connections_the_server_dropped_are_replaced(pg_url: str) -> None:
             assert (await tx.fetchone("SELECT 3"))[0] == 3
     finally:
         await db.close()
+
+
+async def test_the_interaction_cursor_never_moves_back(pg_url: str) -> None:
+    """Two processes' passes over one channel can overlap; the one that read less commits
+    its cursor last here, and the cursor keeps the other's further position."""
+    store = make_store(config(pg_url), gap_seconds=60, window=5)
+    await store.open()
+    try:
+        async with store.db.transaction() as tx:
+            pk = await tx.insert(
+                "INSERT INTO channels (platform, workspace, channel, created_at)"
+                " VALUES ('t', 'w', 'c', 1)"
+            )
+            await tx.execute(store.interactions._CURSOR_UPSERT, (pk, 30))
+            await tx.execute(store.interactions._CURSOR_UPSERT, (pk, 10))
+        rows = await store.db.read(
+            "SELECT last_pk FROM interaction_cursor WHERE channel_pk = ?", (pk,)
+        )
+        assert rows == [(30,)]
+    finally:
+        await store.close()

@@ -42,6 +42,11 @@ class InteractionRepo:
         "INSERT OR REPLACE INTO message_links (message_pk, parent_pk, how) VALUES (?, ?, ?)"
     )
     """The upserts of inferred addressees and links (SQLite's INSERT OR REPLACE here)."""
+    _CURSOR_UPSERT = (
+        "INSERT INTO interaction_cursor (channel_pk, last_pk) VALUES (?, ?)"
+        " ON CONFLICT (channel_pk) DO UPDATE SET last_pk = excluded.last_pk"
+    )
+    """Where the channel's pass stands (one writer here: the newest pass is the furthest)."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -92,11 +97,7 @@ class InteractionRepo:
                     self._LINK_UPSERT,
                     [(i.pk, i.parent, i.parent_how) for i in inferred if i.parent is not None],
                 )
-                await tx.execute(
-                    "INSERT INTO interaction_cursor (channel_pk, last_pk) VALUES (?, ?)"
-                    " ON CONFLICT (channel_pk) DO UPDATE SET last_pk = excluded.last_pk",
-                    (channel_pk, new[-1][0]),
-                )
+                await tx.execute(self._CURSOR_UPSERT, (channel_pk, new[-1][0]))
             return len(new)
 
     async def behind(self) -> list[tuple[int, Scope]]:
