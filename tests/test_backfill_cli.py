@@ -23,6 +23,8 @@ from tests.standins.discord_gateway import GENERAL as D_GENERAL
 from tests.standins.discord_gateway import GUILD_ID, DiscordStandIn, _json
 from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn
 
+pytestmark = pytest.mark.contract
+
 GENERAL = "CGENERAL"
 SCOPE = Scope(platform="slack", workspace=TEAM_ID, channel=GENERAL)
 NOW = datetime.now(UTC).replace(microsecond=0)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from bot.catchup import ChannelProgress
 from bot.dispatch import Dispatcher
@@ -26,6 +27,8 @@ from memory.models import Scope
 from memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.standins.slack_api import BOT_ID, BOT_USER_ID, TEAM_ID, SlackApiStandIn, sign
+
+pytestmark = pytest.mark.contract
 
 SECRET = "catchup-signing-secret"
 GENERAL = "CGENERAL"
