@@ -2,11 +2,12 @@
 replaced.
 
 - Lexical search reads the `records.fts` tsvector (records_schema.py). The FTS5 MATCH text
-  the callers build (quoted terms joined by OR, memory.search.fts_query) becomes an OR of
-  `phraseto_tsquery` over the same terms, and `ts_rank` orders the matches. Scores are
-  returned negated, so lower is better, as with FTS5's bm25(). ts_rank has no inverse
-  document frequency: a match on a rare word does not outrank one on a common word as
-  BM25 would (the callers use only the order of each owner's or source's matches).
+  the callers build (quoted words and phrases joined by OR, memory.search.fts_query) is
+  parsed as System 1 parses it (pg/messages.py), and the matches are ranked by Okapi BM25
+  computed in SQL as FTS5's bm25(records_fts) does: k1 1.2, b 0.75, both columns weighted
+  1.0, IDF over all records, document length the row's token count (`records.fts_len`).
+  Scores are negative, lower is better, as FTS5's. A phrase counts once per row (a tsvector
+  keeps no phrase counts), where FTS5 counts each occurrence.
 - Dense search is exact cosine distance (`<=>`) over `records_vec` per channel, as sqlite-vec
   does; vectors travel as pgvector's text form.
 - commit_segment locks the segment row, so two workers committing one segment (a lease that
@@ -16,39 +17,72 @@ replaced.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from memory.store.database import Transaction
+from memory.store.pg.messages import (
+    K1,
+    MIN_IDF,
+    B,
+    parse_match,
+)
 from memory.store.pg.messages_schema import TS_CONFIG, fts_input
 from memory.store.records import RecordRepo
-
-_QUOTED = re.compile(r'"((?:[^"]|"")*)"')
-
-
-def match_terms(match: str) -> list[str]:
-    """The quoted terms of an FTS5 MATCH expression built by memory.search.fts_query, in
-    order (a column filter such as `{text} :` has no counterpart on records and is dropped;
-    an unquoted word counts as a term of its own)."""
-    terms = [m.group(1).replace('""', '"') for m in _QUOTED.finditer(match)]
-    rest = _QUOTED.sub(" ", match)
-    rest = re.sub(r"\{[^}]*\}\s*:", " ", rest)
-    terms.extend(w for w in re.findall(r"\w+", rest) if w not in ("OR", "AND", "NOT", "NEAR"))
-    return [t for t in terms if t.strip()]
-
-
-def tsquery_sql(n: int) -> str:
-    """SQL for the OR of `n` phrase queries, one `?` parameter each."""
-    one = f"phraseto_tsquery('{TS_CONFIG}'::regconfig, {fts_input('?')})"
-    return "(" + " || ".join([one] * n) + ")"
 
 
 def vector_text(vector: np.ndarray) -> str:
     """pgvector's text form of a float32 vector (exact: float32 values print exactly)."""
     values = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1).tolist()
     return "[" + ",".join(map(repr, values)) + "]"
+
+
+# Okapi BM25 as FTS5's bm25(records_fts) computes it, in one statement, per matching record r:
+#   sum over terms t of idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * |r| / avg|r|))
+# The terms are the quoted strings of the MATCH text, normalised as the tsvector is (a term
+# given twice counts twice, as in FTS5). f: for a single word, its occurrences in content and
+# event (positions in the tsvector); for a phrase, 1 when the content has it plus 1 when the
+# event has it (content is labelled 'A', event 'B', so a phrase never spans the two columns,
+# as in FTS5). idf(t) counts the records matching t among all records, as FTS5 does; |r| is
+# the row's token count (records.fts_len). Parameters: the terms (text[]) and the channel
+# pks (bigint[]). Callers append filters on r.
+_LABEL = r"regexp_replace(t.query::text, '''([^'']*)''', '''\1'':{w}', 'g')::tsquery"
+_BM25_SQL = f"""
+WITH terms AS (
+    SELECT CASE WHEN numnode(t.query) = 1 THEN btrim(t.query::text, '''') END AS lex,
+           {_LABEL.format(w="A")} AS qa, {_LABEL.format(w="B")} AS qb, t.query
+    FROM unnest(?::text[]) AS raw(term)
+    CROSS JOIN LATERAL (
+        SELECT phraseto_tsquery('{TS_CONFIG}', {fts_input("raw.term")}) AS query
+    ) AS t
+    WHERE numnode(t.query) > 0
+), matching AS (
+    SELECT terms.*, CASE WHEN lex IS NOT NULL THEN query ELSE qa || qb END AS m FROM terms
+), corpus AS (
+    SELECT count(*) AS n_rows, greatest(coalesce(avg(fts_len), 0), 1e-9) AS mean FROM records
+), weighted AS (
+    SELECT m.lex, m.qa, m.qb, corpus.mean,
+           greatest(ln((corpus.n_rows - h.hits + 0.5) / (h.hits + 0.5)), {MIN_IDF}) AS idf
+    FROM matching AS m CROSS JOIN corpus
+    CROSS JOIN LATERAL (SELECT count(*) AS hits FROM records WHERE fts @@ m.m) AS h
+)
+SELECT r.id AS id, r.owner AS owner, r.source AS source, -(
+    SELECT coalesce(sum(w.idf * f.f * {K1 + 1} / (f.f + {K1} * ({1 - B}
+        + {B} * r.fts_len / w.mean))), 0)
+    FROM weighted AS w CROSS JOIN LATERAL (
+        SELECT CASE WHEN w.lex IS NOT NULL THEN (
+            SELECT coalesce(sum(array_length(u.positions, 1)), 0)
+            FROM unnest(r.fts) AS u WHERE u.lexeme = w.lex
+        ) ELSE (CASE WHEN r.fts @@ w.qa THEN 1 ELSE 0 END)
+             + (CASE WHEN r.fts @@ w.qb THEN 1 ELSE 0 END) END AS f
+    ) AS f
+    WHERE f.f > 0
+) AS score
+FROM records r
+WHERE r.fts @@ (SELECT string_agg('(' || m::text || ')', ' | ')::tsquery FROM matching)
+  AND r.channel_pk = ANY(?::bigint[])"""
 
 
 class PgRecordRepo(RecordRepo):
@@ -83,6 +117,16 @@ class PgRecordRepo(RecordRepo):
 
     # ---- lexical ------------------------------------------------------------------------
 
+    @staticmethod
+    def _scored(match: str, channel_pks: Sequence[int]) -> tuple[str, list[Any]] | None:
+        """SQL selecting (id, owner, source, score) of the channels' matching records, score
+        the negative BM25 (one round trip); None when nothing can match. Filters on `r` may
+        be appended. A column filter of the MATCH text does not apply to records."""
+        terms = [raw for raw, _ in parse_match(match)]
+        if not terms or not channel_pks:
+            return None
+        return _BM25_SQL, [terms, list(dict.fromkeys(int(pk) for pk in channel_pks))]
+
     async def lexical(
         self,
         match: str,
@@ -94,16 +138,10 @@ class PgRecordRepo(RecordRepo):
         source: str | None = None,
         exclude_owner: str | None = None,
     ) -> list[tuple[int, float]]:
-        terms = match_terms(match)
-        if not terms or not channel_pks:
+        scored = self._scored(match, channel_pks) if match else None
+        if scored is None:
             return []
-        marks = ",".join("?" * len(channel_pks))
-        sql = (
-            "SELECT r.id, -ts_rank(r.fts, tq.q) AS score FROM records r,"
-            f" (SELECT {tsquery_sql(len(terms))} AS q) AS tq"
-            f" WHERE r.fts @@ tq.q AND r.channel_pk IN ({marks})"
-        )
-        params: list[object] = [*terms, *channel_pks]
+        sql, params = scored
         if active_only:
             sql += " AND r.state = 'active'"
         if owner is not None:
@@ -115,9 +153,10 @@ class PgRecordRepo(RecordRepo):
         if exclude_owner is not None:
             sql += " AND r.owner != ?"
             params.append(exclude_owner)
-        sql += " ORDER BY score, r.id LIMIT ?"
-        params.append(limit)
-        return [(r[0], float(r[1])) for r in await self.db.read(sql, params)]
+        rows = await self.db.read(
+            f"SELECT id, score FROM ({sql}) AS s ORDER BY score, id LIMIT ?", [*params, limit]
+        )
+        return [(int(r[0]), float(r[1])) for r in rows]
 
     async def _lexical_grouped(
         self,
@@ -132,41 +171,39 @@ class PgRecordRepo(RecordRepo):
         if column not in ("owner", "source"):
             raise ValueError(f"cannot group records by {column!r}")
         keys = list(dict.fromkeys(keys))
-        terms = match_terms(match)
-        if not terms or not channel_pks or not keys or per_key <= 0:
+        if not match or not channel_pks or not keys or per_key <= 0:
             return {}
-        sql = (
-            "SELECT id, grp FROM (SELECT r.id AS id, r.{col} AS grp, row_number() OVER"
-            " (PARTITION BY r.{col} ORDER BY ts_rank(r.fts, tq.q) DESC, r.id) AS rn"
-            " FROM records r, (SELECT {tsq} AS q) AS tq"
-            " WHERE r.fts @@ tq.q AND r.channel_pk IN ({pks}) AND r.{col} IN ({keys})"
-            " AND r.state = 'active'{others}) AS ranked WHERE rn <= ? ORDER BY grp, rn"
-        ).format(
-            col=column,
-            tsq=tsquery_sql(len(terms)),
-            pks=",".join("?" * len(channel_pks)),
-            keys=",".join("?" * len(keys)),
-            others=" AND r.owner != r.source" if about_others else "",
+        scored = self._scored(match, channel_pks)
+        if scored is None:
+            return {}
+        sql, params = scored
+        sql += f" AND r.{column} = ANY(?::text[]) AND r.state = 'active'"
+        params.append(keys)
+        if about_others:
+            sql += " AND r.owner != r.source"
+        rows = await self.db.read(
+            f"SELECT id, grp FROM (SELECT id, {column} AS grp, row_number() OVER"
+            f" (PARTITION BY {column} ORDER BY score, id) AS rn FROM ({sql}) AS s) AS ranked"
+            " WHERE rn <= ? ORDER BY grp, rn",
+            [*params, per_key],
         )
         out: dict[str, list[int]] = {}
-        for rid, grp in await self.db.read(sql, [*terms, *channel_pks, *keys, per_key]):
+        for rid, grp in rows:
             out.setdefault(grp, []).append(rid)
         return out
 
     async def matching_owners(
         self, match: str, channel_pks: Sequence[int], limit: int
     ) -> list[str]:
-        terms = match_terms(match)
-        if not terms or not channel_pks or limit <= 0:
+        if not match or not channel_pks or limit <= 0:
             return []
-        marks = ",".join("?" * len(channel_pks))
+        scored = self._scored(match, channel_pks)
+        if scored is None:
+            return []
+        sql, params = scored
+        sql += " AND r.state = 'active' AND r.record_scope = 'PERSON'"
         rows = await self.db.read(
-            "SELECT r.owner FROM records r,"
-            f" (SELECT {tsquery_sql(len(terms))} AS q) AS tq"
-            f" WHERE r.fts @@ tq.q AND r.channel_pk IN ({marks})"
-            " AND r.state = 'active' AND r.record_scope = 'PERSON'"
-            " ORDER BY ts_rank(r.fts, tq.q) DESC, r.id LIMIT ?",
-            [*terms, *channel_pks, limit],
+            f"SELECT owner FROM ({sql}) AS s ORDER BY score, id LIMIT ?", [*params, limit]
         )
         return list(dict.fromkeys(r[0] for r in rows))
 
