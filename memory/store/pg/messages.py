@@ -21,7 +21,6 @@ convergence of creates, edits and deletes — is the base class's code):
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import time
 from collections import OrderedDict
@@ -47,7 +46,7 @@ WEIGHT_TEXT, WEIGHT_SPEAKER = 1.0, 0.5
 MIN_IDF = 1e-6
 """FTS5 floors a term's IDF here when it occurs in more than half of the rows."""
 STATS_TTL_S = 30.0
-STATS_EXACT_BELOW = 20_000
+STATS_EXACT_BELOW = 5_000
 """Corpus statistics (row count, mean length) are re-read on every query below this many
 live messages and at most every STATS_TTL_S above it (a full scan; the IDF barely moves)."""
 
@@ -235,37 +234,20 @@ class PgMessageRepo(MessageRepo):
                 out.append(Term(query, weights))
         return out
 
-    async def _corpus_stats(self) -> tuple[int, float]:
-        """(live messages, their mean token count): BM25's N and average length."""
+    async def _cached_stats(self) -> tuple[float, float] | None:
+        """(live messages, mean token count) from a per-process cache on a large corpus;
+        None on a small one, whose statement computes them exactly (one cheap scan)."""
         now = time.monotonic()
-        if self._stats is not None:
-            at, rows, mean = self._stats
-            if rows >= STATS_EXACT_BELOW and now - at < STATS_TTL_S:
-                return rows, mean
-        r = (
-            await self.db.read(
-                "SELECT count(*), coalesce(avg(fts_len), 0) FROM messages WHERE deleted_at IS NULL"
-            )
-        )[0]
-        self._stats = (now, int(r[0]), float(r[1]))
-        return int(r[0]), float(r[1])
-
-    async def _idf(self, terms: list[Term]) -> list[float]:
-        """FTS5's IDF of each term over all live messages (as FTS5, not per channel)."""
-        rows, _ = await self._corpus_stats()
-        counts = ", ".join("count(*) FILTER (WHERE fts @@ ?::tsquery)" for _ in terms)
-        queries = [t.weighted() for t in terms]
-        r = (
-            await self.db.read(
-                f"SELECT {counts} FROM messages WHERE fts @@ ?::tsquery AND deleted_at IS NULL",
-                (*queries, _any(queries)),
-            )
-        )[0]
-        out = []
-        for n in map(int, r):
-            ratio = (rows - n + 0.5) / (n + 0.5)
-            out.append(max(math.log(ratio), MIN_IDF) if ratio > 0 else MIN_IDF)
-        return out
+        if self._stats is None or now - self._stats[0] >= STATS_TTL_S:
+            r = (
+                await self.db.read(
+                    "SELECT count(*), coalesce(avg(fts_len), 0) FROM messages"
+                    " WHERE deleted_at IS NULL"
+                )
+            )[0]
+            self._stats = (now, int(r[0]), float(r[1]))
+        _, rows, mean = self._stats
+        return (float(rows), mean) if rows >= STATS_EXACT_BELOW else None
 
     async def _scored(
         self,
@@ -276,41 +258,48 @@ class PgMessageRepo(MessageRepo):
         since: float | None = None,
         until: float | None = None,
     ) -> tuple[str, list[Any]] | None:
-        """SQL selecting (id, speaker_id, score) of the channels' live matches, score the
-        negative BM25 (lower is better, as FTS5's bm25()); None when nothing can match."""
+        """One statement selecting (id, speaker_id, score) of the channels' live matches,
+        score the negative BM25 (lower is better, as FTS5's bm25()); None when nothing can
+        match."""
         terms = await self._terms(parse_match(match))
         if not terms:
             return None
-        idf = await self._idf(terms)
-        _, mean = await self._corpus_stats()
+        stats = await self._cached_stats()
+        filters = ""
+        extra: list[Any] = []
+        if speakers:
+            filters += " AND m.speaker_id = ANY(?)"
+            extra.append(list(speakers))
+        if since is not None:
+            filters += " AND m.ts >= ?"
+            extra.append(since)
+        if until is not None:
+            filters += " AND m.ts < ?"
+            extra.append(until)
         params: list[Any] = [
-            K1 + 1,
-            K1,
-            1 - B,
-            B / max(mean, 1e-9),
+            *(stats or (None, None)),
+            stats is None,
             [t.lexeme for t in terms],
-            idf,
             [t.weights for t in terms],
             [t.weighted("A") for t in terms],
             [t.weighted("B") for t in terms],
-            WEIGHT_TEXT,
-            WEIGHT_SPEAKER,
-            WEIGHT_TEXT,
-            WEIGHT_SPEAKER,
+            [t.weighted() for t in terms],
+            MIN_IDF,
+            MIN_IDF,
             _any([t.weighted() for t in terms]),
             list(dict.fromkeys(int(pk) for pk in channel_pks)),
+            *extra,
+            WEIGHT_TEXT,
+            WEIGHT_SPEAKER,
+            [t.lexeme for t in terms if t.lexeme is not None],
+            WEIGHT_TEXT,
+            WEIGHT_SPEAKER,
+            K1 + 1,
+            K1,
+            1 - B,
+            B,
         ]
-        sql = _BM25_SQL
-        if speakers:
-            sql += " AND m.speaker_id = ANY(?)"
-            params.append(list(speakers))
-        if since is not None:
-            sql += " AND m.ts >= ?"
-            params.append(since)
-        if until is not None:
-            sql += " AND m.ts < ?"
-            params.append(until)
-        return sql, params
+        return _BM25_SQL.format(filters=filters), params
 
     async def lexical(
         self,
@@ -463,36 +452,54 @@ class PgMessageRepo(MessageRepo):
 
 # Okapi BM25 as FTS5 computes it, per matching row m:
 #   sum over terms t of idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * |m| / avg|m|))
-# f: for a single word, its occurrences in the allowed columns weighted by column (text 1.0,
-# speaker name 0.5), read from the tsvector's positions; for a phrase, 1.0 when it occurs in
-# the text plus 0.5 when it occurs in the name (a tsvector keeps no phrase counts).
-# |m| is the row's token count (messages.fts_len). Parameters, in order:
-# k1 + 1, k1, 1 - b, b / avg|m|, then the per-term arrays (lexeme or NULL, idf, allowed
-# weights, query in the text, query in the name), the text and name weights (twice), the
-# OR of all terms and the channel pks.
+# idf(t) = ln((N - n_t + 0.5) / (n_t + 0.5)), floored at 1e-6, over all live messages (FTS5
+# counts the whole index, not the searched channels). f: for a single word, its occurrences
+# in the allowed columns weighted by column (text 1.0, speaker name 0.5), read from the
+# tsvector's positions (each matching row's tsvector is unnested once, joined to the
+# terms); for a phrase, 1.0 when it occurs in the text plus 0.5 when it occurs in the name
+# (a tsvector keeps no phrase counts). |m| is the row's token count (messages.fts_len).
+# `stats` reads N and avg|m| from the parameters, or (third parameter true) computes them.
 _BM25_SQL = """
-SELECT m.id AS id, m.speaker_id AS speaker_id, -(
-    SELECT coalesce(sum(t.idf * t.f * ?::float8 / (t.f + ?::float8 * (?::float8
-        + ?::float8 * m.fts_len))), 0)
-    FROM (
-        SELECT q.idf, CASE WHEN q.lex IS NULL THEN 0 ELSE 1 END AS single, q.lex, q.ws,
-               q.qa, q.qb
-        FROM unnest(?::text[], ?::float8[], ?::text[], ?::text[], ?::text[])
-             AS q(lex, idf, ws, qa, qb)
-    ) q2 CROSS JOIN LATERAL (
-        SELECT q2.idf, CASE WHEN q2.single = 1 THEN (
-            SELECT coalesce(sum(CASE w WHEN 'A' THEN ?::float8 WHEN 'B' THEN ?::float8
-                ELSE 0 END), 0)
-            FROM unnest(m.fts) AS u, unnest(u.weights) AS w
-            WHERE u.lexeme = q2.lex AND strpos(q2.ws, w) > 0
-        ) ELSE (CASE WHEN m.fts @@ q2.qa::tsquery THEN ?::float8 ELSE 0 END)
-             + (CASE WHEN m.fts @@ q2.qb::tsquery THEN ?::float8 ELSE 0 END)
-        END AS f
-    ) t
-    WHERE t.f > 0
-) AS score
-FROM messages m
-WHERE m.fts @@ ?::tsquery AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])"""
+WITH stats AS (
+    SELECT coalesce(?::float8, count(*)::float8) AS n,
+           coalesce(?::float8, avg(fts_len)::float8, 0) AS avglen
+    FROM messages WHERE deleted_at IS NULL AND ?::boolean
+), q AS MATERIALIZED (
+    SELECT u.i, u.lex, u.ws, u.qa, u.qb,
+           (SELECT count(*) FROM messages WHERE fts @@ u.qw::tsquery AND deleted_at IS NULL)
+               AS df
+    FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::text[])
+         WITH ORDINALITY AS u(lex, ws, qa, qb, qw, i)
+), terms AS (
+    SELECT q.i, q.lex, q.ws, q.qa, q.qb,
+           CASE WHEN s.n - q.df + 0.5 > 0
+                THEN greatest(ln((s.n - q.df + 0.5) / (q.df + 0.5)), ?::float8)
+                ELSE ?::float8 END AS idf
+    FROM q CROSS JOIN stats s
+), hits AS MATERIALIZED (
+    SELECT m.id, m.speaker_id, m.fts, m.fts_len FROM messages m
+    WHERE m.fts @@ ?::tsquery AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])
+    {filters}
+), tf AS (
+    SELECT h.id, t.i, sum(CASE w WHEN 'A' THEN ?::float8 ELSE ?::float8 END) AS f
+    FROM hits h CROSS JOIN LATERAL (
+        SELECT lexeme, weights FROM unnest(h.fts) WHERE lexeme = ANY(?::text[])
+    ) AS u
+    JOIN terms t ON t.lex = u.lexeme
+    CROSS JOIN LATERAL unnest(u.weights) AS w
+    WHERE strpos(t.ws, w) > 0
+    GROUP BY h.id, t.i
+    UNION ALL
+    SELECT h.id, t.i, CASE WHEN h.fts @@ t.qa::tsquery THEN ?::float8 ELSE 0 END
+                      + CASE WHEN h.fts @@ t.qb::tsquery THEN ?::float8 ELSE 0 END
+    FROM hits h JOIN terms t ON t.lex IS NULL
+)
+SELECT h.id AS id, h.speaker_id AS speaker_id,
+       -sum(t.idf * tf.f * ?::float8 / (tf.f + ?::float8
+            * (?::float8 + ?::float8 * h.fts_len / greatest(s.avglen, 1e-9)))) AS score
+FROM tf JOIN terms t ON t.i = tf.i JOIN hits h ON h.id = tf.id CROSS JOIN stats s
+WHERE tf.f > 0
+GROUP BY h.id, h.speaker_id"""
 
 
 def _any(queries: Sequence[str | None]) -> str:
