@@ -216,9 +216,14 @@ async def test_per_speaker_session_counts_and_name_case_agree_with_sqlite(
             for term, by_session in counts.items()
         }
         share = await repo.lowercase_share("alice", pks)
-        out.append((ids, sessions, share))
+        # a term matching more than `cap` messages is left out, one matching none is empty
+        capped = await repo.session_term_counts(
+            [quote("tomatoes"), quote("xyzzy"), quote("alice")], pks, cap=3
+        )
+        assert quote("alice") not in capped and capped[quote("xyzzy")] == {}
+        out.append((ids, sessions, share, {t: set(c.values()) for t, c in capped.items()}))
     assert out[0] == out[1]
-    ids, sessions, (seen, lower) = out[1]
+    ids, sessions, (seen, lower), _ = out[1]
     assert ids["bob"] == {"m1", "late"} and ids["carol"] == {"m2"}
     assert sessions['"tomatoes"'] == {1: 2, 2: 1}
     assert seen == 3 and lower == pytest.approx(1 / 3)

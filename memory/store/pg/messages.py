@@ -379,27 +379,34 @@ class PgMessageRepo(MessageRepo):
             return {}
         pks = list(dict.fromkeys(int(pk) for pk in channel_pks))
         out: dict[str, dict[tuple[int, int], int]] = {}
+        queries: dict[str, str] = {}
         for term in terms:
             parsed = await self._terms(parse_match(term))
-            if not parsed:
+            if parsed:
+                queries[term] = _any([t.weighted() for t in parsed])
+            else:
                 out[term] = {}
-                continue
-            query = _any([t.weighted() for t in parsed])
-            (hits,) = (
-                await self.db.read(
-                    "SELECT count(*) FROM (SELECT 1 FROM messages WHERE fts @@ ?::tsquery"
-                    " AND deleted_at IS NULL AND channel_pk = ANY(?) LIMIT ?) f",
-                    (query, pks, cap + 1),
-                )
-            )[0]
-            if hits > cap:
-                continue
-            rows = await self.db.read(
-                "SELECT channel_pk, session_id, count(*) FROM messages WHERE fts @@ ?::tsquery"
-                " AND deleted_at IS NULL AND channel_pk = ANY(?) GROUP BY channel_pk, session_id",
-                (query, pks),
-            )
-            out[term] = {(r[0], r[1]): int(r[2]) for r in rows}
+        if not queries:
+            return out
+        # one statement for all terms: each term's capped match count, then the per-session
+        # counts of the terms under the cap (-1 marks a term with no match at all)
+        rows = await self.db.read(
+            "WITH t AS MATERIALIZED (SELECT u.i, u.q, (SELECT count(*) FROM (SELECT 1"
+            " FROM messages WHERE fts @@ u.q::tsquery AND deleted_at IS NULL"
+            " AND channel_pk = ANY(?::bigint[]) LIMIT ?) f) AS hits"
+            " FROM unnest(?::text[]) WITH ORDINALITY AS u(q, i))"
+            " SELECT t.i, m.channel_pk, m.session_id, count(*) FROM t JOIN messages m"
+            " ON m.fts @@ t.q::tsquery AND m.deleted_at IS NULL"
+            " AND m.channel_pk = ANY(?::bigint[]) WHERE t.hits BETWEEN 1 AND ?"
+            " GROUP BY t.i, m.channel_pk, m.session_id"
+            " UNION ALL SELECT t.i, -1, -1, 0 FROM t WHERE t.hits = 0",
+            (pks, cap + 1, list(queries.values()), pks, cap),
+        )
+        names = list(queries)
+        for i, channel_pk, session_id, n in rows:
+            counts = out.setdefault(names[int(i) - 1], {})
+            if int(n) > 0:
+                counts[(int(channel_pk), int(session_id))] = int(n)
         return out
 
     # ---- dense --------------------------------------------------------------------------
