@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from integrations.discord.adapter import GuildState
 from integrations.discord.translate import (
     READ_MESSAGE_HISTORY,
@@ -51,6 +53,8 @@ from tests.test_slack_adapter import gscope as slack_scope
 from tests.test_slack_adapter import message as slack_message
 from tests.test_slack_adapter import section_text
 from tests.test_slack_adapter import seed as slack_seed
+
+pytestmark = pytest.mark.contract
 
 ALICE = "700000000000000302"
 BOB = "700000000000000303"

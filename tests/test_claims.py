@@ -20,6 +20,8 @@ from memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import msg
 from tests.llm_server import Handler, Item, LLMServer, Reply
 
+pytestmark = pytest.mark.contract
+
 SCOPE = Scope(platform="test", workspace="w1", channel="plans")
 
 

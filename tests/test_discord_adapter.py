@@ -60,6 +60,8 @@ from tests.standins.discord_gateway import (
     user,
 )
 
+pytestmark = pytest.mark.contract
+
 ALICE = "700000000000000302"  # no roles: cannot read #secret
 BOB = "700000000000000303"  # role "members": can read #secret
 CARL = "700000000000000304"

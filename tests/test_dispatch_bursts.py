@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot.dispatch import Dispatcher
 from memory.engine import MemoryEngine
 from memory.models import MessageEvent, Scope
 from memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config, msg
 from tests.fakes import HashEmbedder
+
+pytestmark = pytest.mark.contract
 
 ON = Scope(platform="test", workspace="w1", channel="general")
 OFF = Scope(platform="test", workspace="w1", channel="quiet")

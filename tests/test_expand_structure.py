@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from memory.datasets.friendsqa import read_friendsqa
 from memory.datasets.locomo import read_locomo
 from memory.engine import MemoryEngine
@@ -13,6 +15,8 @@ from memory.models import Scope
 from memory.query.pipeline import RecallPipeline, RecallRequest
 from memory.query.system1 import linked_context, reply_slots
 from tests.conftest import msg, shared_file
+
+pytestmark = pytest.mark.contract
 
 
 def test_linked_context_follows_replies_then_the_parent_then_neighbours() -> None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+import pytest
+
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from tests.conftest import msg
+
+pytestmark = pytest.mark.contract
 
 
 async def _addressees(engine: MemoryEngine, scope: Scope, mid: str) -> list[tuple[str, str]]:

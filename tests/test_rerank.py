@@ -25,6 +25,8 @@ from memory.query.rerank import (
 from memory.search.fts_query import query_terms
 from tests.conftest import msg
 
+pytestmark = pytest.mark.contract
+
 
 def col(name: str) -> int:
     return FEATURES.index(name)

@@ -34,6 +34,8 @@ from tests.conftest import make_config
 from tests.fakes import HashEmbedder
 from tests.standins.slack_api import BOT_ID, BOT_USER_ID, TEAM_ID, SlackApiStandIn, sign
 
+pytestmark = pytest.mark.contract
+
 SECRET = "adapter-signing-secret"
 GENERAL = "CGENERAL"
 PRIVATE = "CSECRET"
