@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -432,3 +433,18 @@ async def test_the_interaction_cursor_never_moves_back(pg_url: str) -> None:
         assert rows == [(30,)]
     finally:
         await store.close()
+
+
+def test_the_path_of_a_postgres_store_prints_masked_and_is_no_file(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = pg_url.replace("postgres:@", "postgres:hunter2@", 1)
+    assert "hunter2" in url
+    db = PgDatabase(config(url))
+    assert "hunter2" not in str(db.path) and str(db.path).startswith("postgresql://")
+    with pytest.raises(StoreError, match="not a file"):
+        db.path.exists()
+    with pytest.raises(StoreError, match="not a file"):
+        sqlite3.connect(db.path)  # what SQLite-only code (a file backup) would do
+    assert list(tmp_path.iterdir()) == []  # nothing was created

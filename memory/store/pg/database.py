@@ -27,7 +27,7 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from pathlib import Path
+from pathlib import PosixPath
 from types import TracebackType
 from typing import Any, cast
 
@@ -120,6 +120,27 @@ def masked_url(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
 
 
+class UrlPath(PosixPath):
+    """`Database.path` of a PostgreSQL store: prints as the masked URL (stats, logs), but
+    refuses to be used as a file (StoreError), so SQLite-only code (a file backup, a file
+    size) fails with a message instead of creating a stray SQLite file named after it."""
+
+    _url = ""
+
+    def __new__(cls, url: str) -> UrlPath:
+        self = super().__new__(cls, "postgresql")
+        self._url = url
+        return self
+
+    def __str__(self) -> str:
+        return self._url or super().__str__()
+
+    def __fspath__(self) -> str:
+        raise StoreError(
+            f"{self._url} is a PostgreSQL database, not a file: this needs the SQLite backend"
+        )
+
+
 # ---- rows --------------------------------------------------------------------------------
 
 
@@ -209,7 +230,7 @@ class PgDatabase(Database):
         self.config = config
         self.url = config.db_url.get_secret_value()
         self.where = masked_url(self.url)
-        self.path = Path(self.where)
+        self.path = UrlPath(self.where)
         self.driver = DRIVER
         self._pool: AsyncConnectionPool[AsyncConnection[PgRow]] | None = None
         self._write_lock = asyncio.Lock()
