@@ -448,3 +448,24 @@ def test_the_path_of_a_postgres_store_prints_masked_and_is_no_file(
     with pytest.raises(StoreError, match="not a file"):
         sqlite3.connect(db.path)  # what SQLite-only code (a file backup) would do
     assert list(tmp_path.iterdir()) == []  # nothing was created
+
+
+async def test_the_db_url_setting_opens_the_engine_on_postgres(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bot.settings import Settings
+    from memory.engine import MemoryEngine
+
+    monkeypatch.setenv("SPEAKERMEM_DB_URL", pg_url)
+    monkeypatch.setenv("SPEAKERMEM_DB_PATH", str(tmp_path / "unused.db"))
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    assert pg_url not in repr(settings)  # a secret: masked
+    engine = await MemoryEngine.open(settings.memory_config())
+    try:
+        assert isinstance(engine.store, PgStore)
+        stats = await engine.stats()
+        assert stats["driver"] == "postgres"
+        assert stats["schema_version"] == max(m.version for m in migrations(engine.store.db.config))
+    finally:
+        await engine.close()
+    assert not (tmp_path / "unused.db").exists()
