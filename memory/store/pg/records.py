@@ -17,6 +17,7 @@ replaced.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,8 +47,9 @@ def vector_text(vector: np.ndarray) -> str:
 # event (positions in the tsvector); for a phrase, 1 when the content has it plus 1 when the
 # event has it (content is labelled 'A', event 'B', so a phrase never spans the two columns,
 # as in FTS5). idf(t) counts the records matching t among all records, as FTS5 does; |r| is
-# the row's token count (records.fts_len). Parameters: the terms (text[]) and the channel
-# pks (bigint[]). Callers append filters on r.
+# the row's token count (records.fts_len). Parameters: the terms (text[]), the number of
+# records (N), b / avg|r| and the channel pks (bigint[]); callers append filters on r. The
+# IDFs are MATERIALIZED: computed once per query, not once per matching row.
 _LABEL = r"regexp_replace(t.query::text, '''([^'']*)''', '''\1'':{w}', 'g')::tsquery"
 _BM25_SQL = f"""
 WITH terms AS (
@@ -60,25 +62,24 @@ WITH terms AS (
     WHERE numnode(t.query) > 0
 ), matching AS (
     SELECT terms.*, CASE WHEN lex IS NOT NULL THEN query ELSE qa || qb END AS m FROM terms
-), corpus AS (
-    SELECT count(*) AS n_rows, greatest(coalesce(avg(fts_len), 0), 1e-9) AS mean FROM records
-), weighted AS (
-    SELECT m.lex, m.qa, m.qb, corpus.mean,
-           greatest(ln((corpus.n_rows - h.hits + 0.5) / (h.hits + 0.5)), {MIN_IDF}) AS idf
-    FROM matching AS m CROSS JOIN corpus
+), weighted AS MATERIALIZED (
+    SELECT m.lex, m.qa, m.qb,
+           greatest(ln((?::float8 - h.hits + 0.5) / (h.hits + 0.5)), {MIN_IDF}) AS idf
+    FROM matching AS m
     CROSS JOIN LATERAL (SELECT count(*) AS hits FROM records WHERE fts @@ m.m) AS h
 )
 SELECT r.id AS id, r.owner AS owner, r.source AS source, -(
-    SELECT coalesce(sum(w.idf * f.f * {K1 + 1} / (f.f + {K1} * ({1 - B}
-        + {B} * r.fts_len / w.mean))), 0)
-    FROM weighted AS w CROSS JOIN LATERAL (
-        SELECT CASE WHEN w.lex IS NOT NULL THEN (
-            SELECT coalesce(sum(array_length(u.positions, 1)), 0)
-            FROM unnest(r.fts) AS u WHERE u.lexeme = w.lex
-        ) ELSE (CASE WHEN r.fts @@ w.qa THEN 1 ELSE 0 END)
-             + (CASE WHEN r.fts @@ w.qb THEN 1 ELSE 0 END) END AS f
-    ) AS f
-    WHERE f.f > 0
+    SELECT coalesce(sum(x.idf * x.f * {K1 + 1}
+        / (x.f + {K1} * ({1 - B} + ?::float8 * r.fts_len))), 0)
+    FROM (
+        SELECT w.idf, CASE WHEN w.lex IS NOT NULL THEN coalesce(tf.n, 0)
+            ELSE (CASE WHEN r.fts @@ w.qa THEN 1 ELSE 0 END)
+                 + (CASE WHEN r.fts @@ w.qb THEN 1 ELSE 0 END) END AS f
+        FROM weighted AS w LEFT JOIN (
+            SELECT u.lexeme, array_length(u.positions, 1) AS n FROM unnest(r.fts) AS u
+        ) AS tf ON tf.lexeme = w.lex
+    ) AS x
+    WHERE x.f > 0
 ) AS score
 FROM records r
 WHERE r.fts @@ (SELECT string_agg('(' || m::text || ')', ' | ')::tsquery FROM matching)
@@ -117,15 +118,39 @@ class PgRecordRepo(RecordRepo):
 
     # ---- lexical ------------------------------------------------------------------------
 
-    @staticmethod
-    def _scored(match: str, channel_pks: Sequence[int]) -> tuple[str, list[Any]] | None:
+    STATS_TTL_S = 30.0
+    """How long BM25's corpus figures (records, mean length: a full scan) are reused. This
+    repository's own writes refresh them at once; other processes' within the TTL."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stats: tuple[float, int, float] | None = None  # (read at, records, mean length)
+
+    async def _corpus_stats(self) -> tuple[int, float]:
+        """(records, their mean token count): BM25's N and average length, over every
+        record, as FTS5's records_fts holds them (superseded ones too)."""
+        now = time.monotonic()
+        if self._stats is not None and now - self._stats[0] < self.STATS_TTL_S:
+            return self._stats[1], self._stats[2]
+        r = (await self.db.read("SELECT count(*), coalesce(avg(fts_len), 0) FROM records"))[0]
+        self._stats = (now, int(r[0]), float(r[1]))
+        return int(r[0]), float(r[1])
+
+    async def _insert_records(self, *args: Any, **kwargs: Any) -> list[int]:
+        self._stats = None
+        return await super()._insert_records(*args, **kwargs)
+
+    async def _scored(self, match: str, channel_pks: Sequence[int]) -> tuple[str, list[Any]] | None:
         """SQL selecting (id, owner, source, score) of the channels' matching records, score
-        the negative BM25 (one round trip); None when nothing can match. Filters on `r` may
-        be appended. A column filter of the MATCH text does not apply to records."""
+        the negative BM25 (one round trip, two when the corpus figures are read); None when
+        nothing can match. Filters on `r` may be appended. A column filter of the MATCH text
+        does not apply to records."""
         terms = [raw for raw, _ in parse_match(match)]
         if not terms or not channel_pks:
             return None
-        return _BM25_SQL, [terms, list(dict.fromkeys(int(pk) for pk in channel_pks))]
+        rows, mean = await self._corpus_stats()
+        pks = list(dict.fromkeys(int(pk) for pk in channel_pks))
+        return _BM25_SQL, [terms, float(rows), B / max(mean, 1e-9), pks]
 
     async def lexical(
         self,
@@ -138,7 +163,7 @@ class PgRecordRepo(RecordRepo):
         source: str | None = None,
         exclude_owner: str | None = None,
     ) -> list[tuple[int, float]]:
-        scored = self._scored(match, channel_pks) if match else None
+        scored = await self._scored(match, channel_pks) if match else None
         if scored is None:
             return []
         sql, params = scored
@@ -173,7 +198,7 @@ class PgRecordRepo(RecordRepo):
         keys = list(dict.fromkeys(keys))
         if not match or not channel_pks or not keys or per_key <= 0:
             return {}
-        scored = self._scored(match, channel_pks)
+        scored = await self._scored(match, channel_pks)
         if scored is None:
             return {}
         sql, params = scored
@@ -197,7 +222,7 @@ class PgRecordRepo(RecordRepo):
     ) -> list[str]:
         if not match or not channel_pks or limit <= 0:
             return []
-        scored = self._scored(match, channel_pks)
+        scored = await self._scored(match, channel_pks)
         if scored is None:
             return []
         sql, params = scored
