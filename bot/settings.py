@@ -36,6 +36,8 @@ class Settings(BaseSettings):
 
     # storage
     db_path: Path = inherit(StoreConfig, "db_path")
+    db_url: SecretStr | None = inherit(StoreConfig, "db_url")
+    """postgresql://user:password@host/db selects PostgreSQL (issue 13); unset = db_path."""
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = inherit(StoreConfig, "sqlite_driver")
     db_readers: int = inherit(StoreConfig, "readers")
     db_lock_wait_s: float = inherit(StoreConfig, "lock_wait_s")
@@ -129,6 +131,7 @@ class Settings(BaseSettings):
         return MemoryConfig(
             store=StoreConfig(
                 db_path=self.db_path,
+                db_url=self.db_url,
                 sqlite_driver=self.sqlite_driver,
                 readers=self.db_readers,
                 lock_wait_s=self.db_lock_wait_s,

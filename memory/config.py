@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 
 from memory.writer.gate import (
     DEFAULT_DENSE_THRESHOLD,
@@ -21,6 +21,9 @@ from memory.writer.gate import (
 
 class StoreConfig(BaseModel):
     db_path: Path = Path("speakermem.db")
+    db_url: SecretStr | None = None
+    """postgresql://... selects the PostgreSQL backend (memory.store.pg); None keeps the
+    SQLite file at `db_path`. Secret: the URL may carry a password."""
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = "auto"
     readers: int = Field(default=4, ge=1, le=16)
     """Reader connections: /recall runs its rankings concurrently, one per connection."""
@@ -117,7 +120,9 @@ class RecallConfig(BaseModel):
     """Check each claim of an LLM answer against the messages it cites; drop or re-cite the
     unsupported ones, and abstain when none is left."""
     interaction_catchup: int = Field(default=500, ge=0)
-    """New messages per channel whose addressees and reply links /recall infers first."""
+    """New messages per channel whose addressees and reply links /recall infers first, when
+    no background worker keeps the graph current (the CLI, evaluation). With the worker
+    running, /recall never writes: it reads the graph as the worker left it."""
     s1_pack_tokens: int = Field(default=1_500, ge=100)
     """Budget of the verbatim excerpts in the evidence pack (longest texts are shortened)."""
     s2_pack_tokens: int = Field(default=1_300, ge=100)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -13,6 +13,13 @@ from memory.engine import MemoryEngine
 from memory.models import MessageEvent, Scope
 from tests.fakes import HashEmbedder
 from tests.llm_fixtures import llm_server  # noqa: F401 - re-exported fixture
+from tests.pg_fixtures import (  # noqa: F401 - re-exported fixtures
+    current_db_url,
+    pg_databases,
+    pg_server,
+    pg_url,
+    use_db_url,
+)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 T0 = datetime(2024, 3, 1, 9, 0, tzinfo=UTC)
@@ -27,10 +34,50 @@ def shared_file(relative: str) -> Path:
 
 
 def make_config(tmp_path: Path, **ingest: object) -> MemoryConfig:
+    """A store in tmp_path, or the test's PostgreSQL database on the contract suite's
+    "postgres" run (see `backend`)."""
+    url = current_db_url(str(tmp_path))
     return MemoryConfig(
-        store=StoreConfig(db_path=tmp_path / "test.db"),
+        store=StoreConfig(db_path=tmp_path / "test.db", db_url=url),
         ingest=IngestConfig(**ingest),  # type: ignore[arg-type]
     )
+
+
+BACKENDS = ("sqlite", "postgres")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Modules marked `pytestmark = pytest.mark.contract` run every test over both store
+    backends (ids [sqlite] and [postgres]: select one with -k); other modules use SQLite."""
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("contract"):
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture(autouse=True)
+def _store_backend(request: pytest.FixtureRequest, backend: str) -> Iterator[None]:
+    """On the "postgres" run, a fresh database that `make_config` (and so `engine`) uses, and
+    SPEAKERMEM_DB_URL for code that reads the settings (the CLI, the adapters); a test
+    marked `sqlite_only` skips there."""
+    if backend != "postgres":
+        yield None
+        return
+    marker = request.node.get_closest_marker("sqlite_only")
+    if marker is not None:
+        pytest.skip(f"SQLite only: {marker.args[0] if marker.args else 'SQLite detail'}")
+    dbs = request.getfixturevalue("pg_databases")
+    # settings-based code (CLI, adapters) shares the database of make_config(tmp_path)
+    tmp_path = request.getfixturevalue("tmp_path")
+    request.getfixturevalue("monkeypatch").setenv("SPEAKERMEM_DB_URL", dbs.url_for(str(tmp_path)))
+    use_db_url(dbs.url_for)
+    try:
+        yield None
+    finally:
+        use_db_url(None)
 
 
 @pytest.fixture

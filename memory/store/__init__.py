@@ -27,6 +27,7 @@ __all__ = [
     "StoreBusy",
     "StoreError",
     "WriterRunLog",
+    "make_store",
     "pick_driver",
     "stdlib_can_load_extensions",
 ]
@@ -62,3 +63,19 @@ class Store:
             if path.exists():
                 size += path.stat().st_size
         return size
+
+
+def make_store(config: StoreConfig, *, gap_seconds: float, window: int) -> Store:
+    """The store `config` selects: PostgreSQL when `db_url` is set, else the SQLite file."""
+    if config.db_url is not None:
+        url = config.db_url.get_secret_value()
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise StoreError("SPEAKERMEM_DB_URL must start with postgresql:// (or be unset)")
+        try:
+            from memory.store.pg.store import PgStore
+        except ImportError as exc:
+            raise StoreError(
+                f"the PostgreSQL backend needs psycopg ({exc}): pip install 'speakermem[postgres]'"
+            ) from exc
+        return PgStore(config, gap_seconds=gap_seconds, window=window)
+    return Store(config, gap_seconds=gap_seconds, window=window)

@@ -418,6 +418,14 @@ CREATE TABLE early_changes (
 """
 
 
+SEGMENT_CLAIMS = """
+-- Writer workers lease segments: who holds one and until when. A lease that runs out (the
+-- worker died) makes the segment claimable again.
+ALTER TABLE segments ADD COLUMN claimed_by TEXT;
+ALTER TABLE segments ADD COLUMN lease_until REAL;
+"""
+
+
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [
@@ -429,4 +437,5 @@ def migrations(chunk_size: int) -> list[Migration]:
         Migration(
             6, "reliability: edits and deletes that arrive before their message", EARLY_CHANGES
         ),
+        Migration(7, "workers: segment claims with a lease", SEGMENT_CLAIMS),
     ]
