@@ -73,14 +73,28 @@ async def bot_main(cfg: dict[str, Any]) -> int:
     from bot.settings import Settings
     from integrations import runtime
 
-    if not cfg["recall_llm"]:
-        # /recall without the LLM (the issue's "recall with no LLM"): the runtime builds one
-        # client for the Writer and for answers; only the recall pipeline is given none
-        class RecallWithoutLLM(runtime.RecallPipeline):
-            def __init__(self, engine: Any, *, llm: Any = None, **kw: Any) -> None:
-                super().__init__(engine, llm=None, **kw)
+    stages_out = Path(cfg["stages_out"])
+    stage_rows: list[dict[str, float]] = []
+    recall_llm = cfg["recall_llm"]
 
-        runtime.RecallPipeline = RecallWithoutLLM  # type: ignore[misc]
+    class MeasuredRecall(runtime.RecallPipeline):
+        """The runtime's pipeline, recording each run's stage timings (the pipeline's own
+        time, apart from Slack transport and the wait for the event loop) to a file. Without
+        --recall-llm it gets no LLM (the issue's "recall with no LLM"): the runtime builds
+        one client for the Writer and for answers; only the recall pipeline is given none."""
+
+        def __init__(self, engine: Any, *, llm: Any = None, **kw: Any) -> None:
+            super().__init__(engine, llm=llm if recall_llm else None, **kw)
+
+        async def run(self, req: Any, *, answer: bool = True) -> Any:
+            started = time.perf_counter()
+            result = await super().run(req, answer=answer)
+            stage_rows.append(
+                {"total": (time.perf_counter() - started) * 1000, **result.trace.latency_ms}
+            )
+            return result
+
+    runtime.RecallPipeline = MeasuredRecall  # type: ignore[misc]
     settings = Settings(_env_file=None, **cfg["settings"])  # type: ignore[call-arg]
     ticker = Ticker(clock=time.monotonic)
     ticker.start()
@@ -93,6 +107,9 @@ async def bot_main(cfg: dict[str, Any]) -> int:
         written += len(batch)
         with out.open("a") as fh:
             fh.write(json.dumps(batch) + "\n")
+        rows, stage_rows[:] = list(stage_rows), []
+        with stages_out.open("a") as fh:
+            fh.writelines(json.dumps(row) + "\n" for row in rows)
 
     async def flusher() -> None:
         while True:
@@ -294,6 +311,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             {
                 "settings": settings,
                 "lag_out": str(tmp / "lag.jsonl"),
+                "stages_out": str(tmp / "stages.jsonl"),
                 "recall_llm": args.recall_llm,
                 "profile": str(args.profile.resolve()) if args.profile else None,
             }
@@ -505,7 +523,17 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     lag_file = tmp / "lag.jsonl"
     lines = lag_file.read_text().splitlines() if lag_file.exists() else []
     lag = [ms for line in lines for t, ms in json.loads(line) if t_start <= t <= t_end]
+    stages_file = tmp / "stages.jsonl"
+    stage_rows = (
+        [json.loads(line) for line in stages_file.read_text().splitlines()]
+        if stages_file.exists()
+        else []
+    )
+    stage_names = sorted({k for row in stage_rows for k in row})
     return {
+        "recall_stages_ms": {
+            k: pct([row[k] for row in stage_rows if k in row]) for k in stage_names
+        },
         "rate": args.rate,
         "seconds": args.seconds,
         "channels": args.channels,
@@ -591,6 +619,17 @@ def report(r: dict[str, Any]) -> str:
         "| measure | value | |",
         "|---|---|---|",
         *(f"| {a} | {b} | {c} |" for a, b, c in rows),
+        "",
+        "/recall inside the pipeline (ms, p50 / p95; the rest of the latency above is Slack "
+        "transport and waiting for the bot's event loop):",
+        "",
+        "| stage | p50 | p95 | n |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {v['p50']:.1f} | {v['p95']:.1f} | {v['n']} |"
+            for name, v in r.get("recall_stages_ms", {}).items()
+            if v["n"]
+        ),
         "",
         "| t (s) | RSS (MB) | Writer queue (deferred) | embed queue | stored |",
         "|---|---|---|---|---|",

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
-from memory.background import WakeWorker
+from memory.background import Foreground, WakeWorker
 from memory.config import MemoryConfig
 from memory.interactions import interaction_names
 from memory.models import (
@@ -27,16 +27,21 @@ from memory.models import (
     Scope,
     SearchHit,
 )
-from memory.ports import Embedder
+from memory.ports import Embedder, QueryEmbedder
 from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
-from memory.store import ChangeStatus, IngestOutcome, Store
+from memory.store import ChangeStatus, IngestOutcome, Store, make_store
 from memory.store.diagnostics import location, schema_version
 
 log = logging.getLogger(__name__)
 
 SearchMode = Literal["hybrid", "lexical", "dense"]
 Progress = Callable[[int], None]
+
+
+BACKGROUND_EMBED_BATCH = 16
+"""Messages per background embedding batch: small, so a /recall arriving mid-batch waits
+at most one short batch for the embedder's thread and the cores."""
 
 
 class UnknownChannel(LookupError):
@@ -57,14 +62,16 @@ class MemoryEngine:
         self.store = store
         self.embedder = embedder
         self._embedding = WakeWorker("embedder", self._embed_batches)
-        self._embed_batch = 64
+        self._embed_batch = BACKGROUND_EMBED_BATCH
+        self.foreground = Foreground()
+        """/recall marks itself here; the background workers give way to it."""
         self._graph = WakeWorker("interactions", self._infer_dirty)
         self._graph_dirty: set[Scope] | None = None
         """Channels with new messages for the graph worker (None: all, on its first pass)."""
 
     @classmethod
     async def open(cls, config: MemoryConfig, embedder: Embedder | None = None) -> MemoryEngine:
-        store = Store(
+        store = make_store(
             config.store,
             gap_seconds=config.ingest.session_gap_minutes * 60.0,
             window=config.ingest.segment_window,
@@ -130,13 +137,20 @@ class MemoryEngine:
     # ---- embeddings ---------------------------------------------------------------------
 
     async def embed_pending(
-        self, *, batch_size: int = 256, on_progress: Progress | None = None
+        self,
+        *,
+        batch_size: int = 256,
+        on_progress: Progress | None = None,
+        before_batch: Callable[[], Awaitable[None]] | None = None,
     ) -> int:
-        """Embed every message that has no vector yet; returns how many were stored."""
+        """Embed every message that has no vector yet; returns how many were stored.
+        `before_batch` runs before each batch (the background worker gives way to /recall)."""
         if self.embedder is None:
             return 0
         done = 0
         while True:
+            if before_batch is not None:
+                await before_batch()
             items = await self.store.messages.pending_embeddings(batch_size)
             if not items:
                 return done
@@ -149,9 +163,11 @@ class MemoryEngine:
                 return done
 
     async def _embed_batches(self) -> None:
-        await self.embed_pending(batch_size=self._embed_batch)
+        await self.embed_pending(
+            batch_size=self._embed_batch, before_batch=self.foreground.yield_to
+        )
 
-    def start_background_embedding(self, *, batch_size: int = 64) -> None:
+    def start_background_embedding(self, *, batch_size: int = BACKGROUND_EMBED_BATCH) -> None:
         """Embed new messages shortly after they arrive, without blocking ingestion."""
         if self.embedder is None:
             return
@@ -192,6 +208,7 @@ class MemoryEngine:
     async def _infer_dirty(self) -> None:
         scopes, self._graph_dirty = self._graph_dirty, set()
         try:
+            await self.foreground.yield_to()
             await self.infer_interactions(scopes)
         except Exception:  # the cursors have not moved: read these channels again
             self._graph_dirty = None if scopes is None else self._graph_dirty | scopes
@@ -203,6 +220,12 @@ class MemoryEngine:
         if not self._graph.running:
             self._graph_dirty = None
             self._graph.start()
+
+    @property
+    def graph_in_background(self) -> bool:
+        """Whether the background worker keeps the interaction graph current (then /recall
+        leaves it alone: its inline catch-up would wait on the write lock under load)."""
+        return self._graph.running
 
     async def stop_background_interactions(self) -> None:
         await self._graph.stop()
@@ -224,6 +247,8 @@ class MemoryEngine:
     async def embed_query(self, text: str) -> np.ndarray | None:
         if self.embedder is None:
             return None
+        if isinstance(self.embedder, QueryEmbedder):
+            return await self.embedder.embed_query(text)
         return (await self.embedder.embed([text]))[0]
 
     async def ranked(

@@ -24,6 +24,15 @@ class Embedder(Protocol):
         ...
 
 
+@runtime_checkable
+class QueryEmbedder(Embedder, Protocol):
+    """An embedder that can embed a /recall question ahead of queued background batches."""
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        """One text's vector, shape (dim,), without waiting behind background work."""
+        ...
+
+
 class ChatMessage(BaseModel):
     role: str
     content: str

@@ -456,6 +456,9 @@ class MiniLMEmbedder:
         self._tokenizer: Any = None
         self._load_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minilm")
+        # /recall questions get their own thread: a question never queues behind a
+        # background batch (ONNX Runtime sessions accept concurrent run() calls).
+        self._query_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minilm-q")
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -591,6 +594,13 @@ class MiniLMEmbedder:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self.embed_sync, list(texts))
 
+    async def embed_query(self, text: str) -> np.ndarray:
+        """One question's vector on the query thread, ahead of queued background batches."""
+        loop = asyncio.get_running_loop()
+        vecs = await loop.run_in_executor(self._query_executor, self.embed_sync, [text])
+        return vecs[0]
+
     def close(self) -> None:
-        """Stop the worker thread; pending calls finish first."""
+        """Stop the worker threads; pending calls finish first."""
         self._executor.shutdown(wait=True)
+        self._query_executor.shutdown(wait=True)

@@ -560,6 +560,12 @@ class RecallPipeline:
     # ---- the whole run ------------------------------------------------------------------
 
     async def run(self, req: RecallRequest, *, answer: bool = True) -> RecallResult:
+        """One /recall. A member is waiting: background embedding and graph work give way
+        while it runs (`MemoryEngine.foreground`)."""
+        async with self.engine.foreground.serving():
+            return await self._run(req, answer=answer)
+
+    async def _run(self, req: RecallRequest, *, answer: bool) -> RecallResult:
         timings: dict[str, float] = {}
 
         @contextmanager
@@ -605,7 +611,7 @@ class RecallPipeline:
             else None
         )
         with stage("system1"):
-            if self.cfg.interaction_catchup > 0 and pks:
+            if self.cfg.interaction_catchup > 0 and pks and not self.engine.graph_in_background:
                 index = interaction_names(roster)
                 for pk in pks:
                     await self.engine.store.interactions.update(
