@@ -6,8 +6,8 @@ replaced.
   parsed as System 1 parses it (pg/messages.py), and the matches are ranked by Okapi BM25
   computed in SQL as FTS5's bm25(records_fts) does: k1 1.2, b 0.75, both columns weighted
   1.0, IDF over all records, document length the row's token count (`records.fts_len`).
-  Scores are negative, lower is better, as FTS5's. A phrase counts once per row (a tsvector
-  keeps no phrase counts), where FTS5 counts each occurrence.
+  Scores are negative, lower is better, as FTS5's. A phrase counts once per column it is
+  in (a tsvector keeps no phrase counts), where FTS5 counts each occurrence.
 - Dense search is exact cosine distance (`<=>`) over `records_vec` per channel, as sqlite-vec
   does; vectors travel as pgvector's text form.
 - commit_segment locks the segment row, so two workers committing one segment (a lease that
