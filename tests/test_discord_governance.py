@@ -39,6 +39,8 @@ from tests.standins.discord_gateway import (
 )
 from tests.test_discord_adapter import ALICE, BOB, Bot, post, start_bot, until
 
+pytestmark = pytest.mark.contract
+
 EPHEMERAL = 64
 
 # --- pure: option payloads → the text line --------------------------------------------------------

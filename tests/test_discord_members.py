@@ -6,9 +6,13 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
+
 from memory.models import Scope
 from tests.standins.discord_gateway import GUILD_ID, ROLE_MEMBERS, default_guild, member, user
 from tests.test_discord_adapter import BOB, GENERAL, SECRET, message, start_bot, until
+
+pytestmark = pytest.mark.contract
 
 CARL = "700000000000000304"
 

@@ -18,6 +18,8 @@ from tests.conftest import make_config
 from tests.fakes import HashEmbedder
 from tests.llm_server import Handler, LLMServer, Reply
 
+pytestmark = pytest.mark.contract
+
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_small.json"
 
 

@@ -15,6 +15,8 @@ from memory.models import Scope
 from memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import msg
 
+pytestmark = pytest.mark.contract
+
 
 async def _until(check: Callable[[], Awaitable[bool]]) -> None:
     async with asyncio.timeout(5.0):

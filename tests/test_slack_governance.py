@@ -33,6 +33,8 @@ from tests.test_slack_adapter import (
     seed,
 )
 
+pytestmark = pytest.mark.contract
+
 ADMIN, MEMBER, OTHER = "U1", "U2", "U3"
 REFUSED = "is for workspace admins"
 
