@@ -261,8 +261,8 @@ class PgMessageRepo(MessageRepo):
         """One statement selecting (id, speaker_id, score) of the channels' live matches,
         score the negative BM25 (lower is better, as FTS5's bm25()); None when nothing can
         match."""
-        terms = await self._terms(parse_match(match))
-        if not terms:
+        items = parse_match(match)
+        if not items:
             return None
         stats = await self._cached_stats()
         filters = ""
@@ -279,19 +279,14 @@ class PgMessageRepo(MessageRepo):
         params: list[Any] = [
             *(stats or (None, None)),
             stats is None,
-            [t.lexeme for t in terms],
-            [t.weights for t in terms],
-            [t.weighted("A") for t in terms],
-            [t.weighted("B") for t in terms],
-            [t.weighted() for t in terms],
+            [raw for raw, _ in items],
+            [weights for _, weights in items],
             MIN_IDF,
             MIN_IDF,
-            _any([t.weighted() for t in terms]),
             list(dict.fromkeys(int(pk) for pk in channel_pks)),
             *extra,
             WEIGHT_TEXT,
             WEIGHT_SPEAKER,
-            [t.lexeme for t in terms if t.lexeme is not None],
             WEIGHT_TEXT,
             WEIGHT_SPEAKER,
             K1 + 1,
@@ -379,30 +374,25 @@ class PgMessageRepo(MessageRepo):
             return {}
         pks = list(dict.fromkeys(int(pk) for pk in channel_pks))
         out: dict[str, dict[tuple[int, int], int]] = {}
-        queries: dict[str, str] = {}
-        for term in terms:
-            parsed = await self._terms(parse_match(term))
-            if parsed:
-                queries[term] = _any([t.weighted() for t in parsed])
-            else:
-                out[term] = {}
-        if not queries:
-            return out
         # one statement for all terms: each term's capped match count, then the per-session
         # counts of the terms under the cap (-1 marks a term with no match at all)
+        raws = {term: " ".join(raw for raw, _ in parse_match(term)) for term in terms}
+        if not raws:
+            return out
         rows = await self.db.read(
-            "WITH t AS MATERIALIZED (SELECT u.i, u.q, (SELECT count(*) FROM (SELECT 1"
-            " FROM messages WHERE fts @@ u.q::tsquery AND deleted_at IS NULL"
-            " AND channel_pk = ANY(?::bigint[]) LIMIT ?) f) AS hits"
-            " FROM unnest(?::text[]) WITH ORDINALITY AS u(q, i))"
+            "WITH t AS MATERIALIZED (SELECT v.i, v.q, (SELECT count(*) FROM (SELECT 1"
+            " FROM messages WHERE fts @@ v.q AND deleted_at IS NULL"
+            " AND channel_pk = ANY(?::bigint[]) LIMIT ?) f) AS hits FROM (SELECT u.i,"
+            f" phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')}) AS q"
+            " FROM unnest(?::text[]) WITH ORDINALITY AS u(raw, i)) v)"
             " SELECT t.i, m.channel_pk, m.session_id, count(*) FROM t JOIN messages m"
-            " ON m.fts @@ t.q::tsquery AND m.deleted_at IS NULL"
+            " ON m.fts @@ t.q AND m.deleted_at IS NULL"
             " AND m.channel_pk = ANY(?::bigint[]) WHERE t.hits BETWEEN 1 AND ?"
             " GROUP BY t.i, m.channel_pk, m.session_id"
             " UNION ALL SELECT t.i, -1, -1, 0 FROM t WHERE t.hits = 0",
-            (pks, cap + 1, list(queries.values()), pks, cap),
+            (pks, cap + 1, list(raws.values()), pks, cap),
         )
-        names = list(queries)
+        names = list(raws)
         for i, channel_pk, session_id, n in rows:
             counts = out.setdefault(names[int(i) - 1], {})
             if int(n) > 0:
@@ -457,6 +447,16 @@ class PgMessageRepo(MessageRepo):
         }
 
 
+def _weighted(query: str, weights: str) -> str:
+    """SQL restricting a tsquery's lexemes to the columns `weights` (an SQL text expression:
+    'A', 'B' or 'AB'), NULL when the term may not match there. Lexemes hold no quote (the
+    text search input has no punctuation), so rewriting the text form is safe."""
+    return (
+        f"CASE WHEN strpos(t0.ws, {weights}) > 0 THEN regexp_replace({query}::text,"
+        f" '''([^'']*)''', '''\\1'':' || {weights}, 'g')::tsquery END"
+    )
+
+
 # Okapi BM25 as FTS5 computes it, per matching row m:
 #   sum over terms t of idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * |m| / avg|m|))
 # idf(t) = ln((N - n_t + 0.5) / (n_t + 0.5)), floored at 1e-6, over all live messages (FTS5
@@ -465,40 +465,49 @@ class PgMessageRepo(MessageRepo):
 # tsvector's positions (each matching row's tsvector is unnested once, joined to the
 # terms); for a phrase, 1.0 when it occurs in the text plus 0.5 when it occurs in the name
 # (a tsvector keeps no phrase counts). |m| is the row's token count (messages.fts_len).
-# `stats` reads N and avg|m| from the parameters, or (third parameter true) computes them.
-_BM25_SQL = """
+# `stats` reads N and avg|m| from the parameters, or (third parameter true) computes them;
+# the terms arrive as raw text and columns and are normalised here (one round trip).
+_BM25_SQL = f"""
 WITH stats AS (
     SELECT coalesce(?::float8, count(*)::float8) AS n,
            coalesce(?::float8, avg(fts_len)::float8, 0) AS avglen
     FROM messages WHERE deleted_at IS NULL AND ?::boolean
+), t0 AS MATERIALIZED (
+    SELECT u.i, u.ws, phraseto_tsquery('{TS_CONFIG}', {fts_input("u.raw")}) AS tq
+    FROM unnest(?::text[], ?::text[]) WITH ORDINALITY AS u(raw, ws, i)
 ), q AS MATERIALIZED (
-    SELECT u.i, u.lex, u.ws, u.qa, u.qb,
-           (SELECT count(*) FROM messages WHERE fts @@ u.qw::tsquery AND deleted_at IS NULL)
-               AS df
-    FROM unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::text[])
-         WITH ORDINALITY AS u(lex, ws, qa, qb, qw, i)
-), terms AS (
-    SELECT q.i, q.lex, q.ws, q.qa, q.qb,
-           CASE WHEN s.n - q.df + 0.5 > 0
-                THEN greatest(ln((s.n - q.df + 0.5) / (q.df + 0.5)), ?::float8)
+    SELECT t0.i, t0.ws,
+           CASE WHEN numnode(t0.tq) = 1 THEN btrim(t0.tq::text, '''') END AS lex,
+           {_weighted("t0.tq", "'A'")} AS qa,
+           {_weighted("t0.tq", "'B'")} AS qb,
+           CASE WHEN t0.ws = 'AB' THEN t0.tq ELSE {_weighted("t0.tq", "t0.ws")} END AS qw
+    FROM t0 WHERE numnode(t0.tq) > 0
+), terms AS MATERIALIZED (
+    SELECT q.i, q.lex, q.ws, q.qa, q.qb, q.qw,
+           CASE WHEN s.n - d.df + 0.5 > 0
+                THEN greatest(ln((s.n - d.df + 0.5) / (d.df + 0.5)), ?::float8)
                 ELSE ?::float8 END AS idf
-    FROM q CROSS JOIN stats s
+    FROM q CROSS JOIN stats s CROSS JOIN LATERAL (
+        SELECT count(*) AS df FROM messages WHERE fts @@ q.qw AND deleted_at IS NULL
+    ) d
 ), hits AS MATERIALIZED (
     SELECT m.id, m.speaker_id, m.fts, m.fts_len FROM messages m
-    WHERE m.fts @@ ?::tsquery AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])
-    {filters}
+    WHERE m.fts @@ (SELECT string_agg('(' || qw::text || ')', ' | ')::tsquery FROM terms)
+      AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])
+    {{filters}}
 ), tf AS (
     SELECT h.id, t.i, sum(CASE w WHEN 'A' THEN ?::float8 ELSE ?::float8 END) AS f
     FROM hits h CROSS JOIN LATERAL (
-        SELECT lexeme, weights FROM unnest(h.fts) WHERE lexeme = ANY(?::text[])
+        SELECT lexeme, weights FROM unnest(h.fts)
+        WHERE lexeme = ANY(ARRAY(SELECT lex FROM terms WHERE lex IS NOT NULL))
     ) AS u
     JOIN terms t ON t.lex = u.lexeme
     CROSS JOIN LATERAL unnest(u.weights) AS w
     WHERE strpos(t.ws, w) > 0
     GROUP BY h.id, t.i
     UNION ALL
-    SELECT h.id, t.i, CASE WHEN h.fts @@ t.qa::tsquery THEN ?::float8 ELSE 0 END
-                      + CASE WHEN h.fts @@ t.qb::tsquery THEN ?::float8 ELSE 0 END
+    SELECT h.id, t.i, CASE WHEN h.fts @@ t.qa THEN ?::float8 ELSE 0 END
+                      + CASE WHEN h.fts @@ t.qb THEN ?::float8 ELSE 0 END
     FROM hits h JOIN terms t ON t.lex IS NULL
 )
 SELECT h.id AS id, h.speaker_id AS speaker_id,
