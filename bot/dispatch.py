@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 4000
 _STORABLE = (MessageEvent, EditEvent, DeleteEvent, RosterEvent)
+GROUP_MAX = 200
+"""Most new messages written in one group-commit transaction (`Dispatcher.handle_grouped`)."""
 
 Notifier = Callable[[Scope, str], Awaitable[None]]
 """Posts a plain message in a channel (the one-time memory notice)."""
@@ -91,6 +93,8 @@ class Dispatcher:
         self.spill_retry_s = spill_retry_s
         self._spill_lock = asyncio.Lock()
         self._last_replay = float("-inf")
+        self._group: list[tuple[MessageEvent, asyncio.Future[None]]] = []
+        self._group_task: asyncio.Task[None] | None = None
 
     async def handle(self, event: Event) -> None:
         """Apply one event; errors are logged and counted, never raised (the funnel)."""
@@ -114,6 +118,31 @@ class Dispatcher:
         except Exception:
             self.stats.errors[kind] += 1
             log.exception("failed to apply %s in %s; skipped", kind, getattr(event, "scope", "?"))
+
+    async def handle_grouped(self, event: MessageEvent) -> None:
+        """Apply a new message, sharing one store transaction with the messages that other
+        handlers hand in meanwhile (group commit): while a batch is being written, new
+        arrivals wait and go together in the next one. Returns once the message's batch is
+        applied, with the same filters, outcomes and fallbacks as `handle_many`.
+
+        The writing runs in its own task, so a caller that is cancelled (or times out)
+        never strands the others' messages."""
+        done = asyncio.get_running_loop().create_future()
+        self._group.append((event, done))
+        if self._group_task is None or self._group_task.done():
+            self._group_task = asyncio.create_task(self._write_groups(), name="dispatch-group")
+        await asyncio.shield(done)
+
+    async def _write_groups(self) -> None:
+        while self._group:
+            batch = self._group[:GROUP_MAX]
+            del self._group[:GROUP_MAX]
+            try:
+                await self.handle_many([event for event, _ in batch])
+            finally:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
 
     async def handle_many(self, events: Sequence[MessageEvent]) -> None:
         """Apply a burst of new messages (consecutive, from one adapter) in one store

@@ -56,7 +56,7 @@ import yarl
 from discord import app_commands
 
 from bot.commands import COMMANDS, MEMORY, RECALL, CommandSpec
-from bot.dispatch import Dispatcher
+from bot.dispatch import GROUP_MAX, Dispatcher
 from bot.events import MessageEvent, RosterAction, RosterEvent, Scope
 from bot.governance import CommandReply, ConfirmPrompt
 from bot.settings import Settings
@@ -86,7 +86,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BURST_MAX = 200
+BURST_MAX = GROUP_MAX
 """Most MESSAGE_CREATEs stored in one transaction when they wait in the queue together."""
 
 CHUNK_TIMEOUT_S = 120.0

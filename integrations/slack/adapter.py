@@ -420,7 +420,12 @@ class SlackAdapter:
             event = await self._enrich(event)
         except Exception as exc:  # enrichment is best effort; the event still goes in
             log.warning("slack roster/name lookup failed (%s)", _brief(exc))
-        await self.dispatcher.handle(event)
+        if isinstance(event, MessageEvent):
+            # many events arrive as concurrent requests: one transaction for those that
+            # arrive while the previous batch is written, not one each
+            await self.dispatcher.handle_grouped(event)
+        else:
+            await self.dispatcher.handle(event)
         self.stats[f"event_{type(event).__name__}"] += 1
         if isinstance(event, RosterEvent):
             self._after_roster_event(event)
