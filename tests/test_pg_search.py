@@ -25,7 +25,7 @@ from memory.engine import MemoryEngine
 from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
 from memory.query.pipeline import RecallPipeline
 from memory.search.fts_query import build_match, quote
-from memory.store.pg.messages import Term, parse_match, vector_literal
+from memory.store.pg.messages import parse_match, vector_literal
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 
@@ -104,10 +104,6 @@ def test_parse_match_reads_the_expressions_the_callers_build() -> None:
     assert parse_match(quote('say "hi" now')) == [('say "hi" now', "AB")]
     assert parse_match('{speaker_name} : "bob"') == [("bob", "B")]
     assert parse_match('{speaker_name} : "bob" OR "x"', columns="A") == [("x", "A")]
-    term = Term("'a' <-> 'b'", "A")
-    assert term.lexeme is None and term.weighted() == "'a':A <-> 'b':A"
-    assert term.weighted("B") is None
-    assert Term("'a'", "AB").weighted("B") == "'a':B" and Term("'a'", "AB").lexeme == "a"
 
 
 def test_vector_literal_round_trips_float32() -> None:

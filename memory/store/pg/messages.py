@@ -23,9 +23,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,33 +50,6 @@ live messages and at most every STATS_TTL_S above it (a full scan; the IDF barel
 
 # A quoted FTS5 string, optionally behind a column filter: `{text} : "word"`, `"a b"`.
 _ITEM = re.compile(r'(?:\{([^}]*)\}\s*:\s*)?"((?:[^"]|"")*)"')
-_LEXEME = re.compile(r"'([^']*)'")
-
-
-@dataclass(frozen=True)
-class Term:
-    """One quoted string of a MATCH expression, normalised by the text search config."""
-
-    query: str
-    """Its tsquery text without weights: `'word'` or a phrase `'a' <-> 'b'`."""
-    weights: str
-    """Columns it may match: 'A' (text), 'B' (speaker name) or 'AB'."""
-
-    @property
-    def lexeme(self) -> str | None:
-        """The single stemmed word, or None for a phrase."""
-        m = _LEXEME.fullmatch(self.query)
-        return m.group(1) if m else None
-
-    def weighted(self, weights: str | None = None) -> str | None:
-        """The tsquery text restricted to `weights` (default: its own); None when the
-        restriction leaves no column."""
-        w = "".join(c for c in (weights or self.weights) if c in self.weights)
-        if not w:
-            return None
-        if w == "AB":
-            return self.query
-        return _LEXEME.sub(lambda m: f"'{m.group(1)}':{w}", self.query)
 
 
 def parse_match(match: str, *, columns: str = "AB") -> list[tuple[str, str]]:
@@ -114,7 +85,6 @@ class PgMessageRepo(MessageRepo):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._norm_cache: OrderedDict[str, str] = OrderedDict()
         self._stats: tuple[float, int, float] | None = None  # (read at, rows, mean length)
 
     # ---- writes -------------------------------------------------------------------------
@@ -210,29 +180,6 @@ class PgMessageRepo(MessageRepo):
         return len(keep)
 
     # ---- lexical ------------------------------------------------------------------------
-
-    async def _terms(self, items: list[tuple[str, str]]) -> list[Term]:
-        """Each (raw text, columns) as a Term, normalised by Postgres (cached per text)."""
-        missing = [raw for raw, _ in items if raw not in self._norm_cache]
-        if missing:
-            missing = list(dict.fromkeys(missing))
-            rows = await self.db.read(
-                f"SELECT t.n, phraseto_tsquery('{TS_CONFIG}', {fts_input('t.raw')})::text"
-                " FROM unnest(?::text[]) WITH ORDINALITY AS t(raw, n)",
-                (missing,),
-            )
-            for n, query in rows:
-                self._norm_cache[missing[int(n) - 1]] = query
-            while len(self._norm_cache) > 4096:
-                self._norm_cache.popitem(last=False)
-        out: list[Term] = []
-        seen: set[tuple[str, str]] = set()
-        for raw, weights in items:
-            query = self._norm_cache.get(raw, "")
-            if query and (query, weights) not in seen:
-                seen.add((query, weights))
-                out.append(Term(query, weights))
-        return out
 
     async def _cached_stats(self) -> tuple[float, float] | None:
         """(live messages, mean token count) from a per-process cache on a large corpus;
@@ -349,13 +296,13 @@ class PgMessageRepo(MessageRepo):
         phrase = speaker_phrase(word)
         if not phrase or not channel_pks:
             return 0, 0.0
-        terms = await self._terms(parse_match(phrase, columns="A"))
-        if not terms:
-            return 0, 0.0
+        raw = " ".join(raw for raw, _ in parse_match(phrase))
+        query = f"phraseto_tsquery('{TS_CONFIG}', {fts_input('?::text')})"
+        text_only = _weighted(query, "'A'")
         rows = await self.db.read(
-            "SELECT text FROM messages WHERE fts @@ ?::tsquery AND deleted_at IS NULL"
-            " AND channel_pk = ANY(?) LIMIT ?",
-            (terms[0].weighted(), list(channel_pks), sample),
+            f"SELECT text FROM messages WHERE fts @@ {text_only}"
+            " AND deleted_at IS NULL AND channel_pk = ANY(?) LIMIT ?",
+            (raw, list(channel_pks), sample),
         )
         pattern = re.compile(
             r"(?<!\w)" + r"\s+".join(map(re.escape, word.split())) + r"(?!\w)", re.IGNORECASE
@@ -447,12 +394,13 @@ class PgMessageRepo(MessageRepo):
         }
 
 
-def _weighted(query: str, weights: str) -> str:
-    """SQL restricting a tsquery's lexemes to the columns `weights` (an SQL text expression:
-    'A', 'B' or 'AB'), NULL when the term may not match there. Lexemes hold no quote (the
-    text search input has no punctuation), so rewriting the text form is safe."""
+def _weighted(query: str, weights: str, allowed: str = "'AB'") -> str:
+    """SQL restricting a tsquery's lexemes to the columns `weights` ('A' text, 'B' speaker
+    name, 'AB'), NULL when they are not among the term's `allowed` columns (both SQL text
+    expressions). Lexemes hold no quote (the text search input has no punctuation), so
+    rewriting the query's text form is safe."""
     return (
-        f"CASE WHEN strpos(t0.ws, {weights}) > 0 THEN regexp_replace({query}::text,"
+        f"CASE WHEN strpos({allowed}, {weights}) > 0 THEN regexp_replace(({query})::text,"
         f" '''([^'']*)''', '''\\1'':' || {weights}, 'g')::tsquery END"
     )
 
@@ -478,9 +426,9 @@ WITH stats AS (
 ), q AS MATERIALIZED (
     SELECT t0.i, t0.ws,
            CASE WHEN numnode(t0.tq) = 1 THEN btrim(t0.tq::text, '''') END AS lex,
-           {_weighted("t0.tq", "'A'")} AS qa,
-           {_weighted("t0.tq", "'B'")} AS qb,
-           CASE WHEN t0.ws = 'AB' THEN t0.tq ELSE {_weighted("t0.tq", "t0.ws")} END AS qw
+           {_weighted("t0.tq", "'A'", "t0.ws")} AS qa,
+           {_weighted("t0.tq", "'B'", "t0.ws")} AS qb,
+           CASE WHEN t0.ws = 'AB' THEN t0.tq ELSE {_weighted("t0.tq", "t0.ws", "t0.ws")} END AS qw
     FROM t0 WHERE numnode(t0.tq) > 0
 ), terms AS MATERIALIZED (
     SELECT q.i, q.lex, q.ws, q.qa, q.qb, q.qw,
@@ -516,11 +464,6 @@ SELECT h.id AS id, h.speaker_id AS speaker_id,
 FROM tf JOIN terms t ON t.i = tf.i JOIN hits h ON h.id = tf.id CROSS JOIN stats s
 WHERE tf.f > 0
 GROUP BY h.id, h.speaker_id"""
-
-
-def _any(queries: Sequence[str | None]) -> str:
-    """The OR of tsquery texts."""
-    return " | ".join(f"({q})" for q in queries if q)
 
 
 def vector_literal(vector: np.ndarray) -> str:
