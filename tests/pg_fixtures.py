@@ -10,6 +10,8 @@ The contract suite (tests/conftest.py) runs marked modules over both backends: f
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import os
 import tempfile
@@ -19,18 +21,20 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-_current: Callable[[], str] | None = None
+_current: Callable[[str], str] | None = None
 _counter = itertools.count(1)
 
 
-def current_db_url() -> str | None:
-    """The database URL the running test's stores use (None: the SQLite file). The
-    database is made on first use, so a test that opens no store costs nothing."""
-    return None if _current is None else _current()
+def current_db_url(key: str) -> str | None:
+    """The database URL for a store the running test keys by `key` (make_config passes its
+    directory), or None for the SQLite file. Each key gets its own database, made on first
+    use, as each path gets its own SQLite file: a test that opens two stores in two
+    directories gets two databases, one that reopens a directory finds its data again."""
+    return None if _current is None else _current(key)
 
 
-def use_db_url(provider: Callable[[], str] | None) -> None:
-    """Point `current_db_url` at a provider of the test's database URL (None: SQLite)."""
+def use_db_url(provider: Callable[[str], str] | None) -> None:
+    """Point `current_db_url` at a provider of database URLs by key (None: SQLite)."""
     global _current
     _current = provider
 
@@ -65,14 +69,80 @@ def pg_server() -> Iterator[str]:
         server.cleanup()
 
 
-@pytest.fixture
-def pg_url(pg_server: str) -> Iterator[str]:
-    """A fresh, empty database for one test; dropped afterwards."""
-    name = f"t_{os.getpid()}_{next(_counter)}"
+class PgDatabases:
+    """Fresh databases on the session's server, one per key, dropped together; copies of
+    `template` when one is given (CREATE DATABASE ... TEMPLATE)."""
+
+    def __init__(self, admin_url: str, template: str | None = None) -> None:
+        self.admin_url = admin_url
+        self.template = template
+        self.urls: dict[str, str] = {}
+
+    def url_for(self, key: str) -> str:
+        if key not in self.urls:
+            name = f"t_{os.getpid()}_{next(_counter)}"
+            copy = f' TEMPLATE "{self.template}"' if self.template else ""
+            with _admin_connect(self.admin_url) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"{copy}')
+            self.urls[key] = with_database(self.admin_url, name)
+        return self.urls[key]
+
+    def drop_all(self) -> None:
+        with _admin_connect(self.admin_url) as conn:
+            for url in self.urls.values():
+                name = urlsplit(url).path.lstrip("/")
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self.urls.clear()
+
+
+def _migrate(url: str) -> None:
+    """Open and close the store once on `url` (applies every migration)."""
+    from memory.config import StoreConfig
+    from memory.store.pg.database import PgDatabase
+
+    async def run() -> None:
+        db = PgDatabase(StoreConfig(db_url=url, readers=1))
+        await db.open()
+        await db.close()
+
+    # on a thread of its own: the caller may be inside a running event loop
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, run()).result()
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_server: str) -> str:
+    """A database migrated once per session, copied for each contract test: copying takes
+    ~0.07 s where migrating an empty database takes ~0.3 s (the migrations themselves are
+    tested on empty databases in tests/test_pg_database.py)."""
+    name = f"t_{os.getpid()}_template"
     with _admin_connect(pg_server) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
+    _migrate(with_database(pg_server, name))
+    return name
+
+
+@pytest.fixture
+def pg_databases(pg_server: str) -> Iterator[PgDatabases]:
+    """Empty databases for one test, made on demand and dropped afterwards."""
+    dbs = PgDatabases(pg_server)
     try:
-        yield with_database(pg_server, name)
+        yield dbs
     finally:
-        with _admin_connect(pg_server) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        dbs.drop_all()
+
+
+@pytest.fixture
+def pg_store_databases(pg_server: str, pg_template: str) -> Iterator[PgDatabases]:
+    """Migrated databases (copies of the session's template) for one test."""
+    dbs = PgDatabases(pg_server, pg_template)
+    try:
+        yield dbs
+    finally:
+        dbs.drop_all()
+
+
+@pytest.fixture
+def pg_url(pg_databases: PgDatabases) -> str:
+    """A fresh, empty database for one test; dropped afterwards."""
+    return pg_databases.url_for("")
