@@ -469,3 +469,41 @@ async def test_the_db_url_setting_opens_the_engine_on_postgres(
     finally:
         await engine.close()
     assert not (tmp_path / "unused.db").exists()
+
+
+async def test_two_processes_share_channels_and_rosters(pg_url: str) -> None:
+    """Two stores (two pools: two processes' sessions) create the same new channel and
+    sync its roster at the same time: one channel row, one id, every member once."""
+    from memory.models import Scope
+
+    stores = [make_store(config(pg_url), gap_seconds=60, window=5) for _ in range(2)]
+    for store in stores:
+        await store.open()
+    try:
+        scope = Scope(platform="t", workspace="w", channel="c")
+        listed: list[tuple[str, str | None, bool]] = [
+            (f"u{i}", f"User {i}", False) for i in range(300)
+        ]
+
+        async def ensure(store: Store) -> int:
+            async with store.db.transaction() as tx:
+                return await store.channels.ensure(tx, scope)
+
+        pks = await asyncio.gather(*(ensure(s) for s in stores))
+        assert pks[0] == pks[1]
+        await asyncio.gather(
+            stores[0].channels.sync_members(scope, listed[:200], at=10.0),
+            stores[1].channels.sync_members(scope, listed[100:], at=10.0),
+        )
+        assert await stores[0].db.read("SELECT count(*) FROM channels") == [(1,)]
+        rows = await stores[0].db.read(
+            "SELECT user_id, count(*) FROM roster GROUP BY user_id HAVING count(*) > 1"
+        )
+        assert rows == []
+        users = await stores[1].db.read("SELECT count(*) FROM users")
+        assert users == [(300,)]
+        members = await stores[1].channels.members(scope, include_left=True)
+        assert {m.user_id for m in members} == {uid for uid, _, _ in listed}
+    finally:
+        for store in stores:
+            await store.close()
