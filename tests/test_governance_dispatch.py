@@ -32,6 +32,8 @@ from tests.conftest import make_config, msg
 from tests.fakes import HashEmbedder
 from tests.test_governance_forget import GENERAL, SECRET, rec
 
+pytestmark = pytest.mark.contract
+
 # ---- the parser (pure) ------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ equal what the tables lost.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
 from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
+
+pytestmark = pytest.mark.contract
 
 GENERAL = Scope(platform="test", workspace="w1", channel="general")
 SECRET = Scope(platform="test", workspace="w1", channel="secret")
@@ -148,7 +151,21 @@ async def counts(engine: MemoryEngine) -> dict[str, int]:
     return out
 
 
+def on_postgres(engine: MemoryEngine) -> bool:
+    return engine.store.driver_name == "postgres"
+
+
 async def fts_hits(engine: MemoryEngine, word: str) -> list[Any]:
+    if on_postgres(engine):  # the tsvector columns stand for FTS5's tables
+        msgs = await engine.store.db.read(
+            "SELECT id FROM messages WHERE deleted_at IS NULL"
+            " AND fts @@ phraseto_tsquery('speakermem', ?)",
+            (word,),
+        )
+        recs = await engine.store.db.read(
+            "SELECT id FROM records WHERE fts @@ phraseto_tsquery('speakermem', ?)", (word,)
+        )
+        return list(msgs) + list(recs)
     msgs = await engine.store.db.read(
         "SELECT rowid FROM messages_fts WHERE messages_fts MATCH ?", (word,)
     )
@@ -162,6 +179,22 @@ async def table_scan(engine: MemoryEngine, word: str) -> list[str]:
     """Every column of every table (FTS and vec shadow tables included) holding `word`."""
     found = []
     needle = word.encode()
+    if on_postgres(engine):  # every column as text, tsvectors and vectors included
+        tables = await engine.store.db.read(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+            " AND table_type = 'BASE TABLE'"
+        )
+        for (table,) in tables:
+            cols = await engine.store.db.read(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_schema = 'public' AND table_name = ?",
+                (table,),
+            )
+            for (col,) in cols:
+                for (value,) in await engine.store.db.read(f'SELECT "{col}"::text FROM "{table}"'):
+                    if value is not None and word in value.casefold():
+                        found.append(f"{table}.{col}")
+        return found
     tables = await engine.store.db.read(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND sql NOT LIKE 'CREATE VIRTUAL%'"
     )
@@ -177,6 +210,23 @@ async def table_scan(engine: MemoryEngine, word: str) -> list[str]:
 
 
 async def raw_file_has(engine: MemoryEngine, word: str) -> bool:
+    if on_postgres(engine):
+        # Postgres keeps deleted row versions in its pages until VACUUM FULL rewrites the
+        # table (plain VACUUM does not zero them) and in WAL until it is recycled: the files
+        # of every table and index are read after the rewrite an operator runs (README).
+        async with engine.store.db.pool.connection() as conn:  # type: ignore[attr-defined]
+            await conn.execute("VACUUM FULL")
+            await conn.execute("CHECKPOINT")
+        rows = await engine.store.db.read(
+            "SELECT current_setting('data_directory'), pg_relation_filepath(c.oid)"
+            " FROM pg_class c WHERE pg_relation_filepath(c.oid) IS NOT NULL"
+        )
+        for base, rel in rows:
+            first = Path(base) / rel
+            for part in (first, *first.parent.glob(first.name + ".*")):
+                if part.exists() and word.encode() in part.read_bytes():
+                    return True
+        return False
     await engine.store.db.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     path = engine.store.db.path
     data = path.read_bytes()
@@ -244,6 +294,7 @@ async def live_ids(engine: MemoryEngine) -> set[str]:
     return {r[0] for r in rows}
 
 
+@pytest.mark.sqlite_only("seeds interaction rows with INSERT OR IGNORE / OR REPLACE")
 async def test_forget_user_removes_everything_of_theirs_and_nothing_else(
     engine: MemoryEngine, embedder: HashEmbedder
 ) -> None:
@@ -458,6 +509,7 @@ async def test_retention_forgets_old_messages_and_their_records(
     assert (await gov.apply_retention(now=now, actor="cli")).counts == {}
 
 
+@pytest.mark.sqlite_only("reads messages_fts (FTS5) directly")
 @pytest.mark.parametrize("words", [("dravenox",)])
 async def test_edit_recheck_withdraws_records_the_new_text_no_longer_supports(
     engine: MemoryEngine, embedder: HashEmbedder, words: tuple[str, ...]

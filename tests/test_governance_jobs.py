@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bot.scheduler import WriterScheduler
 from memory.engine import MemoryEngine
 from memory.governance.service import Governance
@@ -14,6 +16,8 @@ from tests.fakes import HashEmbedder
 from tests.llm_server import Handler, LLMServer, Reply
 from tests.test_governance_forget import GENERAL, seed
 from tests.test_writer import FAST, llm_for, refs_by_text, user_prompt, wait_for
+
+pytestmark = pytest.mark.contract
 
 
 async def test_scheduler_applies_retention_on_start(engine: MemoryEngine) -> None:

@@ -18,6 +18,8 @@ from memory.query.system2 import choose_people, read_rows
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 
+pytestmark = pytest.mark.contract
+
 SCOPE = Scope(platform="test", workspace="w", channel="big")
 
 

@@ -29,6 +29,8 @@ from memory.writer.runner import Writer, backoff_seconds
 from tests.conftest import T0, make_config, msg, shared_file
 from tests.llm_server import Delay, Garbage, Handler, Item, LLMServer, Reply
 
+pytestmark = pytest.mark.contract
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST = WriterConfig(retry_base_s=0.01, retry_max_s=0.05)
 SPEAKERS = ("Alice", "Bob", "Carol", "Dan")
@@ -450,6 +452,7 @@ CRASH_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.sqlite_only("the crashing child process opens the store by its SQLite file path")
 async def test_crash_between_reply_and_commit_redoes_the_segment_once(
     engine: MemoryEngine, scope: Scope, llm_server: LLMServer
 ) -> None:
@@ -644,6 +647,7 @@ GOLD = [
 ]
 
 
+@pytest.mark.sqlite_only("builds its store from an explicit SQLite StoreConfig, then the CLI")
 def test_writer_state_exports_and_scores_against_gold(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -583,9 +583,7 @@ class GovernanceRepo:
                 citing.update(
                     r[0]
                     for r in await tx.fetchall(
-                        "SELECT DISTINCT r.id FROM records r, json_each(r.from_ids) j"
-                        f" WHERE r.channel_pk = ? AND j.value IN ({_marks(part)})",
-                        (channel_pk, *part),
+                        self._records_naming_sql(len(part)), (channel_pk, *part)
                     )
                 )
         if citing:
@@ -623,6 +621,14 @@ class GovernanceRepo:
         )
         changed = sum(1 for r in rows if r[3] is None or r[4] or r[5])
         receipt.add("messages", min(changed, cur.rowcount))
+
+    @staticmethod
+    def _records_naming_sql(n: int) -> str:
+        """Records of a channel (first parameter) whose from_ids name any of `n` message ids."""
+        return (
+            "SELECT DISTINCT r.id FROM records r, json_each(r.from_ids) j"
+            f" WHERE r.channel_pk = ? AND j.value IN ({','.join('?' * n)})"
+        )
 
     async def _withdraw_tx(
         self,

@@ -38,6 +38,10 @@ class WriterRunLog:
 
 
 class RecordRepo:
+    _SEGMENT_STATE_SQL = "SELECT state FROM segments WHERE id = ?"
+    """commit_segment's done check. SQLite's one writer serialises two commits of a segment;
+    PostgreSQL locks the row (FOR UPDATE) so a second worker's commit waits and sees 'done'."""
+
     def __init__(self, db: Database, channels: ChannelRepo) -> None:
         self.db = db
         self.channels = channels
@@ -56,7 +60,7 @@ class RecordRepo:
         returns [] — so a replay can never duplicate records.
         """
         async with self.db.transaction() as tx:
-            seg = await tx.fetchone("SELECT state FROM segments WHERE id = ?", (segment_id,))
+            seg = await tx.fetchone(self._SEGMENT_STATE_SQL, (segment_id,))
             if seg is None:
                 raise StoreError(f"segment {segment_id} does not exist")
             if seg[0] == "done":
@@ -146,20 +150,39 @@ class RecordRepo:
                     "UPDATE records SET state = 'superseded', superseded_by = ? WHERE id = ?",
                     (rid, rec.supersedes),
                 )
-            marks = ",".join("?" * len(rec.from_ids))
-            await tx.execute(
-                "INSERT OR IGNORE INTO record_sources (record_id, message_pk, platform,"
-                " workspace, channel) SELECT ?, id, platform, workspace, channel FROM messages"
-                f" WHERE channel_pk = ? AND message_id IN ({marks})",
-                (rid, pk, *rec.from_ids),
-            )
+            await tx.execute(self._link_sources_sql(len(rec.from_ids)), (rid, pk, *rec.from_ids))
             if vectors is not None:
-                await tx.execute(
-                    "INSERT INTO records_vec (rowid, channel_pk, embedding) VALUES (?, ?, ?)",
-                    (rid, pk, np.ascontiguousarray(vectors[i], dtype=np.float32).tobytes()),
-                )
+                await self._index_vector(tx, rid, pk, vectors[i])
             ids.append(rid)
         return ids
+
+    @staticmethod
+    def _link_sources_sql(n: int) -> str:
+        """record_sources rows for the record (1st parameter) and the channel's (2nd) stored
+        messages among `n` message ids; ones already linked are skipped."""
+        return (
+            "INSERT OR IGNORE INTO record_sources (record_id, message_pk, platform,"
+            " workspace, channel) SELECT ?, id, platform, workspace, channel FROM messages"
+            f" WHERE channel_pk = ? AND message_id IN ({','.join('?' * n)})"
+        )
+
+    async def _index_vector(
+        self, tx: Transaction, record_id: int, channel_pk: int, vector: np.ndarray
+    ) -> None:
+        await tx.execute(
+            "INSERT INTO records_vec (rowid, channel_pk, embedding) VALUES (?, ?, ?)",
+            (record_id, channel_pk, np.ascontiguousarray(vector, dtype=np.float32).tobytes()),
+        )
+
+    async def _vectors(self, record_ids: Sequence[int]) -> tuple[list[int], np.ndarray]:
+        """The stored vectors of those records that have one: their ids, as read, and a
+        float32 matrix with one row per id."""
+        rows = await self.db.read_in(
+            "SELECT rowid, embedding FROM records_vec WHERE rowid IN ({marks})", record_ids
+        )
+        ids = [int(r[0]) for r in rows]
+        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32)
+        return ids, matrix.reshape(len(ids), -1) if ids else matrix
 
     @staticmethod
     async def _log_run(tx: Transaction, segment_id: int, scope: Scope, run: WriterRunLog) -> None:
@@ -349,18 +372,12 @@ class RecordRepo:
             "SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY owner"
             " ORDER BY time DESC, id DESC) AS rn FROM records"
             f" WHERE channel_pk IN ({pk_marks}) AND owner IN ({','.join('?' * len(owners))})"
-            " AND state = 'active') WHERE rn <= ?",
+            " AND state = 'active') AS latest WHERE rn <= ?",
             [*channel_pks, *owners, per_owner],
         )
-        vectors = await self.db.read_in(
-            "SELECT rowid, embedding FROM records_vec WHERE rowid IN ({marks})",
-            [r[0] for r in rows],
-        )
-        if not vectors:
+        ids, matrix = await self._vectors([r[0] for r in rows])
+        if not ids:
             return []
-        ids = [int(r[0]) for r in vectors]
-        matrix = np.frombuffer(b"".join(r[1] for r in vectors), dtype=np.float32)
-        matrix = matrix.reshape(len(ids), -1)
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         norms = np.linalg.norm(matrix, axis=1) * (float(np.linalg.norm(q)) or 1.0)
         sims = (matrix @ q) / np.where(norms == 0, 1.0, norms)

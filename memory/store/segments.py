@@ -1,4 +1,11 @@
-"""The Writer's queue: segments move open -> pending -> done; failures back off."""
+"""The Writer's queue: segments move open -> pending -> done; failures back off.
+
+Writer workers in other processes take segments with `claim`: a claim is a lease (claimed_by,
+lease_until), so a worker that dies mid-segment holds it only until the lease runs out, and
+then any worker claims it again. Only the oldest pending segment of a channel can be claimed,
+and not while it is leased or backing off, so a channel's segments are written in order even
+with many workers (a later segment's records may update an earlier one's).
+"""
 
 from __future__ import annotations
 
@@ -56,12 +63,78 @@ class SegmentRepo:
         return [segment_from_row(r) for r in await self.db.read(sql, params)]
 
     async def defer(self, segment_id: int, error: str, delay_seconds: float) -> None:
+        """Back off after a failed attempt; a worker's lease on it ends (the backoff rules)."""
         async with self.db.transaction() as tx:
             await tx.execute(
                 "UPDATE segments SET attempts = attempts + 1, last_error = ?,"
-                " next_attempt_at = ? WHERE id = ? AND state = 'pending'",
+                " next_attempt_at = ?, claimed_by = NULL, lease_until = NULL"
+                " WHERE id = ? AND state = 'pending'",
                 (error[:500], time.time() + delay_seconds, segment_id),
             )
+
+    _CLAIM_LOCK = ""
+    """Appended to the claim's SELECT: SQLite has one writer, so its transaction already
+    serialises claims; PostgreSQL locks the rows and skips those another worker holds."""
+
+    async def claim(
+        self,
+        worker_id: str,
+        lease_s: float,
+        *,
+        limit: int = 1,
+        now: float | None = None,
+    ) -> list[Segment]:
+        """Lease up to `limit` segments (each the oldest pending one of its channel, due, and
+        not leased by a live claim) to `worker_id` for `lease_s` seconds, oldest first.
+
+        A segment comes back here only after its lease ran out (the worker died or stalled)
+        or was given up (`release`, `defer`); `commit_segment` marks it done for good."""
+        now = time.time() if now is None else now
+        if limit <= 0:
+            return []
+        async with self.db.transaction() as tx:
+            rows = await tx.fetchall(
+                f"SELECT {SEGMENT_COLUMNS} FROM segments WHERE state = 'pending'"
+                " AND (next_attempt_at IS NULL OR next_attempt_at <= ?)"
+                " AND (lease_until IS NULL OR lease_until <= ?)"
+                # only a channel's oldest pending segment: nothing overtakes one in flight
+                " AND NOT EXISTS (SELECT 1 FROM segments e WHERE e.channel_pk = segments.channel_pk"
+                " AND e.state = 'pending' AND e.id < segments.id)"
+                " ORDER BY id LIMIT ?" + self._CLAIM_LOCK,
+                (now, now, limit),
+            )
+            segments = [segment_from_row(r) for r in rows]
+            if segments:
+                await tx.execute(
+                    "UPDATE segments SET claimed_by = ?, lease_until = ?"
+                    f" WHERE id IN ({','.join('?' * len(segments))})",
+                    (worker_id, now + lease_s, *(s.id for s in segments)),
+                )
+        return segments
+
+    async def renew(
+        self, segment_id: int, worker_id: str, lease_s: float, *, now: float | None = None
+    ) -> bool:
+        """Extend a worker's lease (a long LLM call); False once another worker reclaimed
+        the segment or it was written."""
+        now = time.time() if now is None else now
+        async with self.db.transaction() as tx:
+            cur = await tx.execute(
+                "UPDATE segments SET lease_until = ? WHERE id = ? AND claimed_by = ?"
+                " AND state = 'pending'",
+                (now + lease_s, segment_id, worker_id),
+            )
+            return bool(cur.rowcount)
+
+    async def release(self, segment_id: int, worker_id: str) -> bool:
+        """Give a claimed segment back unwritten (a worker shutting down)."""
+        async with self.db.transaction() as tx:
+            cur = await tx.execute(
+                "UPDATE segments SET claimed_by = NULL, lease_until = NULL"
+                " WHERE id = ? AND claimed_by = ? AND state = 'pending'",
+                (segment_id, worker_id),
+            )
+            return bool(cur.rowcount)
 
     async def counts(self) -> dict[str, int]:
         rows = await self.db.read("SELECT state, count(*) FROM segments GROUP BY state")
