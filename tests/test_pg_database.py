@@ -482,7 +482,7 @@ async def test_two_processes_share_channels_and_rosters(pg_url: str) -> None:
     try:
         scope = Scope(platform="t", workspace="w", channel="c")
         listed: list[tuple[str, str | None, bool]] = [
-            (f"u{i}", f"User {i}", False) for i in range(300)
+            (f"u{i}", f"User {i}", False) for i in range(1500)
         ]
 
         async def ensure(store: Store) -> int:
@@ -492,8 +492,8 @@ async def test_two_processes_share_channels_and_rosters(pg_url: str) -> None:
         pks = await asyncio.gather(*(ensure(s) for s in stores))
         assert pks[0] == pks[1]
         await asyncio.gather(
-            stores[0].channels.sync_members(scope, listed[:200], at=10.0),
-            stores[1].channels.sync_members(scope, listed[100:], at=10.0),
+            stores[0].channels.sync_members(scope, listed[:1000], at=10.0),
+            stores[1].channels.sync_members(scope, listed[500:], at=10.0),
         )
         assert await stores[0].db.read("SELECT count(*) FROM channels") == [(1,)]
         rows = await stores[0].db.read(
@@ -501,9 +501,20 @@ async def test_two_processes_share_channels_and_rosters(pg_url: str) -> None:
         )
         assert rows == []
         users = await stores[1].db.read("SELECT count(*) FROM users")
-        assert users == [(300,)]
+        assert users == [(1500,)]
         members = await stores[1].channels.members(scope, include_left=True)
         assert {m.user_id for m in members} == {uid for uid, _, _ in listed}
+        # both rename everyone, listing them in opposite orders: row locks taken crosswise
+        # would deadlock one of them; both go through
+        renamed: list[tuple[str, str | None, bool]] = [
+            (uid, f"Renamed {uid}", bot) for uid, _, bot in listed
+        ]
+        await asyncio.gather(
+            stores[0].channels.sync_members(scope, renamed, at=20.0),
+            stores[1].channels.sync_members(scope, renamed[::-1], at=20.0),
+        )
+        names = await stores[0].db.read("SELECT DISTINCT display_name LIKE 'Renamed %' FROM users")
+        assert names == [(True,)]
     finally:
         for store in stores:
             await store.close()
