@@ -444,7 +444,8 @@ WITH stats AS (
       AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])
     {{filters}}
 ), tf AS (
-    SELECT h.id, t.i, sum(CASE w WHEN 'A' THEN ?::float8 ELSE ?::float8 END) AS f
+    SELECT h.id, h.speaker_id, h.fts_len, t.i,
+           sum(CASE w WHEN 'A' THEN ?::float8 ELSE ?::float8 END) AS f
     FROM hits h CROSS JOIN LATERAL (
         SELECT lexeme, weights FROM unnest(h.fts)
         WHERE lexeme = ANY(ARRAY(SELECT lex FROM terms WHERE lex IS NOT NULL))
@@ -452,18 +453,18 @@ WITH stats AS (
     JOIN terms t ON t.lex = u.lexeme
     CROSS JOIN LATERAL unnest(u.weights) AS w
     WHERE strpos(t.ws, w) > 0
-    GROUP BY h.id, t.i
+    GROUP BY h.id, h.speaker_id, h.fts_len, t.i
     UNION ALL
-    SELECT h.id, t.i, CASE WHEN h.fts @@ t.qa THEN ?::float8 ELSE 0 END
+    SELECT h.id, h.speaker_id, h.fts_len, t.i, CASE WHEN h.fts @@ t.qa THEN ?::float8 ELSE 0 END
                       + CASE WHEN h.fts @@ t.qb THEN ?::float8 ELSE 0 END
     FROM hits h JOIN terms t ON t.lex IS NULL
 )
-SELECT h.id AS id, h.speaker_id AS speaker_id,
+SELECT tf.id AS id, tf.speaker_id AS speaker_id,
        -sum(t.idf * tf.f * ?::float8 / (tf.f + ?::float8
-            * (?::float8 + ?::float8 * h.fts_len / greatest(s.avglen, 1e-9)))) AS score
-FROM tf JOIN terms t ON t.i = tf.i JOIN hits h ON h.id = tf.id CROSS JOIN stats s
+            * (?::float8 + ?::float8 * tf.fts_len / greatest(s.avglen, 1e-9)))) AS score
+FROM tf JOIN terms t ON t.i = tf.i CROSS JOIN stats s
 WHERE tf.f > 0
-GROUP BY h.id, h.speaker_id"""
+GROUP BY tf.id, tf.speaker_id"""
 
 
 def vector_literal(vector: np.ndarray) -> str:
