@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     """postgresql://user:password@host/db selects PostgreSQL (issue 13); unset = db_path."""
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = inherit(StoreConfig, "sqlite_driver")
     db_readers: int = inherit(StoreConfig, "readers")
+    db_cache_mib: int = inherit(StoreConfig, "cache_mib")
     db_lock_wait_s: float = inherit(StoreConfig, "lock_wait_s")
     spill_path: Path | None = None
     """Where events go while the database or disk is full; None = beside the database."""
@@ -54,6 +55,12 @@ class Settings(BaseSettings):
     writer_retry_base_s: float = inherit(WriterConfig, "retry_base_s")
     writer_retry_max_s: float = inherit(WriterConfig, "retry_max_s")
     writer_heads_tokens: int = inherit(WriterConfig, "heads_token_budget")
+    writer_mode: Literal["inprocess", "workers"] = "inprocess"
+    """workers: the bot process closes segments but does not write them; `speakermem worker`
+    processes claim and write them (several bot processes on one PostgreSQL store)."""
+    writer_lease_s: float = Field(default=120.0, gt=0)
+    """How long a `speakermem worker`'s claim on a segment lasts without renewal: a worker
+    that dies mid-segment holds it this long before another worker writes it."""
     gate_mode: Literal["lexical", "dense", "either", "both"] = inherit(WriterConfig, "gate_mode")
     # calibrated on LoCoMo by bench/calibrate_gate.py
     gate_lexical_threshold: float = inherit(WriterConfig, "gate_lexical_threshold")
@@ -134,6 +141,7 @@ class Settings(BaseSettings):
                 db_url=self.db_url,
                 sqlite_driver=self.sqlite_driver,
                 readers=self.db_readers,
+                cache_mib=self.db_cache_mib,
                 lock_wait_s=self.db_lock_wait_s,
             ),
             ingest=IngestConfig(

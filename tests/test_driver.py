@@ -57,3 +57,19 @@ async def test_store_works_end_to_end_on_each_available_driver(
         assert len(await eng.search("extension", [scope], mode="lexical")) == 1
     finally:
         await eng.close()
+
+
+async def test_page_cache_follows_the_setting_on_every_connection(tmp_path: Path) -> None:
+    from bot.settings import Settings
+
+    settings = Settings(_env_file=None, db_path=tmp_path / "c.db", db_cache_mib=3)  # type: ignore[call-arg]
+    engine = await MemoryEngine.open(settings.memory_config())
+    try:
+        db = engine.store.db
+        async with db.transaction() as tx:
+            writer = await tx.fetchone("PRAGMA cache_size")
+        readers = [await db.read("PRAGMA cache_size") for _ in range(db.config.readers)]
+        assert writer[0] == -3 * 1024
+        assert [r[0][0] for r in readers] == [-3 * 1024] * db.config.readers
+    finally:
+        await engine.close()

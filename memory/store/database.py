@@ -59,7 +59,10 @@ class Database:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self._writer = await open_async(
-                self.path, self.driver, busy_timeout_ms=self.config.busy_timeout_ms
+                self.path,
+                self.driver,
+                busy_timeout_ms=self.config.busy_timeout_ms,
+                cache_mib=self.config.cache_mib,
             )
         except self.driver.error as exc:
             raise StoreError(f"cannot open database {self.path}: {exc}") from exc
@@ -70,7 +73,10 @@ class Database:
         await self._fts_secure_delete()
         for _ in range(self.config.readers):
             conn = await open_async(
-                self.path, self.driver, busy_timeout_ms=self.config.busy_timeout_ms
+                self.path,
+                self.driver,
+                busy_timeout_ms=self.config.busy_timeout_ms,
+                cache_mib=self.config.cache_mib,
             )
             await conn.execute("PRAGMA query_only = ON")
             await conn.execute("PRAGMA secure_delete = ON")

@@ -96,9 +96,12 @@ def connect_sync(path: Path | str, driver: Driver) -> Any:
 
 
 async def open_async(
-    path: Path | str, driver: Driver, *, busy_timeout_ms: int
+    path: Path | str, driver: Driver, *, busy_timeout_ms: int, cache_mib: int
 ) -> aiosqlite.Connection:
-    """Open an aiosqlite connection over the chosen driver, in WAL mode."""
+    """Open an aiosqlite connection over the chosen driver, in WAL mode, with a page cache
+    of `cache_mib` (SQLite keeps every page it touched up to that size, so memory grows
+    with the database until the cache is full: a small cache keeps a busy bot's memory
+    flat, and the OS page cache still serves re-reads)."""
 
     def connector() -> Any:
         conn = connect_sync(path, driver)
@@ -107,7 +110,7 @@ async def open_async(
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA temp_store = MEMORY")
-        conn.execute("PRAGMA cache_size = -32000")
+        conn.execute(f"PRAGMA cache_size = -{int(cache_mib) * 1024}")
         return conn
 
     conn = aiosqlite.Connection(connector, iter_chunk_size=64)
