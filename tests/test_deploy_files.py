@@ -115,6 +115,29 @@ def test_compose_runs_the_bot_beside_a_gpu_served_model_and_an_ollama_profile() 
     assert services["ollama-pull"]["profiles"] == ["ollama"]
 
 
+def test_compose_postgres_profile_runs_pgvector_with_a_volume_and_a_healthcheck() -> None:
+    doc = compose()
+    services = doc["services"]
+    pg, bot_pg = services["postgres"], services["bot-postgres"]
+    assert pg["image"].startswith("pgvector/pgvector:pg")
+    assert pg["profiles"] == ["postgres"] and bot_pg["profiles"] == ["postgres"]
+    (volume,) = pg["volumes"]
+    name, _, mount = volume.partition(":")
+    assert mount == "/var/lib/postgresql/data" and name in doc["volumes"]
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    assert "ports" not in pg  # reachable only inside the compose network
+    # the PostgreSQL bot is the bot (same image, settings, volume) plus SPEAKERMEM_DB_URL,
+    # started once the database answers
+    assert bot_pg["extends"]["service"] == "bot"
+    assert bot_pg["depends_on"]["postgres"]["condition"] == "service_healthy"
+    url = bot_pg["environment"]["SPEAKERMEM_DB_URL"]
+    env = pg["environment"]
+    assert url.startswith(f"postgresql://{env['POSTGRES_USER']}:")
+    assert url.endswith(f"@postgres:5432/{env['POSTGRES_DB']}")
+    assert env["POSTGRES_PASSWORD"] in url  # the same ${POSTGRES_PASSWORD...} on both sides
+    assert "SPEAKERMEM_DB_URL" not in services["bot"]["environment"]  # SQLite stays the default
+
+
 def _compose_command() -> list[str] | None:
     docker = shutil.which("docker")
     if docker:
@@ -132,7 +155,7 @@ def test_docker_compose_config(tmp_path: Path) -> None:
     (tmp_path / "deploy").mkdir()
     shutil.copy(DEPLOY / "compose.yml", tmp_path / "deploy" / "compose.yml")
     (tmp_path / ".env").write_text("SPEAKERMEM_DISCORD_TOKEN=x\n")  # env_file must exist
-    for profile in ([], ["--profile", "ollama"]):
+    for profile in ([], ["--profile", "ollama"], ["--profile", "postgres"]):
         proc = subprocess.run(
             [*cmd, "-f", "deploy/compose.yml", *profile, "config", "--services"],
             capture_output=True,
@@ -141,7 +164,23 @@ def test_docker_compose_config(tmp_path: Path) -> None:
             timeout=60,
         )
         assert proc.returncode == 0, proc.stderr
-        assert {"bot", "vllm", "ollama"} <= set(proc.stdout.split())
+        assert {"bot", "vllm"} <= set(proc.stdout.split())
+        if profile:
+            assert profile[1] in set(proc.stdout.split())
+    # the PostgreSQL bot inherits the bot's settings and adds the database URL
+    proc = subprocess.run(
+        [*cmd, "-f", "deploy/compose.yml", "--profile", "postgres", "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    env = json.loads(proc.stdout)["services"]["bot-postgres"]["environment"]
+    assert env["SPEAKERMEM_DB_URL"].endswith("@postgres:5432/speakermem")
+    assert env["SPEAKERMEM_DB_PATH"] == "/data/speakermem.db"
 
 
 # ---- systemd -----------------------------------------------------------------------------------
