@@ -6,20 +6,20 @@ adds, as later migrations, what SQLite builds from FTS5 and sqlite-vec:
 - Full text: a stored generated `tsvector` column `messages.fts` (text weighted 'A', the
   speaker's name 'B', like FTS5's `text` and `speaker_name` columns weighted 1.0 and 0.5)
   under a partial GIN index over live messages, and `messages.fts_len`, the row's token
-  count (BM25's document length). The text search configuration
-  `speakermem` stems English words with Snowball but keeps every word (FTS5's porter
-  tokenizer drops no stop-words either: quoted speaker names must keep "the" and "of"),
-  and punctuation becomes a space before parsing, so "example.com", "3.5" and "well-known"
-  split into words as unicode61 splits them (Postgres' parser would keep host names,
-  numbers and compounds as single tokens). A generated column follows every update of
-  `text` and `speaker_name` (an edit, a forget) without triggers.
+  count (BM25's document length). The text search configuration `speakermem` stems
+  English words with Snowball but keeps every word (FTS5's porter tokenizer drops no
+  stop-words either: quoted speaker names must keep "the" and "of"), and punctuation
+  becomes a space before parsing, so "example.com", "3.5" and "well-known" split into
+  words as unicode61 splits them (Postgres' parser would keep host names, numbers and
+  compounds as single tokens). Generated columns follow every update of `text` and
+  `speaker_name` (an edit, a forget) without triggers. A `messages_fts` view lists the
+  rows FTS5's table would hold (live messages), so counts read the same on both backends.
 - Dense: `message_vectors (id, embedding BYTEA)` (pg/schema.py) keeps the float32 payload
   exactly as SQLite does (the interaction graph and the evaluation read it with numpy);
-  `messages_vec
-  (rowid, channel_pk, embedding vector(N))` is the pgvector index, exact inner product per
-  channel (the vectors are unit length: inner product = cosine). The column is named
-  `rowid` so the cascades written for vec0 (`DELETE FROM messages_vec WHERE rowid = ?`)
-  run unchanged.
+  `messages_vec (rowid, channel_pk, embedding vector(N))` is the pgvector index, searched
+  exactly per channel by inner product (the vectors are unit length: inner product =
+  cosine). The column is named `rowid` so the cascades written for vec0
+  (`DELETE FROM messages_vec WHERE rowid = ?`) run unchanged.
 """
 
 from __future__ import annotations
