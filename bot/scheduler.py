@@ -8,6 +8,11 @@ Jobs (AsyncIOScheduler, coroutine jobs, one instance each, coalesced):
   backoff period, and no run spins on segments that are not due;
 - `embed`: a safety net that embeds any message the live path left without a vector;
 - `retention`: on start and daily, forget what is past each channel's retention limit.
+With several bot processes on one PostgreSQL store, `close-idle`, `embed` and `retention` run
+once cluster-wide: each run takes the store's job lock (`store.locks.try_job`, an advisory
+lock held for the run) and a process that does not get it skips that run. With
+`writer_mode="workers"` there is no `write` job: `speakermem worker` processes claim and
+write the segments, and this process only closes them.
 `kick()` runs the write job now (a segment just filled its window). Pending segments
 live in the database, so a restart resumes them on the first `write` run.
 """
@@ -18,8 +23,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
+from typing import Literal
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -44,6 +50,7 @@ class WriterScheduler:
         idle_check_s: float | None = None,
         governance: Governance | None = None,
         retention_interval_s: float = 86_400.0,
+        writer_mode: Literal["inprocess", "workers"] = "inprocess",
     ) -> None:
         self.engine = engine
         self.writer = writer
@@ -53,7 +60,10 @@ class WriterScheduler:
         self._scheduler = AsyncIOScheduler()
         self.governance = governance
         self.retention_interval_s = retention_interval_s
+        self.writer_mode = writer_mode
         self.runs = {"close-idle": 0, "write": 0, "embed": 0, "retention": 0}
+        self.skipped = {"close-idle": 0, "embed": 0, "retention": 0}
+        """Runs left to another process that held the job's cluster-wide lock."""
         self._inflight: set[asyncio.Task[object]] = set()
         self._wake: asyncio.TimerHandle | None = None
         self._writing = False
@@ -71,12 +81,30 @@ class WriterScheduler:
             if task is not None:
                 self._inflight.discard(task)
 
+    @property
+    def writes_here(self) -> bool:
+        """Whether this process writes segments (not when Writer workers do)."""
+        return self.writer is not None and self.writer_mode == "inprocess"
+
+    @contextlib.asynccontextmanager
+    async def _cluster_once(self, name: str) -> AsyncIterator[bool]:
+        """The job's cluster-wide lock: True when this process runs this run of `name`."""
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                mine = await stack.enter_async_context(self.engine.store.locks.try_job(name))
+            except Exception:  # the lock's connection failed: the next run tries again
+                log.exception("job %s: cannot take its cluster-wide lock; run skipped", name)
+                mine = False
+            if not mine:
+                self.skipped[name] += 1
+            yield mine
+
     def start(self) -> None:
         opts = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
         self._scheduler.add_job(
             self._close_idle, "interval", seconds=self.idle_check_s, id="close-idle", **opts
         )
-        if self.writer is not None:
+        if self.writes_here:
             # two instances allowed so a tick during a long run is not logged as skipped: the
             # second returns at once and the first runs again when it ends (see _write)
             self._scheduler.add_job(
@@ -100,11 +128,16 @@ class WriterScheduler:
                 **opts,
             )
         self._scheduler.start()
-        log.info("scheduler started (writer %s)", "on" if self.writer else "off: no LLM")
+        log.info(
+            "scheduler started (writer %s)",
+            "off: no LLM"
+            if self.writer is None
+            else ("on" if self.writes_here else "off: Writer workers write the segments"),
+        )
 
     def kick(self) -> None:
         """Run the write job as soon as possible (a segment reached its window)."""
-        if self.writer is None or not self._scheduler.running:
+        if not self.writes_here or not self._scheduler.running:
             return
         if self._writing:  # a second instance would be skipped: run again when this one ends
             self._again = True
@@ -117,7 +150,10 @@ class WriterScheduler:
     async def _close_idle(self) -> None:
         self.runs["close-idle"] += 1
         with self._tracked():
-            closed = await self.engine.store.segments.close_idle(self.idle_seconds)
+            async with self._cluster_once("close-idle") as mine:
+                if not mine:
+                    return
+                closed = await self.engine.store.segments.close_idle(self.idle_seconds)
         if closed:
             log.debug("closed %d idle segment(s)", closed)
             self.kick()
@@ -161,21 +197,27 @@ class WriterScheduler:
         self.runs["retention"] += 1
         assert self.governance is not None
         with self._tracked():
-            try:
-                receipt = await self.governance.apply_retention(actor="scheduler")
-            except Exception:  # the next daily run tries again
-                log.exception("retention run failed")
-                return
+            async with self._cluster_once("retention") as mine:
+                if not mine:
+                    return
+                try:
+                    receipt = await self.governance.apply_retention(actor="scheduler")
+                except Exception:  # the next daily run tries again
+                    log.exception("retention run failed")
+                    return
             if receipt.counts:
                 log.info("retention: %s", receipt.summary())
 
     async def _embed(self) -> None:
         self.runs["embed"] += 1
         with self._tracked():
-            try:
-                await self.engine.embed_pending()
-            except Exception:
-                log.exception("embedding run failed; messages stay pending")
+            async with self._cluster_once("embed") as mine:
+                if not mine:
+                    return
+                try:
+                    await self.engine.embed_pending()
+                except Exception:
+                    log.exception("embedding run failed; messages stay pending")
 
     async def shutdown(self) -> None:
         """Stop scheduling; a job already running finishes first (drain), the Writer's after

@@ -385,6 +385,84 @@ class Writer:
             latency_ms=(time.perf_counter() - t0) * 1000,
         )
 
+    async def write_claimed(
+        self,
+        worker_id: str,
+        *,
+        lease_s: float,
+        limit: int | None = None,
+        on_progress: Callable[[FlushOutcome], None] | None = None,
+    ) -> list[FlushOutcome]:
+        """One round of a Writer worker process: claim segments, write them, commit.
+
+        `claim` leases up to `limit` (default: the concurrency) segments to `worker_id`, each
+        the oldest pending segment of its channel, so they are written in parallel and a
+        channel's order holds across any number of workers. While a segment is written its
+        lease is renewed every third of `lease_s` (an LLM call may outlast the lease); a
+        worker that dies stops renewing, and the segment is claimed again once the lease
+        runs out. A failure defers the segment as in `flush_due` (which ends the lease); a
+        cancelled round (the worker stopping) releases its segments for other workers.
+        While the breaker is open nothing is claimed. Returns the outcomes of this round
+        (empty: nothing was claimable).
+        """
+        if self.paused or self._stopping:
+            return []
+        store = self.engine.store
+        limit = self.cfg.concurrency if limit is None else limit
+        segments = await store.segments.claim(worker_id, lease_s, limit=limit)
+        outcomes: list[FlushOutcome] = []
+
+        async def one(seg: Segment) -> None:
+            try:
+                async with self._slots, self._lock(seg.scope):
+                    outcome = await self._flush_leased(seg, worker_id, lease_s)
+            except asyncio.CancelledError:
+                # shielded: the release must reach the database although this task is cancelled
+                await asyncio.shield(store.segments.release(seg.id, worker_id))
+                raise
+            outcomes.append(outcome)
+            if on_progress:
+                on_progress(outcome)
+
+        await asyncio.gather(*(one(seg) for seg in segments))
+        return outcomes
+
+    async def _flush_leased(self, seg: Segment, worker_id: str, lease_s: float) -> FlushOutcome:
+        store = self.engine.store
+        renewer = asyncio.create_task(self._renew_lease(seg.id, worker_id, lease_s))
+        try:
+            if self.paused or self._stopping:
+                outcome = FlushOutcome(seg.id, seg.scope, "paused")
+            else:
+                outcome = await self.flush(seg)
+        except Exception as exc:  # not the endpoint (flush defers those): the store, a bug
+            delay = backoff_seconds(seg.attempts, self.cfg, self.rand)
+            log.exception("writer worker %s: segment %d failed; deferred", worker_id, seg.id)
+            await store.segments.defer(seg.id, f"{type(exc).__name__}: {exc}", delay)
+            self._deferred(seg.id, delay)
+            return FlushOutcome(seg.id, seg.scope, "deferred", error=str(exc))
+        finally:
+            renewer.cancel()
+        if outcome.status == "paused":  # not attempted: another worker may take it now
+            await store.segments.release(seg.id, worker_id)
+        return outcome
+
+    async def _renew_lease(self, segment_id: int, worker_id: str, lease_s: float) -> None:
+        """Extend the lease every third of it until cancelled; stop once it is lost (another
+        worker reclaimed the segment: its commit or ours finds the segment done)."""
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                if not await self.engine.store.segments.renew(segment_id, worker_id, lease_s):
+                    log.warning(
+                        "writer worker %s: lost the lease on segment %d", worker_id, segment_id
+                    )
+                    return
+            except Exception:  # the commit may still succeed; the next renewal tries again
+                log.warning(
+                    "writer worker %s: lease renewal of segment %d failed", worker_id, segment_id
+                )
+
     async def drain(self) -> None:
         """Wait for in-flight flushes to finish (each holds its channel's lock)."""
         for lock in list(self._channel_locks.values()):
