@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         dest="source",
         required=True,
         metavar="sqlite:PATH",
-        help="the SQLite database file to copy (read, not changed)",
+        help="the SQLite database file to copy (only read; an older schema is upgraded first, "
+        "as the bot does on start)",
     )
     p.add_argument(
         "--to",
