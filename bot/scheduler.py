@@ -215,7 +215,7 @@ class WriterScheduler:
                 if not mine:
                     return
                 try:
-                    await self.engine.embed_pending()
+                    await self.engine.embed_backlog()
                 except Exception:
                     log.exception("embedding run failed; messages stay pending")
 

@@ -162,6 +162,18 @@ class MemoryEngine:
             if stored == 0 and len(items) < batch_size:
                 return done
 
+    async def embed_backlog(self) -> None:
+        """The periodic safety net: embed what the live path left without a vector, through
+        the background worker when it runs (batch by batch, giving way to /recall), else
+        here in the same small batches. Never a long run of its own: under load a backlog
+        of thousands would hold the cores and make shutdown wait for all of it."""
+        if self._embedding.running:
+            self._embedding.wake()
+            return
+        await self.embed_pending(
+            batch_size=self._embed_batch, before_batch=self.foreground.yield_to
+        )
+
     async def _embed_batches(self) -> None:
         await self.embed_pending(
             batch_size=self._embed_batch, before_batch=self.foreground.yield_to

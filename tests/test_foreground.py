@@ -143,3 +143,25 @@ async def test_minilm_question_does_not_queue_behind_a_batch() -> None:
         release.set()
         await busy
         emb.close()
+
+
+async def test_the_safety_net_pass_hands_the_backlog_to_the_gated_worker(
+    engine: MemoryEngine, scope: Scope
+) -> None:
+    engine.foreground.max_defer_s = 60.0
+    await _fill(engine, scope, 40)
+    async with engine.foreground.serving():
+        engine.start_background_embedding()
+        async with asyncio.timeout(1.0):  # returns at once: no long run of its own
+            await engine.embed_backlog()
+        assert await _unembedded(engine) == 40  # nothing embedded past the waiting member
+    await _until(lambda: _is(engine, 0))
+    await engine.stop_background_embedding()
+
+
+async def test_without_the_worker_the_safety_net_embeds_everything(
+    engine: MemoryEngine, scope: Scope
+) -> None:
+    await _fill(engine, scope, 40)
+    await engine.embed_backlog()
+    assert await _unembedded(engine) == 0
