@@ -254,6 +254,34 @@ async def test_missing_source_and_bad_target_are_refused(tmp_path: Path, pg_url:
         await migrate(tmp_path / "x.db", "mysql://somewhere/db")
 
 
+async def test_a_target_with_other_data_is_refused_with_a_message(
+    sqlite_store: Path, pg_url: str, embedder: HashEmbedder
+) -> None:
+    # the PostgreSQL store already holds the same channel under another id
+    pg = await MemoryEngine.open(
+        MemoryConfig(store=StoreConfig(db_url=pg_url, db_path=sqlite_store.with_name("u.db"))),
+        embedder,
+    )
+    try:
+        await pg.ingest(msg(Scope(platform="x", workspace="y", channel="z"), "m", "A", "hi", 0))
+        await pg.ingest(msg(RANDOM, "r0", "Alice", "written here first", 0))
+    finally:
+        await pg.close()
+    with pytest.raises(StoreError, match="channels: PostgreSQL's channel 1 \\(x/y/z\\)"):
+        await migrate(sqlite_store, pg_url)
+    # nothing was overwritten
+    pg = await MemoryEngine.open(
+        MemoryConfig(store=StoreConfig(db_url=pg_url, db_path=sqlite_store.with_name("u.db"))),
+        embedder,
+    )
+    try:
+        mine = await pg.store.messages.get(RANDOM, "r0")
+        assert mine is not None and mine.text == "written here first"
+        assert await pg.store.messages.get(GENERAL, "g1") is None
+    finally:
+        await pg.close()
+
+
 def test_sql_builders() -> None:
     sql = upsert_sql("t", ["id", "a", "b"], ["id"], 2, casts={"b": "vector"}, keep=["a"])
     assert sql.startswith("INSERT INTO t (id, a, b) VALUES (?, ?, ?::vector), (?, ?, ?::vector)")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psycopg
 
 from memory.config import StoreConfig
 from memory.store.database import Database, StoreError
@@ -263,9 +264,17 @@ class Migrator:
             return 0
         sql = upsert_sql(table, columns, pk, len(rows), casts=casts, keep=keep)
         params = [value for row in rows for value in row]
-        async with self.target.transaction() as tx:
-            cur = await tx.execute(sql, params)
-            written = max(int(cur.rowcount), 0)
+        try:
+            async with self.target.transaction() as tx:
+                cur = await tx.execute(sql, params)
+                written = max(int(cur.rowcount), 0)
+        except psycopg.IntegrityError as exc:
+            # e.g. a channel or message already in the target under another id: the target
+            # holds data that did not come from this source
+            raise StoreError(
+                f"{table}: PostgreSQL refused a row ({str(exc).strip()}); migrate into an "
+                "empty database or one filled from this same SQLite file"
+            ) from exc
         self.progress(table, len(rows))
         return written
 
@@ -406,9 +415,29 @@ class Migrator:
                     f" coalesce((SELECT max(id) FROM {table}), 0) + 1, false)"
                 )
 
+    async def check_target(self) -> None:
+        """Refuse a target that holds other data: upserting by id would overwrite its rows.
+
+        Every channel is the root of its messages, records and rosters, so the channels
+        decide: a channel id present on both sides must name the same channel, and a
+        channel on both sides must have the same id."""
+        sql = "SELECT id, platform, workspace, channel FROM channels"
+        source = {int(r[0]): (r[1], r[2], r[3]) for r in await self.source.read(sql)}
+        by_key = {key: pk for pk, key in source.items()}
+        for r in await self.target.read(sql):
+            pk, key = int(r[0]), (r[1], r[2], r[3])
+            theirs = source.get(pk)
+            if (theirs is not None and theirs != key) or by_key.get(key, pk) != pk:
+                raise StoreError(
+                    f"channels: PostgreSQL's channel {pk} ({'/'.join(key)}) is not the SQLite "
+                    "file's: the target holds other data. Migrate into an empty database "
+                    "(or one filled from this same SQLite file)"
+                )
+
     async def run(self) -> MigrationReport:
         """Copy everything, reset the sequences, compare the counts."""
         start = time.perf_counter()
+        await self.check_target()
         written: dict[str, int] = {}
         for table in TABLES:
             written[table] = await self.copy_table(table)
