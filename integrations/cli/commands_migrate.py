@@ -57,7 +57,16 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     from memory.store.database import StoreError
-    from memory.store.migrate import migrate, parse_source
+
+    try:
+        from memory.store.migrate import migrate, parse_source
+    except ImportError as exc:
+        err_console.print(
+            f"error: migrate needs the PostgreSQL driver ({exc}): "
+            "pip install 'speakermem[postgres]'",
+            markup=False,
+        )
+        return 2
 
     if args.batch < 1:
         err_console.print("error: --batch must be at least 1")
