@@ -309,6 +309,51 @@ async def test_reconnect_reconciles_members_who_left_while_offline(tmp_path: Pat
 # --- messages -----------------------------------------------------------------------------------
 
 
+async def test_stop_drains_a_backlog_for_as_long_as_it_keeps_moving(bot: Bot):
+    """A backlog longer than one drain window is applied in full on stop, not dropped."""
+    real_many, real_one = bot.dispatcher.handle_many, bot.dispatcher.handle
+
+    async def slow_many(events: Any) -> None:
+        await asyncio.sleep(0.1)  # a slow disk: each transaction takes a while
+        await real_many(events)
+
+    async def slow_one(event: Any) -> None:
+        await asyncio.sleep(0.1)
+        await real_one(event)
+
+    bot.dispatcher.handle_many = slow_many  # type: ignore[method-assign]
+    bot.dispatcher.handle = slow_one  # type: ignore[method-assign]
+    sent = []
+    for i in range(8):  # an edit after each create ends its burst: 16 slow steps
+        m = message(bot.standin, f"backlog note {i}")
+        sent.append(m)
+        await bot.standin.dispatch("MESSAGE_CREATE", m)
+        edit = {**m, "content": f"backlog note {i} (edited)", "edited_timestamp": m["timestamp"]}
+        await bot.standin.dispatch("MESSAGE_UPDATE", edit)
+    await until(lambda: bot.adapter.processed + bot.adapter._queue.qsize() >= 15)
+    # windows of 0.3 s: the old fixed drain would have left most of the backlog behind
+    await bot.adapter.stop(drain_timeout=0.3, drain_limit=20.0)
+    for m in sent:
+        stored = await bot.stored(GENERAL, m["id"])
+        assert stored is not None and stored.text.endswith("(edited)")
+
+
+async def test_stop_gives_up_on_a_backlog_that_does_not_move(bot: Bot):
+    stuck = asyncio.Event()
+
+    async def never(events: Any) -> None:
+        await stuck.wait()
+
+    bot.dispatcher.handle_many = never  # type: ignore[method-assign]
+    for i in range(3):
+        await bot.standin.dispatch("MESSAGE_CREATE", message(bot.standin, f"stuck {i}"))
+    await until(lambda: bot.adapter._queue.qsize() + bot.adapter.processed >= 1)
+    started = asyncio.get_running_loop().time()
+    await bot.adapter.stop(drain_timeout=0.3, drain_limit=20.0)
+    assert asyncio.get_running_loop().time() - started < 5.0  # one window, not the limit
+    stuck.set()
+
+
 async def test_create_update_delete_change_the_store(bot: Bot):
     m = message(bot.standin, "we booked the cabin near the glacier")
     await bot.send("MESSAGE_CREATE", m)

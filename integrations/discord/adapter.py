@@ -46,6 +46,7 @@ import inspect
 import io
 import json
 import logging
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -576,8 +577,12 @@ class DiscordAdapter:
             for cid, name in state.names.items()
         }
 
-    async def stop(self, *, drain_timeout: float = 5.0) -> None:
-        """Close the connection, finish queued events (bounded), restore endpoints."""
+    async def stop(self, *, drain_timeout: float = 5.0, drain_limit: float = 30.0) -> None:
+        """Close the connection, finish queued events, restore endpoints.
+
+        The queue is drained for as long as it keeps moving (each `drain_timeout` window
+        must apply something), up to `drain_limit` in all (inside a supervisor's usual
+        30 s grace); what is left then is logged and fetched by the next start's catch-up."""
         self._stopping = True
         if self._snapshots:  # a disconnect (say a fatal close) is being snapshotted: finish it
             await asyncio.wait(set(self._snapshots), timeout=5.0)
@@ -592,10 +597,7 @@ class DiscordAdapter:
                 await asyncio.wait_for(self._runner, 5.0)
             self._runner = None
         if self._worker is not None:
-            try:
-                await asyncio.wait_for(self._queue.join(), drain_timeout)
-            except TimeoutError:
-                log.warning("discord: %d queued event(s) dropped on stop", self._queue.qsize())
+            await self._drain(drain_timeout, drain_limit)
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
@@ -604,6 +606,25 @@ class DiscordAdapter:
             self._endpoints.close()
             self._endpoints = None
         self._ready.clear()
+
+    async def _drain(self, window: float, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        while True:
+            before = self.processed
+            try:
+                await asyncio.wait_for(
+                    self._queue.join(), max(0.0, min(window, deadline - time.monotonic()))
+                )
+                return
+            except TimeoutError:
+                if self.processed == before or time.monotonic() >= deadline:
+                    log.warning(
+                        "discord: %d queued event(s) left unapplied on stop; the next start's "
+                        "catch-up fetches their messages from channel history",
+                        self._queue.qsize(),
+                    )
+                    return
+                log.info("discord: draining, %d event(s) still queued", self._queue.qsize())
 
     async def wait_processed(self, count: int, within: float = 5.0) -> None:
         """Wait until `count` queued events have been handled (tests, graceful shutdowns)."""
