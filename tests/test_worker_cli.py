@@ -277,3 +277,47 @@ async def test_worker_command_needs_an_llm(tmp_path: Path, backend: str) -> None
     assert code == 2
     assert "no LLM configured" in out
     assert not (tmp_path / "x.db").exists()
+
+
+class _NoPlatform:
+    """An adapter that connects nowhere: the runtime's platform side is not under test."""
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["inprocess", "workers"])
+async def test_the_runtime_honours_writer_mode(
+    tmp_path: Path,
+    engine: MemoryEngine,
+    llm_server: LLMServer,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+) -> None:
+    from bot.settings import load_settings
+    from integrations import runtime
+
+    await _fill(engine, channels=1, windows=1)
+    monkeypatch.setattr(runtime, "build_adapters", lambda *a: [_NoPlatform()])
+    settings = load_settings(
+        db_path=tmp_path / "test.db",
+        embedder="none",
+        llm_base_url=llm_server.base_url,
+        llm_max_retries=0,
+        writer_window=WINDOW,
+        writer_mode=mode,
+        slack_bot_token="xoxb-unused",
+    )
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(runtime.run(settings, stop=stop))
+    await asyncio.sleep(1.0)  # the write job's first run comes 50 ms after the start
+    stop.set()
+    assert await asyncio.wait_for(task, 10) == 0
+    (seg,) = await _segments(engine)
+    if mode == "inprocess":
+        assert seg[1] == "done" and len(llm_server.requests) == 1
+    else:
+        assert seg[1] == "pending" and llm_server.requests == []
