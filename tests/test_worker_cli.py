@@ -321,3 +321,41 @@ async def test_the_runtime_honours_writer_mode(
         assert seg[1] == "done" and len(llm_server.requests) == 1
     else:
         assert seg[1] == "pending" and llm_server.requests == []
+
+
+async def test_a_worker_works_the_rederive_queue_unless_another_holds_it(
+    tmp_path: Path, llm_server: LLMServer, backend: str
+) -> None:
+    from memory.governance.service import Governance
+    from tests.test_governance_forget import GENERAL, seed
+
+    embedder = HashEmbedder()
+    eng = await MemoryEngine.open(make_config(tmp_path), embedder)
+    other = await MemoryEngine.open(make_config(tmp_path), embedder)  # another process
+    try:
+        await seed(eng, embedder)
+        gov = Governance(eng)
+        await gov.forget_message(GENERAL, "b1", actor="cli")  # queues a re-derivation
+        assert (await gov.status())["writer_queue"]["rederive"] == 1
+        async with llm_for(llm_server) as llm:
+            writer = Writer(eng, llm, FAST)
+            async with other.store.locks.try_job("rederive") as held:
+                assert held
+                skipped = await work(
+                    writer, "w-r", lease_s=30.0, poll_s=0.05, once=True, stop=asyncio.Event()
+                )
+            # PostgreSQL: another process held the job, so this worker left the queue alone;
+            # SQLite has one process per file and no such lock
+            left = (await gov.status())["writer_queue"]["rederive"]
+            assert (left, skipped["rederive-committed"]) == (
+                (1, 0) if backend == "postgres" else (0, 1)
+            )
+            writer = Writer(eng, llm, FAST)
+            totals = await work(
+                writer, "w-r", lease_s=30.0, poll_s=0.05, once=True, stop=asyncio.Event()
+            )
+        assert (await gov.status())["writer_queue"]["rederive"] == 0
+        assert totals["rederive-committed"] == (1 if backend == "postgres" else 0)
+    finally:
+        await other.close()
+        await eng.close()

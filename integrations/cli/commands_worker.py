@@ -96,12 +96,17 @@ async def work(
     which releases its segments."""
     store = writer.engine.store
     totals: Counter[str] = Counter()
+    last_rederive = float("-inf")
 
     async def one_round() -> list[FlushOutcome]:
-        async with store.locks.try_job("rederive") as mine:
-            if mine:
-                for outcome in await writer.rederive_due():
-                    totals[f"rederive-{outcome.status}"] += 1
+        nonlocal last_rederive
+        # the re-derivation queue: one worker at a time, looked at every poll period
+        if time.monotonic() - last_rederive >= poll_s:
+            last_rederive = time.monotonic()
+            async with store.locks.try_job("rederive") as mine:
+                if mine:
+                    for outcome in await writer.rederive_due():
+                        totals[f"rederive-{outcome.status}"] += 1
         return await writer.write_claimed(worker_id, lease_s=lease_s)
 
     while not stop.is_set():

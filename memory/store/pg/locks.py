@@ -1,6 +1,6 @@
 """Cluster-wide job locks on PostgreSQL: `pg_try_advisory_lock`, held for the job.
 
-Each job name maps to one advisory lock key (a fixed class id plus `hashtext(name)`), taken
+Each job name maps to one advisory lock key (a fixed class id plus the name's CRC-32), taken
 with the non-blocking try form: the process that gets it runs the job, every other process
 skips that run instead of queueing behind it. The lock is session-level and lives on a
 connection of its own, not a pooled one: the job's own queries use the pool, and a pool of
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import zlib
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -23,6 +24,13 @@ from memory.store.pg.database import PgDatabase
 log = logging.getLogger(__name__)
 
 JOB_LOCK_CLASS = 0x53504A  # "SPJ": the first key of every job lock (migrations use another id)
+
+
+def job_key(name: str) -> int:
+    """The second key of `name`'s advisory lock: its CRC-32 as a signed 32-bit integer (the
+    same in every process and Python version, unlike `hash`)."""
+    crc = zlib.crc32(name.encode())
+    return crc - (1 << 32) if crc >= 1 << 31 else crc
 
 
 class PgJobLocks(JobLocks):
@@ -40,9 +48,8 @@ class PgJobLocks(JobLocks):
         except psycopg.Error as exc:
             raise StoreError(f"{self.db.where}: cannot take the job lock {name!r}: {exc}") from exc
         async with conn:
-            cur = await conn.execute(
-                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (JOB_LOCK_CLASS, name)
-            )
+            key = (JOB_LOCK_CLASS, job_key(name))
+            cur = await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
             row = await cur.fetchone()
             got = bool(row and row[0])
             if not got:
@@ -52,6 +59,4 @@ class PgJobLocks(JobLocks):
             finally:
                 if got and not conn.closed:
                     with contextlib.suppress(psycopg.Error):
-                        await conn.execute(
-                            "SELECT pg_advisory_unlock(%s, hashtext(%s))", (JOB_LOCK_CLASS, name)
-                        )
+                        await conn.execute("SELECT pg_advisory_unlock(%s, %s)", key)
