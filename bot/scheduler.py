@@ -8,11 +8,11 @@ Jobs (AsyncIOScheduler, coroutine jobs, one instance each, coalesced):
   backoff period, and no run spins on segments that are not due;
 - `embed`: a safety net that embeds any message the live path left without a vector;
 - `retention`: on start and daily, forget what is past each channel's retention limit.
-With several bot processes on one PostgreSQL store, `close-idle`, `embed` and `retention` run
-once cluster-wide: each run takes the store's job lock (`store.locks.try_job`, an advisory
-lock held for the run) and a process that does not get it skips that run. With
-`writer_mode="workers"` there is no `write` job: `speakermem worker` processes claim and
-write the segments, and this process only closes them.
+With several bot processes on one PostgreSQL store, `close-idle`, `write`, `embed` and
+`retention` run in one process at a time: each run takes the store's job lock
+(`store.locks.try_job`, an advisory lock held for the run) and a process that does not get
+it skips that run. With `writer_mode="workers"` there is no `write` job: `speakermem worker`
+processes claim and write the segments, and this process only closes them.
 `kick()` runs the write job now (a segment just filled its window). Pending segments
 live in the database, so a restart resumes them on the first `write` run.
 """
@@ -62,7 +62,7 @@ class WriterScheduler:
         self.retention_interval_s = retention_interval_s
         self.writer_mode = writer_mode
         self.runs = {"close-idle": 0, "write": 0, "embed": 0, "retention": 0}
-        self.skipped = {"close-idle": 0, "embed": 0, "retention": 0}
+        self.skipped = {"close-idle": 0, "write": 0, "embed": 0, "retention": 0}
         """Runs left to another process that held the job's cluster-wide lock."""
         self._inflight: set[asyncio.Task[object]] = set()
         self._wake: asyncio.TimerHandle | None = None
@@ -167,17 +167,25 @@ class WriterScheduler:
         self._writing, self._again = True, False
         with self._tracked():
             try:
-                try:
-                    await self.writer.flush_due()
-                except Exception:  # a failed run must not kill the job; segments stay pending
-                    log.exception("writer run failed; pending segments will be retried")
-                try:
-                    await self.writer.rederive_due()
-                except Exception:
-                    log.exception("re-derivation run failed; the queue is kept")
+                # several bot processes writing in-process on one store: one writes at a
+                # time (two would call the LLM for the same segments; workers claim instead)
+                async with self._cluster_once("write") as mine:
+                    if mine:
+                        await self._write_run()
             finally:
                 self._writing = False
             self._wake_at(time.time() if self._again else self.writer.next_wake())
+
+    async def _write_run(self) -> None:
+        assert self.writer is not None
+        try:
+            await self.writer.flush_due()
+        except Exception:  # a failed run must not kill the job; segments stay pending
+            log.exception("writer run failed; pending segments will be retried")
+        try:
+            await self.writer.rederive_due()
+        except Exception:
+            log.exception("re-derivation run failed; the queue is kept")
 
     def _wake_at(self, when: float | None) -> None:
         """Run the write job again at `when` (Unix time), unless a run comes sooner anyway.

@@ -31,7 +31,7 @@ from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.governance.policy import Receipt
 from memory.governance.service import Governance
-from tests.llm_server import Handler, LLMServer, Reply
+from tests.llm_server import Delay, Handler, LLMServer, Reply
 from tests.pg_fixtures import PgDatabases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,6 +119,58 @@ async def test_two_schedulers_on_one_database_run_retention_once(
     assert [s.runs["retention"] for s in scheds] == [1, 1]  # both schedulers tried
     assert SlowRetention.runs == 1  # one ran it
     assert sorted(s.skipped["retention"] for s in scheds) == [0, 1]
+
+
+async def test_two_in_process_writers_call_the_llm_once_per_segment(
+    pg_store_databases: PgDatabases,
+) -> None:
+    """Bot processes that write in-process (the default mode) take turns under the `write`
+    job lock, so no segment is sent to the LLM by both."""
+    from integrations.llm.openai_compat import OpenAICompatLLM
+    from memory.config import IngestConfig, WriterConfig
+    from memory.models import MessageEvent, Scope
+    from memory.writer.runner import Writer
+
+    url = pg_store_databases.url_for("inproc")
+    cfg = _config(url).model_copy(update={"ingest": IngestConfig(segment_window=5)})
+    engines = [await MemoryEngine.open(cfg, None) for _ in range(2)]
+    base = datetime.now(UTC)
+    for c in range(3):
+        for i in range(5):
+            await engines[0].ingest(
+                MessageEvent(
+                    scope=Scope(platform="test", workspace="w1", channel=f"c{c}"),
+                    message_id=f"c{c}-{i}",
+                    speaker_id="alice",
+                    speaker_name="Alice",
+                    text=f"message {i} of channel {c}",
+                    ts=base + timedelta(seconds=i),
+                )
+            )
+    async with LLMServer(default=Delay(0.3, Reply(content="{}"))) as server:
+        llms = [
+            OpenAICompatLLM(server.base_url, "k", "test-model", 5.0, max_retries=0) for _ in engines
+        ]
+        scheds = [
+            WriterScheduler(e, Writer(e, llm, WriterConfig(concurrency=4)), idle_seconds=3600)
+            for e, llm in zip(engines, llms, strict=True)
+        ]
+        try:
+            for s in scheds:
+                s.start()  # each runs its first write 50 ms after its start
+            deadline = time.monotonic() + 20
+            while (await engines[0].store.segments.counts())["segments_done"] < 3:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.1)
+        finally:
+            for s in scheds:
+                await s.shutdown()
+            for llm in llms:
+                await llm.aclose()
+            for e in engines:
+                await e.close()
+        assert len(server.requests) == 3
+    assert sum(s.skipped["write"] for s in scheds) >= 1
 
 
 # ------------------------------------------------------------------ the cluster
