@@ -407,6 +407,8 @@ class Writer:
         """
         if self.paused or self._stopping:
             return []
+        now = time.time()  # forget retries that are due: the store's backoff governs claims
+        self._retries = {k: t for k, t in self._retries.items() if t > now}
         store = self.engine.store
         limit = self.cfg.concurrency if limit is None else limit
         segments = await store.segments.claim(worker_id, lease_s, limit=limit)
