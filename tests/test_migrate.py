@@ -16,6 +16,7 @@ import pytest
 
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
+from memory.governance.service import Governance
 from memory.models import (
     DeleteEvent,
     EditEvent,
@@ -245,6 +246,46 @@ async def test_rerun_writes_nothing_and_catches_up_changes(
         await pg.close()
 
 
+async def test_prune_carries_a_forget_over(
+    sqlite_store: Path, pg_url: str, embedder: HashEmbedder
+) -> None:
+    await migrate(sqlite_store, pg_url)
+    lite = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=sqlite_store)), embedder)
+    try:
+        await Governance(lite).forget_user("slack", "T1", "alice", actor="admin")
+    finally:
+        await lite.close()
+    stale = await migrate(sqlite_store, pg_url)  # without prune her rows stay: counts differ
+    assert not stale.ok
+    assert {t.table for t in stale.mismatches()} >= {"message_vectors", "records", "records_vec"}
+    pruned = await migrate(sqlite_store, pg_url, prune=True, batch=5)
+    assert pruned.ok, pruned.mismatches()
+    deleted = {t.table: t.deleted for t in pruned.tables}
+    assert deleted["records"] == 2 and deleted["records_vec"] == 2  # the whole chain
+    assert deleted["message_vectors"] > 0 and deleted["user_aliases"] == 1
+    again = await migrate(sqlite_store, pg_url, prune=True)
+    assert again.ok and again.written == 0 and sum(t.deleted for t in again.tables) == 0
+    lite, pg = await open_both(sqlite_store, pg_url, embedder)
+    try:
+        for query in QUERIES:
+            want = hits(await lite.search(query, [GENERAL, RANDOM], limit=5))
+            assert hits(await pg.search(query, [GENERAL, RANDOM], limit=5)) == want
+        # one of hers: as the forget left it in SQLite (its text gone)
+        gone = await lite.store.messages.get(RANDOM, "r3")
+        assert await pg.store.messages.get(RANDOM, "r3") == gone
+        assert gone is None or "quarterly" not in gone.text
+        for scope in (GENERAL, RANDOM):
+            assert await pg.members(scope, include_left=True) == await lite.members(
+                scope, include_left=True
+            )
+        pks = await pg.channel_pks([GENERAL])
+        assert await pg.store.records.heads(pks, owners=["alice"]) == []
+        assert await pg.store.governance.audit(10) == await lite.store.governance.audit(10)
+    finally:
+        await lite.close()
+        await pg.close()
+
+
 async def test_missing_source_and_bad_target_are_refused(tmp_path: Path, pg_url: str) -> None:
     with pytest.raises(StoreError, match="no SQLite database"):
         await migrate(tmp_path / "absent.db", pg_url)
@@ -294,6 +335,22 @@ def test_sql_builders() -> None:
     assert "WHERE" not in keyset_sql("k", ["x"], ["x"], after=False)
 
 
+def await_run(path: Path, sql: str) -> int:
+    """Run one statement on the SQLite file through the store (rows changed)."""
+    import asyncio
+
+    async def run() -> int:
+        eng = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=path)))
+        try:
+            async with eng.store.db.transaction() as tx:
+                cur = await tx.execute(sql)
+                return int(cur.rowcount)
+        finally:
+            await eng.close()
+
+    return asyncio.run(run())
+
+
 def test_cli_migrate(sqlite_store: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     from integrations.cli.main import main
 
@@ -308,6 +365,14 @@ def test_cli_migrate(sqlite_store: Path, pg_url: str, capsys: pytest.CaptureFixt
     assert data["ok"] is True and data["written"] == 0
     by_table = {t["table"]: t for t in data["tables"]}
     assert by_table["messages"]["source"] == by_table["messages"]["target"] == 36
+    # rows gone from the SQLite file: a mismatch (exit 1) until --prune deletes them too
+    lite = await_run(sqlite_store, "DELETE FROM audit_log")
+    assert lite == 1
+    assert main(argv) == 1
+    assert "--prune" in capsys.readouterr().err
+    assert main([*argv, "--prune", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {t["table"]: t["deleted"] for t in data["tables"]}["audit_log"] == 1
     assert (
         main(["migrate", "--from", f"sqlite:{sqlite_store.with_name('nope.db')}", "--to", pg_url])
         == 2

@@ -51,6 +51,13 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         default=1000,
         help="rows per PostgreSQL transaction (default 1000)",
     )
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="also delete PostgreSQL rows the SQLite file no longer has (forgotten or expired "
+        "since an earlier run). Only before the bot writes to PostgreSQL: its new rows are not "
+        "in the SQLite file either",
+    )
     p.add_argument("--json", action="store_true", help="print the counts as JSON")
     p.set_defaults(handler="integrations.cli.commands_migrate:cmd_migrate")
 
@@ -96,6 +103,7 @@ async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
                 progress=on_batch,
                 on_counts=on_counts,
                 sqlite_driver=settings.sqlite_driver,
+                prune=args.prune,
             )
         except StoreError as exc:
             err_console.print(f"error: {exc}", markup=False, highlight=False)
@@ -116,6 +124,7 @@ async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
                             "source": t.source,
                             "target": t.target,
                             "written": t.written,
+                            "deleted": t.deleted,
                         }
                         for t in report.tables
                     ],
@@ -124,16 +133,16 @@ async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
         )
     else:
         table = Table(title=f"{report.source} -> {report.target}")
-        for column in ("table", "sqlite rows", "postgres rows", "written now", ""):
+        columns = ["table", "sqlite rows", "postgres rows", "written now"]
+        if args.prune:
+            columns.append("deleted now")
+        for column in (*columns, ""):
             table.add_column(column, justify="left" if column == "table" else "right")
         for t in report.tables:
-            table.add_row(
-                t.table,
-                str(t.source),
-                str(t.target),
-                str(t.written),
-                "ok" if t.ok else "[red]MISMATCH[/red]",
-            )
+            cells = [t.table, str(t.source), str(t.target), str(t.written)]
+            if args.prune:
+                cells.append(str(t.deleted))
+            table.add_row(*cells, "ok" if t.ok else "[red]MISMATCH[/red]")
         console.print(table)
         if report.ok:
             console.print(
@@ -143,7 +152,8 @@ async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
         names = ", ".join(t.table for t in report.mismatches())
         err_console.print(
             f"error: row counts differ in {names}. Rows deleted from the SQLite file after an "
-            "earlier run stay in PostgreSQL; migrate into an empty database to start over."
+            "earlier run stay in PostgreSQL: run again with --prune (before the bot writes to "
+            "PostgreSQL), or migrate into an empty database."
         )
         return 1
     return 0

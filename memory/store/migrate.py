@@ -27,7 +27,8 @@ The one module that reads both backends' tables directly. What it does:
   are dropped from the target.
 - Finally the row counts of every table are compared (`MigrationReport.ok`). Rows deleted
   from the source after an earlier run (forgotten, expired) stay in the target and show as a
-  count mismatch: migrate into an empty database again in that case.
+  count mismatch, unless `prune` deletes them (off by default: after the bot has started
+  writing to PostgreSQL, its new rows are not in the SQLite file either).
 
 Stop the bot (or point it at nothing) while migrating: rows written to SQLite meanwhile
 may be missed; running the migration again afterwards copies them.
@@ -114,6 +115,8 @@ class TableCount:
     target: int
     written: int = 0
     """Rows inserted or changed in the target by this run (0 on a re-run over the same data)."""
+    deleted: int = 0
+    """Rows deleted from the target because the source no longer has them (`prune`)."""
 
     @property
     def ok(self) -> bool:
@@ -194,12 +197,14 @@ class Migrator:
         *,
         batch: int = DEFAULT_BATCH,
         progress: Progress | None = None,
+        prune: bool = False,
     ) -> None:
         if batch < 1:
             raise ValueError("batch must be at least 1")
         self.source = source
         self.target = target
         self.batch = batch
+        self.prune_missing = prune
         self.progress = progress or (lambda table, n: None)
 
     # counts -------------------------------------------------------------------------------
@@ -434,6 +439,48 @@ class Migrator:
                     "(or one filled from this same SQLite file)"
                 )
 
+    async def _source_keys(self, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """The primary keys of every source row of `table` (vector tables: their rowids)."""
+        if table == "messages_vec":  # filled from message_vectors, see copy_message_vectors
+            rows = await self.source.read("SELECT id FROM message_vectors")
+            return ["rowid"], [(r[0],) for r in rows]
+        if table == "records_vec":
+            rows = await self.source.read("SELECT rowid FROM records_vec")
+            return ["rowid"], [(r[0],) for r in rows]
+        _, pk = await self._columns(table)
+        rows = await self.source.read(f"SELECT {', '.join(pk)} FROM {table}")
+        return pk, [tuple(r) for r in rows]
+
+    async def prune(self) -> dict[str, int]:
+        """Delete target rows the source no longer has (forgotten or expired there since an
+        earlier run), children before parents. Each table in one transaction: the source's
+        keys go into a temporary table and one DELETE removes the rest, so rows that refer
+        to each other go together."""
+        deleted: dict[str, int] = {}
+        for table in (*VECTOR_TABLES, *reversed(TABLES)):
+            pk, keys = await self._source_keys(table)
+            match = " AND ".join(f"k.{c} = t.{c}" for c in pk)
+            async with self.target.transaction() as tx:
+                await tx.execute(
+                    f"CREATE TEMP TABLE migrate_keep ON COMMIT DROP AS"
+                    f" SELECT {', '.join(pk)} FROM {table} WITH NO DATA"
+                )
+                for start in range(0, len(keys), self.batch):
+                    part = keys[start : start + self.batch]
+                    one = "(" + ", ".join("?" * len(pk)) + ")"
+                    await tx.execute(
+                        "INSERT INTO migrate_keep VALUES " + ", ".join([one] * len(part)),
+                        [v for key in part for v in key],
+                    )
+                await tx.execute(f"CREATE INDEX ON migrate_keep ({', '.join(pk)})")
+                await tx.execute("ANALYZE migrate_keep")
+                cur = await tx.execute(
+                    f"DELETE FROM {table} AS t WHERE NOT EXISTS"
+                    f" (SELECT 1 FROM migrate_keep AS k WHERE {match})"
+                )
+                deleted[table] = max(int(cur.rowcount), 0)
+        return deleted
+
     async def run(self) -> MigrationReport:
         """Copy everything, reset the sequences, compare the counts."""
         start = time.perf_counter()
@@ -447,6 +494,12 @@ class Migrator:
             written[table] += n
         for table, n in (await self.copy_deferred()).items():
             written[table] += n
+        deleted: dict[str, int] = {}
+        if self.prune_missing:
+            deleted = await self.prune()
+            # deleting members bumped roster revisions again: set them back
+            for table, n in (await self.copy_deferred()).items():
+                written[table] += n
         await self.reset_sequences()
         after_source = await self.source_counts()
         after_target = await self.target_counts()
@@ -454,7 +507,9 @@ class Migrator:
             source=str(self.source.path),
             target=self.target.where,
             tables=[
-                TableCount(t, after_source[t], after_target[t], written.get(t, 0))
+                TableCount(
+                    t, after_source[t], after_target[t], written.get(t, 0), deleted.get(t, 0)
+                )
                 for t in (*TABLES, *VECTOR_TABLES)
             ],
         )
@@ -493,12 +548,14 @@ async def migrate(
     progress: Progress | None = None,
     on_counts: Callable[[dict[str, int]], None] | None = None,
     sqlite_driver: str = "auto",
+    prune: bool = False,
 ) -> MigrationReport:
     """Copy the SQLite store at `source_path` into the PostgreSQL database at `target_url`
     (created tables on first use) and return the per-table counts.
 
     `on_counts` gets the source's row counts before copying starts (a progress bar's
-    total)."""
+    total). `prune` also deletes target rows the source no longer has (forgotten or expired
+    since an earlier run): only for a target that nothing but this migration writes to."""
     if not await asyncio.to_thread(source_path.is_file):
         raise StoreError(f"no SQLite database at {source_path}")
     source = Database(
@@ -509,7 +566,7 @@ async def migrate(
     try:
         await target.open()
         try:
-            migrator = Migrator(source, target, batch=batch, progress=progress)
+            migrator = Migrator(source, target, batch=batch, progress=progress, prune=prune)
             counts = await migrator.source_counts()
             if on_counts is not None:
                 on_counts(counts)
