@@ -131,6 +131,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             writer,
             idle_seconds=settings.session_gap_minutes * 60.0,
             governance=governance,
+            writer_mode=settings.writer_mode,
         )
         pipeline = RecallPipeline(engine, llm=answer_llm)
         dispatcher = Dispatcher(
@@ -170,7 +171,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             log.info(
                 "speakermem running: %s; writer %s; store %s",
                 ", ".join(platforms),
-                "on" if writer else "off (no LLM)",
+                "off (no LLM)" if writer is None else "on" if scheduler.writes_here else "workers",
                 settings.db_path,
             )
             stopper = asyncio.ensure_future(stop.wait())

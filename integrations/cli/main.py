@@ -100,10 +100,12 @@ def _register_extra() -> None:
         commands_discord,
         commands_doctor,
         commands_governance,
+        commands_migrate,
         commands_ops,
         commands_platform,
         commands_recall,
         commands_run,
+        commands_worker,
         commands_writer,
     )
 
@@ -111,6 +113,7 @@ def _register_extra() -> None:
         [
             commands_recall.register,
             commands_writer.register,
+            commands_worker.register,
             commands_platform.register,
             commands_run.register,
             commands_demo.register,
@@ -118,6 +121,7 @@ def _register_extra() -> None:
             commands_discord.register,
             commands_ops.register,
             commands_governance.register,
+            commands_migrate.register,
         ]
     )
 

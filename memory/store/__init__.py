@@ -9,6 +9,7 @@ from memory.store.database import Database, StoreBusy, StoreError
 from memory.store.driver import DriverUnavailable, pick_driver, stdlib_can_load_extensions
 from memory.store.governance import AuditEntry, ChannelPolicy, GovernanceRepo, RederiveItem
 from memory.store.interactions import InteractionRepo
+from memory.store.locks import JobLocks
 from memory.store.messages import ChangeStatus, IngestOutcome, IngestStatus, MessageRepo
 from memory.store.records import ChainConflict, RecordRepo, WriterRunLog
 from memory.store.segments import SegmentRepo
@@ -45,6 +46,7 @@ class Store:
         self.governance = GovernanceRepo(self.db, self.channels)
         self.interactions = InteractionRepo(self.db)
         self.catchup = CatchupRepo(self.db)
+        self.locks = JobLocks()
 
     @property
     def driver_name(self) -> str:

@@ -9,6 +9,7 @@ from memory.store.pg.channels import PgChannelRepo
 from memory.store.pg.database import PgDatabase
 from memory.store.pg.governance import PgGovernanceRepo
 from memory.store.pg.interactions import PgInteractionRepo
+from memory.store.pg.locks import PgJobLocks
 from memory.store.pg.messages import PgMessageRepo
 from memory.store.pg.records import PgRecordRepo
 from memory.store.pg.segments import PgSegmentRepo
@@ -31,6 +32,7 @@ class PgStore(Store):
         self.governance = PgGovernanceRepo(self.db, self.channels)
         self.interactions = PgInteractionRepo(self.db)
         self.catchup = PgCatchupRepo(self.db)
+        self.locks = PgJobLocks(self.db)
 
     @property
     def driver_name(self) -> str:
