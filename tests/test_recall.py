@@ -47,6 +47,8 @@ from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 from tests.llm_server import Garbage, Handler, Item, LLMServer, Reply
 
+pytestmark = pytest.mark.contract
+
 # ----------------------------------------------------------------------------------------------
 # a small team channel: one long session (messages a minute apart), so the neighbours of
 # the i-th message are the (i-1)-th and (i+1)-th

@@ -29,6 +29,8 @@ from memory.query.pipeline import RecallPipeline
 from tests.conftest import T0
 from tests.fakes import HashEmbedder
 
+pytestmark = pytest.mark.contract
+
 MID = "m1"
 # One distinctive word per version of the text, to look each up in the FTS5 index.
 WORDS = {"C": "zebrafin", "E1": "yakhorn", "E2": "walrusket"}
@@ -154,6 +156,9 @@ async def dispatcher(engine: MemoryEngine) -> Dispatcher:
     return Dispatcher(engine, RecallPipeline(engine))
 
 
+@pytest.mark.sqlite_only(
+    "state() reads FTS5 MATCH and json_each (PostgreSQL twin: test_pg_search.py)"
+)
 @pytest.mark.parametrize("with_delete", [True, False], ids=["create-edits-delete", "create-edits"])
 async def test_any_order_with_duplicates_ends_in_the_in_order_state(
     engine: MemoryEngine, embedder: HashEmbedder, dispatcher: Dispatcher, with_delete: bool
@@ -290,6 +295,7 @@ async def test_memory_off_keeps_no_early_edit_but_still_edits_what_it_holds(
 SLACK_DIR = Path(__file__).parent / "fixtures" / "slack_export_small"
 
 
+@pytest.mark.sqlite_only("reads the imported SQLite file directly with sqlite3")
 def test_slack_export_imported_twice_stores_nothing_new(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,6 +13,8 @@ from memory.search.fusion import rrf
 from memory.sessions import ChannelCursor, place_message
 from tests.conftest import make_config, msg
 
+pytestmark = pytest.mark.contract
+
 HOSTILE = [
     'he said "hello',
     "NEAR(alpha beta, 2)",

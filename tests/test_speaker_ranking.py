@@ -12,6 +12,8 @@ from memory.search.fts_query import build_match
 from memory.store.messages import speaker_phrase
 from tests.conftest import msg
 
+pytestmark = pytest.mark.contract
+
 
 @pytest.fixture
 def stage() -> Scope:

@@ -27,12 +27,17 @@ from memory.store.schema import migrations
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 
+pytestmark = pytest.mark.contract
+
 
 async def count(engine: MemoryEngine, sql: str, params: tuple = ()) -> int:
     rows = await engine.store.db.read(sql, params)
     return int(rows[0][0])
 
 
+@pytest.mark.sqlite_only(
+    "SQLite's migration list and WAL journal mode (PostgreSQL's: tests/test_pg_database.py)"
+)
 async def test_migrations_are_recorded_and_idempotent(tmp_path: Path) -> None:
     cfg = make_config(tmp_path)
     eng = await MemoryEngine.open(cfg)
@@ -113,6 +118,9 @@ async def test_session_break_flag_forces_a_new_session(engine: MemoryEngine, sco
     assert b is not None and (b.session_id, b.turn_index) == (2, 0)
 
 
+@pytest.mark.sqlite_only(
+    "ends with FTS5's integrity-check command (PostgreSQL: tests/test_pg_search.py)"
+)
 async def test_fts_and_vectors_follow_edits_and_deletes(engine: MemoryEngine, scope: Scope) -> None:
     await engine.ingest_many(
         [
@@ -262,6 +270,7 @@ def _record(content: str, owner: str = "alice", **kw: object) -> NewRecord:
     return NewRecord(**base)  # type: ignore[arg-type]
 
 
+@pytest.mark.sqlite_only("expects SQLite's CHECK error text through its writer connection")
 async def test_records_chain_indexes_and_run_log(
     engine: MemoryEngine, scope: Scope, embedder: HashEmbedder
 ) -> None:
@@ -377,6 +386,7 @@ async def test_dense_search_ranks_by_exact_cosine(engine: MemoryEngine, scope: S
     assert vec.shape == (384,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-4
 
 
+@pytest.mark.sqlite_only("reads sqlite_master and PRAGMA table_info")
 async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
     """SPEC §3: every row carries platform/workspace/channel (users are per workspace)."""
     tables = [

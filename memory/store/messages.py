@@ -80,6 +80,17 @@ class _Early:
 
 
 class MessageRepo:
+    # Statements of the ingest transaction whose SQL differs between backends.
+    _SESSIONS_SQL = (
+        "INSERT OR IGNORE INTO sessions (channel_pk, platform, workspace, channel,"
+        " session_id, started_at) VALUES (?, ?, ?, ?, ?, ?)"
+    )
+    _SEGMENT_UPDATE_SQL = (
+        "UPDATE segments SET n_messages = ?, last_message_at = max(last_message_at, ?),"
+        " state = CASE WHEN ? THEN 'pending' ELSE state END,"
+        " closed_at = CASE WHEN ? THEN ? ELSE closed_at END WHERE id = ?"
+    )
+
     def __init__(self, db: Database, channels: ChannelRepo, *, gap_seconds: float, window: int):
         self.db = db
         self.channels = channels
@@ -238,19 +249,10 @@ class MessageRepo:
         for scope, users in users_by_ws.values():
             if users:
                 await self.channels.upsert_users(tx, scope, list(users.values()))
-        await tx.executemany(
-            "INSERT OR IGNORE INTO sessions (channel_pk, platform, workspace, channel,"
-            " session_id, started_at) VALUES (?, ?, ?, ?, ?, ?)",
-            session_rows,
-        )
+        await tx.executemany(self._SESSIONS_SQL, session_rows)
         # Close the channels' earlier open segments before inserting new ones (one open
         # segment per channel is a unique index).
-        await tx.executemany(
-            "UPDATE segments SET n_messages = ?, last_message_at = max(last_message_at, ?),"
-            " state = CASE WHEN ? THEN 'pending' ELSE state END,"
-            " closed_at = CASE WHEN ? THEN ? ELSE closed_at END WHERE id = ?",
-            seg_updates,
-        )
+        await tx.executemany(self._SEGMENT_UPDATE_SQL, seg_updates)
         await tx.executemany(
             "INSERT INTO segments (id, channel_pk, platform, workspace, channel, state,"
             " n_messages, opened_at, last_message_at, closed_at)"
@@ -269,14 +271,7 @@ class MessageRepo:
             rows,
         )
         if rows:
-            # Index the whole batch in one statement (we hold the write lock, so every new
-            # row has an id above the previous maximum).
-            await tx.execute(
-                "INSERT INTO messages_fts (rowid, text, speaker_name, channel_tag)"
-                " SELECT id, text, speaker_name, 'c' || channel_pk FROM messages"
-                " WHERE id > ? ORDER BY id",
-                (last_message_pk,),
-            )
+            await self._index_new_messages(tx, last_message_pk)
         if consumed:
             await tx.executemany(
                 "DELETE FROM early_changes WHERE platform = ? AND workspace = ? AND channel = ?"
@@ -286,6 +281,21 @@ class MessageRepo:
         if tombstoned:
             await self._forget_on_arrival(tx, tombstoned)
         return [o for o in outcomes if o is not None]
+
+    @staticmethod
+    async def _index_new_messages(tx: Transaction, last_message_pk: int) -> None:
+        """Index the whole batch in one statement (we hold the write lock, so every new
+        row has an id above the previous maximum)."""
+        await tx.execute(
+            "INSERT INTO messages_fts (rowid, text, speaker_name, channel_tag)"
+            " SELECT id, text, speaker_name, 'c' || channel_pk FROM messages"
+            " WHERE id > ? ORDER BY id",
+            (last_message_pk,),
+        )
+
+    def _governance(self) -> GovernanceRepo:
+        """The forgetting cascade of this backend (a platform delete runs it)."""
+        return GovernanceRepo(self.db, self.channels)
 
     async def _early_changes(
         self, tx: Transaction, events: Sequence[MessageEvent]
@@ -319,9 +329,7 @@ class MessageRepo:
             )
             pks.append(int(row[0]))
         receipt = Receipt(action="platform-delete", target=f"{len(pks)} early delete(s)")
-        await GovernanceRepo(self.db, self.channels).forget_in(
-            tx, pks, receipt, reason="platform-delete"
-        )
+        await self._governance().forget_in(tx, pks, receipt, reason="platform-delete")
         self.last_receipt = receipt
 
     @staticmethod
@@ -454,9 +462,7 @@ class MessageRepo:
         if deleted is not None and not speaker_name and not cited:
             return ChangeStatus.UNCHANGED
         receipt = Receipt(action="platform-delete", target=f"{event.scope}/{event.message_id}")
-        await GovernanceRepo(self.db, self.channels).forget_messages(
-            [pk], receipt, reason="platform-delete"
-        )
+        await self._governance().forget_messages([pk], receipt, reason="platform-delete")
         self.last_receipt = receipt
         return ChangeStatus.APPLIED
 
