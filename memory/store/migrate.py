@@ -353,7 +353,20 @@ class Migrator:
             )
             if not rows:
                 break
-            values = [(r[0], r[1], _literal(r[2])) for r in rows]
+            # a vector whose exact bytes the target already holds beside its messages_vec row
+            # is not formatted and sent again (a re-run's main cost)
+            have = {
+                int(r[0]): bytes(r[1])
+                for r in await self.target.read(
+                    "SELECT v.id, v.embedding FROM message_vectors AS v"
+                    " JOIN messages_vec AS x ON x.rowid = v.id WHERE v.id = ANY(?)",
+                    ([int(r[0]) for r in rows],),
+                )
+            }
+            todo = [r for r in rows if have.get(int(r[0])) != bytes(r[2])]
+            if len(todo) < len(rows):
+                self.progress("messages_vec", len(rows) - len(todo))
+            values = [(r[0], r[1], _literal(r[2])) for r in todo]
             written += await self._write(
                 "messages_vec",
                 ("rowid", "channel_pk", "embedding"),
