@@ -17,6 +17,8 @@ from tests.pg_fixtures import (  # noqa: F401 - re-exported fixtures
     current_db_url,
     pg_databases,
     pg_server,
+    pg_store_databases,
+    pg_template,
     pg_url,
     use_db_url,
 )
@@ -69,7 +71,7 @@ def _store_backend(request: pytest.FixtureRequest, backend: str) -> Iterator[Non
     marker = request.node.get_closest_marker("sqlite_only")
     if marker is not None:
         pytest.skip(f"SQLite only: {marker.args[0] if marker.args else 'SQLite detail'}")
-    dbs = request.getfixturevalue("pg_databases")
+    dbs = request.getfixturevalue("pg_store_databases")
     # settings-based code (CLI, adapters) shares the database of make_config(tmp_path)
     tmp_path = request.getfixturevalue("tmp_path")
     request.getfixturevalue("monkeypatch").setenv("SPEAKERMEM_DB_URL", dbs.url_for(str(tmp_path)))

@@ -142,6 +142,7 @@ async def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from integrations.app import build_llm, open_engine
     from integrations.cli.errors import CliError
     from integrations.cli.render import err_console
+    from memory.store.diagnostics import location
     from memory.writer.runner import Writer
 
     if not settings.llm_configured:
@@ -172,7 +173,7 @@ async def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         log.info(
             "worker %s: writing segments of %s with %s (lease %g s, concurrency %d)",
             worker_id,
-            engine.store.db.path,
+            location(engine.store),
             llm.model,
             lease_s,
             cfg.concurrency,
