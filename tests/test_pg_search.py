@@ -241,7 +241,8 @@ async def test_dense_equals_exact_cosine(pair: tuple[MemoryEngine, MemoryEngine]
         q = (await embedder.embed([question]))[0]
         sims = mat @ q
         order = np.argsort(-sims, kind="stable")[:5]
-        got = await repo.dense(q, pks, 5, 1)
+        # candidates covering the channel: the coarse pass keeps every row
+        got = await repo.dense(q, pks, 5, len(ids))
         assert [pk for pk, _ in got] == [int(ids[i]) for i in order]
         assert [s for _, s in got] == pytest.approx([float(sims[i]) for i in order], abs=1e-6)
 
@@ -393,3 +394,105 @@ async def test_two_processes_ingesting_one_channel_place_every_message_once(
     finally:
         for eng in engines:
             await eng.close()
+
+
+def hamming_then_cosine(
+    ids: np.ndarray, mat: np.ndarray, q: np.ndarray, k: int, limit: int
+) -> list[int]:
+    """The reference two-pass search: the k rows nearest by Hamming distance between sign
+    bits (ties by row id), then the best `limit` of them by exact cosine."""
+    ham = ((mat > 0) != (q > 0)).sum(axis=1)
+    cand = sorted(range(len(ids)), key=lambda i: (int(ham[i]), int(ids[i])))[:k]
+    sims = mat[cand] @ q
+    return [int(ids[cand[i]]) for i in np.argsort(-sims, kind="stable")[:limit]]
+
+
+async def test_dense_coarse_pass_ranks_sign_bits_by_hamming(
+    pair: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    """Fewer candidates than rows: the stored sign bits choose them (as SQLite's binary
+    index does), `oversample_fraction` of the channel's rows when that is more."""
+    _, pg = pair
+    pks = await channel_pks(pg, SCOPE)
+    rows = await pg.store.db.read(
+        "SELECT m.id, v.embedding FROM messages m JOIN message_vectors v ON v.id = m.id"
+        " WHERE m.channel_pk = ? ORDER BY m.id",
+        (pks[0],),
+    )
+    ids = np.array([r[0] for r in rows])
+    mat = np.stack([np.frombuffer(bytes(r[1]), dtype=np.float32) for r in rows])
+    rng = np.random.default_rng(4)
+    differs = 0
+    for n in range(30):
+        q = np.asarray(rng.standard_normal(mat.shape[1]), dtype=np.float32)
+        q /= np.linalg.norm(q)
+        exact = [int(ids[i]) for i in np.argsort(-(mat @ q), kind="stable")[:1]]
+        for oversample, fraction in ((1, 0.0), (1, 0.15)):
+            k = max(1, oversample, int(np.ceil(fraction * len(ids))))
+            want = hamming_then_cosine(ids, mat, q, k, 1)
+            got = await pg.store.messages.dense(q, pks, 1, oversample, fraction)
+            assert [pk for pk, _ in got] == want, (n, oversample, fraction)
+            differs += want != exact
+    assert differs > 0  # the coarse pass does narrow the search on this corpus
+
+
+def zipf_corpus(n: int) -> list[MessageEvent]:
+    rng = np.random.default_rng(3)
+    p = 1 / np.arange(1, 201) ** 1.1
+    words = rng.choice(200, size=(n, 8), p=p / p.sum())
+    return [
+        msg(SCOPE, f"z{i}", f"s{i % 7}", " ".join(f"w{w}" for w in words[i, : 3 + i % 6]), i)
+        for i in range(n)
+    ]
+
+
+async def test_lexical_pruning_returns_the_full_ranking(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scoring the rarest terms' rows first, then stopping when the other terms cannot
+    reach the ranking, returns exactly what scoring every matching row returns."""
+    import memory.store.pg.messages as pgm
+
+    monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)  # take the large-corpus path
+    monkeypatch.setattr(pgm, "PRUNE_BUDGET", 40)
+    eng = await open_engine(tmp_path, pg_url)
+    try:
+        await eng.ingest_many(zipf_corpus(600))
+        repo = eng.store.messages
+        assert isinstance(repo, pgm.PgMessageRepo)
+        pks = await channel_pks(eng, SCOPE)
+        calls: list[object] = []
+        ranked = repo._ranked
+
+        async def spy(*args: Any, **kwargs: Any) -> list[tuple[int, float]]:
+            calls.append(args[5])  # the essential items (None: every matching row)
+            return await ranked(*args, **kwargs)
+
+        monkeypatch.setattr(repo, "_ranked", spy)
+        pruned_answers = 0
+        rng = np.random.default_rng(9)
+        for _ in range(24):
+            words = [f"w{w}" for w in rng.choice(200, 4, replace=False, p=None)]
+            words[0] = f"w{rng.integers(0, 3)}"  # always one very common word
+            match = build_match(" ".join(words))
+            for limit in (5, 20):
+                calls.clear()
+                got = await repo.lexical(match, pks, limit)
+                pruned_answers += len(calls) == 1 and calls[0] is not None
+                stats = await repo._cached_stats()
+                full = await ranked(match, pks, limit, parse_match(match), None, None, stats)
+                assert [pk for pk, _ in got] == [pk for pk, _ in full], match
+                assert [s for _, s in got] == pytest.approx([s for _, s in full], rel=1e-9)
+        assert pruned_answers > 0  # the pruned statement alone answered some queries
+        # capped: only COMMON_FILL rows of the common terms are scored, each exactly
+        monkeypatch.setattr(pgm, "COMMON_FILL", 5)
+        match = build_match("w0 w1 w2")
+        stats = await repo._cached_stats()
+        full = dict(await ranked(match, pks, 1000, parse_match(match), None, None, stats))
+        got = await repo.lexical(match, pks, 20)
+        assert len(got) == 5 < len(full)
+        assert [s for _, s in got] == sorted(s for _, s in got)
+        for pk, score in got:
+            assert score == pytest.approx(full[pk], rel=1e-9)
+    finally:
+        await eng.close()

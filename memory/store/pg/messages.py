@@ -13,14 +13,16 @@ convergence of creates, edits and deletes — is the base class's code):
   the channels come from the GIN index and are ranked by Okapi BM25 computed in SQL with
   FTS5's constants and column weights (text 1.0, speaker name 0.5), so the ranking keeps
   the inverse document frequency that `ts_rank_cd` lacks (see `_BM25_SQL`).
-- Dense search: exact inner product over the channels' pgvector rows picks the
-  candidates; their float32 payloads are re-scored with numpy exactly as on SQLite, so
-  both backends return the same similarities.
+- Dense search: as on SQLite, a Hamming scan over the stored sign bits of the channels'
+  vectors picks the candidates (`dense_oversample` of them, or the configured fraction of
+  a large channel); their float32 payloads are re-scored with numpy exactly as on SQLite,
+  so both backends return the same similarities.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -47,6 +49,20 @@ STATS_TTL_S = 30.0
 STATS_EXACT_BELOW = 5_000
 """Corpus statistics (row count, mean length) are re-read on every query below this many
 live messages and at most every STATS_TTL_S above it (a full scan; the IDF barely moves)."""
+
+PRUNE_BUDGET = 4_000
+"""On a large corpus, lexical search first scores only the rows matching its rarest terms
+(as many terms as fit this many matches) and returns that ranking when the
+other terms together cannot lift an unscored row into it (exact; see
+`PgMessageRepo.lexical`), else adds COMMON_FILL rows of the other terms (approximate)."""
+COMMON_FILL = 1_000
+"""When the rarest terms' rows cannot decide a large corpus' lexical ranking, this many rows
+matching only its common terms are scored with them (see `PgMessageRepo.lexical`)."""
+RESCORE_MARGIN = 16
+"""Dense search hands numpy the 2 * limit + RESCORE_MARGIN best candidates by pgvector's
+inner product (see `PgMessageRepo.dense`)."""
+DF_CACHE = 4_096
+"""Document frequencies kept per process (each expires with the corpus statistics)."""
 
 # A quoted FTS5 string, optionally behind a column filter: `{text} : "word"`, `"a b"`.
 _ITEM = re.compile(r'(?:\{([^}]*)\}\s*:\s*)?"((?:[^"]|"")*)"')
@@ -86,6 +102,8 @@ class PgMessageRepo(MessageRepo):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._stats: tuple[float, int, float] | None = None  # (read at, rows, mean length)
+        self._df: dict[tuple[str, str], tuple[float, int]] = {}  # (raw, ws) -> (read at, df)
+        self._sizes: dict[int, tuple[float, int]] = {}  # channel -> (read at, vectors)
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -204,14 +222,24 @@ class PgMessageRepo(MessageRepo):
         speakers: Sequence[str] | None = None,
         since: float | None = None,
         until: float | None = None,
+        items: list[tuple[str, str]] | None = None,
+        dfs: Sequence[float | None] | None = None,
+        essential: Sequence[int] | None = None,
+        stats: tuple[float, float] | None = None,
+        fill: int = 0,
     ) -> tuple[str, list[Any]] | None:
         """One statement selecting (id, speaker_id, score) of the channels' live matches,
         score the negative BM25 (lower is better, as FTS5's bm25()); None when nothing can
-        match."""
-        items = parse_match(match)
+        match. `dfs` (aligned with the parsed items) supplies known document frequencies;
+        `essential` (1-based item numbers) restricts the scored rows to those matching one
+        of these items (each such row still gets its full score over every item), plus
+        at most `fill` rows matching only the other items (the first the index yields)."""
+        if items is None:
+            items = parse_match(match)
         if not items:
             return None
-        stats = await self._cached_stats()
+        if stats is None:
+            stats = await self._cached_stats()
         filters = ""
         extra: list[Any] = []
         if speakers:
@@ -230,8 +258,15 @@ class PgMessageRepo(MessageRepo):
             [weights for _, weights in items],
             MIN_IDF,
             MIN_IDF,
+            list(dfs) if dfs is not None else [None] * len(items),
+            None if essential is None else list(essential),
+            None if essential is None else list(essential),
             list(dict.fromkeys(int(pk) for pk in channel_pks)),
             *extra,
+            None if essential is None else list(essential),
+            list(dict.fromkeys(int(pk) for pk in channel_pks)),
+            *extra,
+            fill if essential is not None else 0,
             WEIGHT_TEXT,
             WEIGHT_SPEAKER,
             WEIGHT_TEXT,
@@ -260,7 +295,102 @@ class PgMessageRepo(MessageRepo):
         does (an index on the matches), so the names are not needed."""
         if not match or not channel_pks:
             return []
-        scored = await self._scored(match, channel_pks, speakers=speakers, since=since, until=until)
+        items = parse_match(match)
+        if not items:
+            return []
+        stats = await self._cached_stats()
+        dfs: list[float | None] | None = None
+        if stats is not None:
+            # Large corpus: score the rows of the rarest terms first (MaxScore pruning).
+            # A term adds less than idf * (k1 + 1) to any row (f / (f + K) < 1), so when the
+            # other terms' bounds sum below the limit-th score found, no row matching only
+            # them can enter the ranking: the result equals the full computation's.
+            dfs = await self._doc_freqs(items)
+            known = [(i, df) for i, df in enumerate(dfs) if df is not None]
+            order = sorted(known, key=lambda t: t[1])
+            essential: list[int] = []
+            total = 0.0
+            for i, df in order:
+                if total + df > PRUNE_BUDGET:
+                    break
+                essential.append(i)
+                total += df
+            rest = [df for i, df in order if i not in essential]
+            if rest:
+                ess = [i + 1 for i in essential]
+                if essential and total >= limit:
+                    rows = await self._ranked(
+                        match,
+                        channel_pks,
+                        limit,
+                        items,
+                        dfs,
+                        ess,
+                        stats,
+                        speakers=speakers,
+                        since=since,
+                        until=until,
+                    )
+                    bound = sum(_idf(stats[0], df) * (K1 + 1) for df in rest)
+                    if len(rows) >= limit and -rows[limit - 1][1] > bound:
+                        return rows
+                # The rarest terms cannot decide the ranking alone: the rest of it comes
+                # from rows matching only common terms, of which at most COMMON_FILL (the
+                # first the index yields) are scored, not every one (an approximation:
+                # scoring tens of thousands of rows does not fit a search's time).
+                return await self._ranked(
+                    match,
+                    channel_pks,
+                    limit,
+                    items,
+                    dfs,
+                    ess,
+                    stats,
+                    fill=COMMON_FILL,
+                    speakers=speakers,
+                    since=since,
+                    until=until,
+                )
+        return await self._ranked(
+            match,
+            channel_pks,
+            limit,
+            items,
+            dfs,
+            None,
+            stats,
+            speakers=speakers,
+            since=since,
+            until=until,
+        )
+
+    async def _ranked(
+        self,
+        match: str,
+        channel_pks: Sequence[int],
+        limit: int,
+        items: list[tuple[str, str]],
+        dfs: Sequence[float | None] | None,
+        essential: Sequence[int] | None,
+        stats: tuple[float, float] | None,
+        *,
+        fill: int = 0,
+        speakers: Sequence[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[tuple[int, float]]:
+        scored = await self._scored(
+            match,
+            channel_pks,
+            items=items,
+            dfs=dfs,
+            essential=essential,
+            stats=stats,
+            fill=fill,
+            speakers=speakers,
+            since=since,
+            until=until,
+        )
         if scored is None:
             return []
         sql, params = scored
@@ -268,6 +398,30 @@ class PgMessageRepo(MessageRepo):
             f"SELECT id, score FROM ({sql}) s ORDER BY score, id LIMIT ?", [*params, limit]
         )
         return [(int(r[0]), float(r[1])) for r in rows]
+
+    async def _doc_freqs(self, items: list[tuple[str, str]]) -> list[float | None]:
+        """Each item's document frequency over all live messages (None: no lexeme), from a
+        per-process cache that expires with the corpus statistics."""
+        now = time.monotonic()
+        out: list[float | None] = [None] * len(items)
+        missing: list[int] = []
+        for n, item in enumerate(items):
+            hit = self._df.get(item)
+            if hit is not None and now - hit[0] < STATS_TTL_S:
+                out[n] = float(hit[1])
+            else:
+                missing.append(n)
+        if missing:
+            rows = await self.db.read(
+                _DF_SQL, ([items[n][0] for n in missing], [items[n][1] for n in missing])
+            )
+            if len(self._df) > DF_CACHE:
+                self._df.clear()
+            for i, df in rows:
+                n = missing[int(i) - 1]
+                out[n] = float(df)
+                self._df[items[n]] = (now, int(df))
+        return out
 
     async def lexical_by_speaker(
         self, match: str, channel_pks: Sequence[int], speakers: Sequence[str], per_speaker: int
@@ -358,23 +512,57 @@ class PgMessageRepo(MessageRepo):
     ) -> list[tuple[int, float]]:
         """Vector KNN over the given channels: [(pk, cosine similarity)] best first.
 
-        The candidates are exact: pgvector's inner product over every vector of the
-        channels (no approximate index, so the top `limit` equal an exact cosine ranking).
-        `oversample` and `oversample_fraction` size SQLite's coarse binary pass and change
-        nothing here. The float32 payloads are re-scored with numpy, as on SQLite."""
+        As on SQLite: a coarse Hamming KNN on the stored sign bits (`messages_bits`)
+        picks, per channel, max(`limit`, `oversample`, `oversample_fraction` of the
+        channel's vectors) candidates; their float32 payloads are re-scored with numpy.
+        The scan reads the narrow bits table only, never the float vectors."""
         if not channel_pks:
             return []
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
-        literal = vector_literal(q)
+        pks = list(dict.fromkeys(int(pk) for pk in channel_pks))
+        k = max(limit, oversample)
+        ks = [k] * len(pks)
+        if oversample_fraction > 0:
+            sizes = await self._channel_sizes(pks)
+            ks = [max(k, math.ceil(oversample_fraction * sizes.get(pk, 0))) for pk in pks]
+        # pgvector's inner product narrows the candidates to a margin over `limit` (its
+        # float sums differ from numpy's in the last bits only); numpy ranks those. The
+        # scalar subquery makes each candidate one index probe (a join would be planned as
+        # a scan of every vector: the planner cannot see how few candidates there are).
         rows = await self.db.read(
-            "SELECT v.id, v.embedding FROM (SELECT rowid FROM messages_vec"
-            " WHERE channel_pk = ANY(?) ORDER BY embedding <#> ?::vector, rowid LIMIT ?) c"
-            " JOIN message_vectors v ON v.id = c.rowid",
-            (list(dict.fromkeys(int(pk) for pk in channel_pks)), literal, limit),
+            "SELECT v.id, v.embedding FROM (SELECT c.rowid FROM unnest(?::bigint[], ?::bigint[])"
+            " AS p(pk, k) CROSS JOIN LATERAL (SELECT rowid FROM messages_bits"
+            " WHERE channel_pk = p.pk ORDER BY bits <~> binary_quantize(?::vector), rowid"
+            " LIMIT p.k) AS c ORDER BY (SELECT e.embedding <#> ?::vector FROM messages_vec e"
+            " WHERE e.rowid = c.rowid), c.rowid LIMIT ?) AS r"
+            " JOIN message_vectors v ON v.id = r.rowid",
+            (pks, ks, literal := vector_literal(q), literal, 2 * limit + RESCORE_MARGIN),
         )
         if not rows:
             return []
         return await asyncio.to_thread(rescore, [(int(r[0]), bytes(r[1])) for r in rows], q, limit)
+
+    async def _channel_sizes(self, pks: list[int]) -> dict[int, int]:
+        """Vectors per channel (for `oversample_fraction`), cached per process for
+        STATS_TTL_S once a channel holds STATS_EXACT_BELOW of them (a count scans them)."""
+        now = time.monotonic()
+        out: dict[int, int] = {}
+        missing = []
+        for pk in pks:
+            hit = self._sizes.get(pk)
+            if hit is not None and now - hit[0] < STATS_TTL_S and hit[1] >= STATS_EXACT_BELOW:
+                out[pk] = hit[1]
+            else:
+                missing.append(pk)
+        if missing:
+            for pk, n in await self.db.read(
+                "SELECT channel_pk, count(*) FROM messages_bits WHERE channel_pk = ANY(?)"
+                " GROUP BY channel_pk",
+                (missing,),
+            ):
+                out[int(pk)] = int(n)
+                self._sizes[int(pk)] = (now, int(n))
+        return out
 
     # ---- counts -------------------------------------------------------------------------
 
@@ -414,6 +602,8 @@ def _weighted(query: str, weights: str, allowed: str = "'AB'") -> str:
 # terms); for a phrase, 1.0 when it occurs in the text plus 0.5 when it occurs in the name
 # (a tsvector keeps no phrase counts). |m| is the row's token count (messages.fts_len).
 # `stats` reads N and avg|m| from the parameters, or (third parameter true) computes them;
+# a term's document frequency comes from the parameters when known, else is counted; the
+# rows scored are those matching any term, or any of the listed (essential) terms;
 # the terms arrive as raw text and columns and are normalised here (one round trip).
 _BM25_SQL = f"""
 WITH stats AS (
@@ -436,13 +626,22 @@ WITH stats AS (
                 THEN greatest(ln((s.n - d.df + 0.5) / (d.df + 0.5)), ?::float8)
                 ELSE ?::float8 END AS idf
     FROM q CROSS JOIN stats s CROSS JOIN LATERAL (
-        SELECT count(*) AS df FROM messages WHERE fts @@ q.qw AND deleted_at IS NULL
+        SELECT coalesce((?::float8[])[q.i], (SELECT count(*) FROM messages
+                        WHERE fts @@ q.qw AND deleted_at IS NULL)) AS df
     ) d
 ), hits AS MATERIALIZED (
     SELECT m.id, m.speaker_id, m.fts, m.fts_len FROM messages m
-    WHERE m.fts @@ (SELECT string_agg('(' || qw::text || ')', ' | ')::tsquery FROM terms)
+    WHERE m.fts @@ (SELECT string_agg('(' || qw::text || ')', ' | ')::tsquery FROM terms
+                    WHERE ?::int[] IS NULL OR i = ANY(?::int[]))
       AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])
     {{filters}}
+    UNION
+    (SELECT m.id, m.speaker_id, m.fts, m.fts_len FROM messages m
+     WHERE m.fts @@ (SELECT string_agg('(' || qw::text || ')', ' | ')::tsquery FROM terms
+                     WHERE NOT (i = ANY(?::int[])))
+       AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])
+     {{filters}}
+     LIMIT ?)
 ), tf AS (
     SELECT h.id, h.speaker_id, h.fts_len, t.i,
            sum(CASE w WHEN 'A' THEN ?::float8 ELSE ?::float8 END) AS f
@@ -465,6 +664,22 @@ SELECT tf.id AS id, tf.speaker_id AS speaker_id,
 FROM tf JOIN terms t ON t.i = tf.i CROSS JOIN stats s
 WHERE tf.f > 0
 GROUP BY tf.id, tf.speaker_id"""
+
+
+def _idf(n: float, df: float) -> float:
+    """FTS5's IDF as the statement computes it (floored at MIN_IDF)."""
+    if n - df + 0.5 <= 0:
+        return MIN_IDF
+    return max(math.log((n - df + 0.5) / (df + 0.5)), MIN_IDF)
+
+
+# Each item's document frequency over all live messages (items without lexemes: no row).
+_DF_SQL = f"""
+SELECT t0.i, (SELECT count(*) FROM messages WHERE deleted_at IS NULL AND fts @@
+        CASE WHEN t0.ws = 'AB' THEN t0.tq ELSE {_weighted("t0.tq", "t0.ws", "t0.ws")} END)
+FROM (SELECT u.i, u.ws, phraseto_tsquery('{TS_CONFIG}', {fts_input("u.raw")}) AS tq
+      FROM unnest(?::text[], ?::text[]) WITH ORDINALITY AS u(raw, ws, i)) t0
+WHERE numnode(t0.tq) > 0"""
 
 
 def vector_literal(vector: np.ndarray) -> str:

@@ -20,6 +20,11 @@ adds, as later migrations, what SQLite builds from FTS5 and sqlite-vec:
   exactly per channel by inner product (the vectors are unit length: inner product =
   cosine). The column is named `rowid` so the cascades written for vec0
   (`DELETE FROM messages_vec WHERE rowid = ?`) run unchanged.
+- Dense coarse pass (a later migration, `messages_bits_sql`): `messages_bits (rowid,
+  channel_pk, bits bit(N))`, the sign bits of each vector (`binary_quantize`, what
+  SQLite's vec0 index holds), so a search scans a narrow table (~100 bytes a row instead
+  of messages_vec's ~1.6 kB) by Hamming distance and re-scores the closest exactly, as on
+  SQLite. A trigger on messages_vec fills it for every writer; deletes cascade.
 """
 
 from __future__ import annotations
@@ -97,3 +102,29 @@ CREATE TABLE messages_vec (
 CREATE INDEX messages_vec_channel ON messages_vec (channel_pk);
 """
     )
+
+
+def messages_bits_sql(dim: int = EMBED_DIM) -> str:
+    """`messages_bits`: the sign bits of every message vector, for the coarse Hamming scan
+    (one migration). A trigger on messages_vec keeps it in step with every writer (ingest,
+    `speakermem migrate`); deleting a messages_vec row deletes its bits (cascade)."""
+    return f"""
+CREATE TABLE messages_bits (
+    rowid      BIGINT PRIMARY KEY REFERENCES messages_vec(rowid) ON DELETE CASCADE,
+    channel_pk BIGINT NOT NULL,
+    bits       bit({dim}) NOT NULL
+);
+CREATE INDEX messages_bits_channel ON messages_bits (channel_pk);
+CREATE FUNCTION messages_bits_sync() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO messages_bits (rowid, channel_pk, bits)
+    VALUES (NEW.rowid, NEW.channel_pk, binary_quantize(NEW.embedding)::bit({dim}))
+    ON CONFLICT (rowid) DO UPDATE SET channel_pk = excluded.channel_pk, bits = excluded.bits;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER messages_bits_sync AFTER INSERT OR UPDATE ON messages_vec
+    FOR EACH ROW EXECUTE FUNCTION messages_bits_sync();
+INSERT INTO messages_bits (rowid, channel_pk, bits)
+    SELECT rowid, channel_pk, binary_quantize(embedding)::bit({dim}) FROM messages_vec;
+"""
