@@ -488,11 +488,11 @@ async def test_lexical_pruning_returns_the_full_ranking(
         monkeypatch.setattr(pgm, "COMMON_FILL", 5)
         match = build_match("w0 w1 w2")
         stats = await repo._cached_stats()
-        full = dict(await ranked(match, pks, 1000, parse_match(match), None, None, stats))
+        every = dict(await ranked(match, pks, 1000, parse_match(match), None, None, stats))
         got = await repo.lexical(match, pks, 20)
-        assert len(got) == 5 < len(full)
+        assert len(got) == 5 < len(every)
         assert [s for _, s in got] == sorted(s for _, s in got)
         for pk, score in got:
-            assert score == pytest.approx(full[pk], rel=1e-9)
+            assert score == pytest.approx(every[pk], rel=1e-9)
     finally:
         await eng.close()
