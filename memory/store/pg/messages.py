@@ -58,9 +58,9 @@ other terms together cannot lift an unscored row into it (exact; see
 COMMON_FILL = 1_000
 """When the rarest terms' rows cannot decide a large corpus' lexical ranking, this many rows
 matching only its common terms are scored with them (see `PgMessageRepo.lexical`)."""
-RESCORE_MARGIN = 16
-"""Dense search hands numpy the 2 * limit + RESCORE_MARGIN best candidates by pgvector's
-inner product (see `PgMessageRepo.dense`)."""
+RESCORE_ALL, RESCORE_MARGIN = 1_000, 16
+"""Dense search hands numpy every candidate up to RESCORE_ALL of them, else the
+2 * limit + RESCORE_MARGIN best by pgvector's inner product (see `PgMessageRepo.dense`)."""
 DF_CACHE = 4_096
 """Document frequencies kept per process (each expires with the corpus statistics)."""
 
@@ -521,29 +521,33 @@ class PgMessageRepo(MessageRepo):
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
         pks = list(dict.fromkeys(int(pk) for pk in channel_pks))
         k = max(limit, oversample)
-        ks = [k] * len(pks)
-        if oversample_fraction > 0:
-            sizes = await self._channel_sizes(pks)
-            ks = [max(k, math.ceil(oversample_fraction * sizes.get(pk, 0))) for pk in pks]
-        # pgvector's inner product narrows the candidates to a margin over `limit` (its
-        # float sums differ from numpy's in the last bits only); numpy ranks those. The
-        # scalar subquery makes each candidate one index probe (a join would be planned as
-        # a scan of every vector: the planner cannot see how few candidates there are).
+        sizes = await self._channel_sizes(pks)
+        ks = [max(k, math.ceil(oversample_fraction * sizes.get(pk, 0))) for pk in pks]
+        total = sum(min(kc, sizes.get(pk, 0)) for pk, kc in zip(pks, ks, strict=True))
+        # Up to RESCORE_ALL candidates, numpy re-scores all of them in id order, as SQLite
+        # does (the same input gives the same order among equal similarities). Above it,
+        # pgvector's inner product first narrows them to a margin over `limit` (its float
+        # sums differ from numpy's in the last bits only), sparing the transfer of every
+        # candidate's payload. The scalar subquery makes each candidate one index probe
+        # (a join is planned as a scan of every vector: the planner cannot see how few
+        # candidates there are).
+        keep = total if total <= RESCORE_ALL else 2 * limit + RESCORE_MARGIN
+        literal = vector_literal(q)
         rows = await self.db.read(
             "SELECT v.id, v.embedding FROM (SELECT c.rowid FROM unnest(?::bigint[], ?::bigint[])"
             " AS p(pk, k) CROSS JOIN LATERAL (SELECT rowid FROM messages_bits"
             " WHERE channel_pk = p.pk ORDER BY bits <~> binary_quantize(?::vector), rowid"
             " LIMIT p.k) AS c ORDER BY (SELECT e.embedding <#> ?::vector FROM messages_vec e"
             " WHERE e.rowid = c.rowid), c.rowid LIMIT ?) AS r"
-            " JOIN message_vectors v ON v.id = r.rowid",
-            (pks, ks, literal := vector_literal(q), literal, 2 * limit + RESCORE_MARGIN),
+            " JOIN message_vectors v ON v.id = r.rowid ORDER BY v.id",
+            (pks, ks, literal, literal, keep),
         )
         if not rows:
             return []
         return await asyncio.to_thread(rescore, [(int(r[0]), bytes(r[1])) for r in rows], q, limit)
 
     async def _channel_sizes(self, pks: list[int]) -> dict[int, int]:
-        """Vectors per channel (for `oversample_fraction`), cached per process for
+        """Vectors per channel (candidate counts), cached per process for
         STATS_TTL_S once a channel holds STATS_EXACT_BELOW of them (a count scans them)."""
         now = time.monotonic()
         out: dict[int, int] = {}
