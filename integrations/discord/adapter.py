@@ -462,6 +462,11 @@ class DiscordAdapter:
         }
         shards = self.settings.discord_shard_count
         if shards:
+            # SPEAKERMEM_DISCORD_SHARD_IDS: this process runs only its range of the shards
+            # (validated within the count by Settings); None = every shard here.
+            ids = self.settings.discord_shard_ids
+            if ids is not None:
+                options["shard_ids"] = list(ids)
             return discord.AutoShardedClient(shard_count=shards, **options)
         return discord.Client(**options)
 
