@@ -407,11 +407,18 @@ def hamming_then_cosine(
     return [int(ids[cand[i]]) for i in np.argsort(-sims, kind="stable")[:limit]]
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["rescore-all", "narrowed-by-pgvector"])
 async def test_dense_coarse_pass_ranks_sign_bits_by_hamming(
-    pair: tuple[MemoryEngine, MemoryEngine],
+    pair: tuple[MemoryEngine, MemoryEngine], narrow: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fewer candidates than rows: the stored sign bits choose them (as SQLite's binary
-    index does), `oversample_fraction` of the channel's rows when that is more."""
+    index does), `oversample_fraction` of the channel's rows when that is more. Narrowed:
+    pgvector's inner product keeps only the best 2 * limit of them before numpy."""
+    import memory.store.pg.messages as pgm
+
+    if narrow:
+        monkeypatch.setattr(pgm, "RESCORE_ALL", 0)
+        monkeypatch.setattr(pgm, "RESCORE_MARGIN", 0)
     _, pg = pair
     pks = await channel_pks(pg, SCOPE)
     rows = await pg.store.db.read(
@@ -427,7 +434,7 @@ async def test_dense_coarse_pass_ranks_sign_bits_by_hamming(
         q = np.asarray(rng.standard_normal(mat.shape[1]), dtype=np.float32)
         q /= np.linalg.norm(q)
         exact = [int(ids[i]) for i in np.argsort(-(mat @ q), kind="stable")[:1]]
-        for oversample, fraction in ((1, 0.0), (1, 0.15)):
+        for oversample, fraction in ((1, 0.0), (1, 0.15), (4, 0.0)):
             k = max(1, oversample, int(np.ceil(fraction * len(ids))))
             want = hamming_then_cosine(ids, mat, q, k, 1)
             got = await pg.store.messages.dense(q, pks, 1, oversample, fraction)
