@@ -37,7 +37,9 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         description="Copy the database with SQLite's VACUUM INTO: one consistent snapshot, "
         "compacted, integrity-checked, then renamed into PATH. The bot may keep running. "
         "Restore: stop the bot, copy the backup over the database file, delete its -wal and "
-        "-shm files, start the bot.",
+        "-shm files, start the bot. With SPEAKERMEM_DB_URL (PostgreSQL): pg_dump "
+        "--format=custom of one snapshot (pg_dump must be on PATH); restore into an empty "
+        "database with pg_restore --clean --if-exists --no-owner --dbname URL PATH.",
     )
     common(p)
     p.add_argument("path", type=Path, help="where to write the copy (must not exist)")
@@ -88,22 +90,21 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 
 async def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
-    from memory.store.backup import backup_database
+    from memory.store.backup import backup_store
     from memory.store.database import StoreError
     from memory.store.driver import pick_driver
 
+    config = settings.memory_config().store
+    postgres = config.db_url is not None
     try:
-        result = await backup_database(
-            Path(settings.db_path),
-            Path(args.path),
-            pick_driver(settings.sqlite_driver),
-            busy_timeout_ms=settings.memory_config().store.busy_timeout_ms,
-        )
+        driver = None if postgres else pick_driver(settings.sqlite_driver)
+        result = await backup_store(config, Path(args.path), driver)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
+    check = "pg_dump archive listed ok" if postgres else "integrity ok"
     err_console.print(
         f"backup written to {result.path}: {result.bytes:,} bytes, {result.messages:,} "
-        f"messages, {result.records:,} records, integrity ok ({result.seconds:.1f} s)",
+        f"messages, {result.records:,} records, {check} ({result.seconds:.1f} s)",
         markup=False,
     )
     return 0

@@ -8,6 +8,9 @@ integrity check, so a failed or interrupted backup never leaves a half file at P
 
 Restore: stop the bot, replace the database file with the backup and delete any
 `-wal`/`-shm` files beside it, then start the bot (see the README).
+
+A PostgreSQL store (StoreConfig.db_url) is dumped by memory/store/pg/backup.py instead;
+`backup_store` picks the one the configuration selects.
 """
 
 from __future__ import annotations
@@ -81,3 +84,23 @@ async def backup_database(
 ) -> BackupResult:
     """Copy `source` to `dest` consistently while other processes may be writing."""
     return await asyncio.to_thread(_backup, source, dest, driver, busy_timeout_ms)
+
+
+async def backup_store(
+    config: StoreConfig, dest: Path, driver: Driver | None = None
+) -> BackupResult:
+    """Back up the store `config` selects: pg_dump for PostgreSQL (db_url), else VACUUM INTO
+    of the SQLite file (`driver` is needed then)."""
+    if config.db_url is not None:
+        try:
+            from memory.store.pg.backup import backup_postgres
+        except ImportError as exc:
+            raise StoreError(
+                f"the PostgreSQL backend needs psycopg ({exc}): pip install 'speakermem[postgres]'"
+            ) from exc
+        return await backup_postgres(config.db_url.get_secret_value(), dest)
+    if driver is None:
+        raise StoreError("a SQLite backup needs the SQLite driver")
+    return await backup_database(
+        config.db_path, dest, driver, busy_timeout_ms=config.busy_timeout_ms
+    )

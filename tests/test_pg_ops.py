@@ -1,0 +1,174 @@
+"""Operations on a PostgreSQL store: `speakermem backup` (pg_dump) and its documented restore,
+`speakermem doctor`'s PostgreSQL diagnosis, and CLI commands that need no database file.
+
+Runs against the session's pgserver (tests/pg_fixtures.py); pgserver also ships pg_dump and
+pg_restore, whose directory each test puts first on PATH.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from integrations.cli.main import main
+from memory.config import MemoryConfig, StoreConfig
+from memory.engine import MemoryEngine
+from memory.models import Scope
+from memory.store.backup import backup_store
+from memory.store.database import StoreError
+from tests.conftest import msg
+from tests.fakes import HashEmbedder
+from tests.pg_fixtures import PgDatabases
+from tests.test_governance_forget import rec
+
+GENERAL = Scope(platform="slack", workspace="T1", channel="C1")
+OTHER = Scope(platform="slack", workspace="T1", channel="C2")
+QUERIES = ("kumquat supplier", "rocket launch", "quarterly budget")
+
+
+@pytest.fixture
+def pg_bin(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """pgserver's PostgreSQL client programs, first on PATH (matching the server's version)."""
+    pgserver = pytest.importorskip("pgserver")
+    path = Path(pgserver.__file__).parent / "pginstall" / "bin"
+    if not (path / "pg_dump").exists():
+        pytest.skip(f"no pg_dump in {path}")
+    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ.get('PATH', '')}")
+    return path
+
+
+def config(tmp_path: Path, url: str) -> MemoryConfig:
+    return MemoryConfig(store=StoreConfig(db_path=tmp_path / "unused.db", db_url=url))
+
+
+async def open_engine(tmp_path: Path, url: str) -> MemoryEngine:
+    return await MemoryEngine.open(config(tmp_path, url), HashEmbedder())
+
+
+async def seed(engine: MemoryEngine) -> None:
+    await engine.ingest_many(
+        [
+            msg(GENERAL, "1.1", "Alice", "the kumquat order is late again", 0),
+            msg(GENERAL, "1.2", "Bob", "I will chase the supplier about it", 1),
+            msg(GENERAL, "1.3", "Carol", "the rocket launch moved to friday", 2),
+            msg(OTHER, "2.1", "Bob", "quarterly budget review is on monday", 3),
+            msg(OTHER, "2.2", "Alice", "bring the budget spreadsheet 50% done", 4),
+        ]
+    )
+    await engine.embed_pending()
+    await engine.store.records.add_records(
+        GENERAL,
+        [
+            rec(
+                "Alice orders kumquats from a late supplier",
+                ("1.1",),
+                owner="alice",
+                source="alice",
+            ),
+            rec("Carol follows the rocket launch", ("1.3",), owner="carol", source="carol"),
+        ],
+        None,
+    )
+
+
+async def snapshot(engine: MemoryEngine) -> dict[str, object]:
+    """What the engine answers: search hits per query, records per owner, counts."""
+    found: dict[str, object] = {}
+    for q in QUERIES:
+        hits = await engine.search(q, [GENERAL, OTHER], limit=5)
+        found[q] = [(h.message.message_id, h.message.text, round(h.score, 9)) for h in hits]
+    for owner in ("alice", "carol"):
+        found[owner] = sorted(r.content for r in await engine.store.records.by_owner_name(owner))
+    found["records"] = await engine.store.records.counts()
+    found["schema"] = await engine.store.db.schema_version()
+    return found
+
+
+@pytest.fixture
+async def seeded(tmp_path: Path, pg_store_databases: PgDatabases) -> AsyncIterator[str]:
+    url = pg_store_databases.url_for("source")
+    engine = await open_engine(tmp_path, url)
+    try:
+        await seed(engine)
+    finally:
+        await engine.close()
+    yield url
+
+
+async def test_backup_and_restore_answers_the_same(
+    tmp_path: Path,
+    seeded: str,
+    pg_databases: PgDatabases,
+    pg_bin: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    engine = await open_engine(tmp_path, seeded)
+    try:
+        before = await snapshot(engine)
+    finally:
+        await engine.close()
+    assert before["kumquat supplier"] and before["alice"] and before["carol"]
+
+    dest = tmp_path / "backups" / "speakermem.dump"
+    monkeypatch.setenv("SPEAKERMEM_DB_URL", seeded)
+    assert await asyncio.to_thread(main, ["backup", str(dest)]) == 0
+    out = capsys.readouterr().err
+    assert "5 messages, 2 records" in out and "pg_dump archive listed ok" in out
+    assert dest.stat().st_size > 0
+    assert not list(dest.parent.glob(".*partial"))
+
+    # the documented restore, into an empty database
+    target = pg_databases.url_for("restored")
+    await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(pg_bin / "pg_restore"),
+            "--clean",
+            "--if-exists",
+            "--no-owner",
+            "--dbname",
+            target,
+            str(dest),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    engine = await open_engine(tmp_path, target)
+    try:
+        assert await snapshot(engine) == before
+    finally:
+        await engine.close()
+
+
+async def test_backup_never_overwrites(tmp_path: Path, seeded: str, pg_bin: Path):
+    dest = tmp_path / "taken.dump"
+    dest.write_bytes(b"keep me")
+    with pytest.raises(StoreError, match="exists"):
+        await backup_store(config(tmp_path, seeded).store, dest)
+    assert dest.read_bytes() == b"keep me"
+
+
+async def test_backup_without_pg_dump_names_the_package(
+    tmp_path: Path, seeded: str, monkeypatch: pytest.MonkeyPatch
+):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    with pytest.raises(StoreError, match="postgresql-client"):
+        await backup_store(config(tmp_path, seeded).store, tmp_path / "x.dump")
+    assert not (tmp_path / "x.dump").exists()
+
+
+async def test_backup_messages_never_show_the_password(tmp_path: Path, pg_bin: Path):
+    url = f"postgresql://speakermem:s3cr3t-pw@/nowhere?host={tmp_path / 'no-socket'}"
+    with pytest.raises(StoreError) as caught:
+        await backup_store(config(tmp_path, url).store, tmp_path / "x.dump")
+    assert "s3cr3t-pw" not in str(caught.value)
+    assert "***" in str(caught.value)
+    assert not (tmp_path / "x.dump").exists()
