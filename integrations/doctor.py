@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from bot.settings import Settings
 from integrations.app import build_embedder, open_engine
 from integrations.runtime import configured_platforms
-from memory.store.diagnostics import diagnose
+from memory.store.diagnostics import StoreHealth, configured_location, store_health
 
 Status = Literal["ok", "warn", "fail", "skip"]
 PARITY_MIN_COSINE = 0.999
@@ -153,18 +153,58 @@ def settings_checks(settings: Settings) -> list[Check]:
 
 
 async def store_checks(settings: Settings) -> list[Check]:
+    postgres = settings.db_url is not None
     try:
         async with open_engine(settings, with_embedder=False) as engine:
-            health = await diagnose(engine.store)
+            health = await store_health(engine.store)
     except Exception as exc:
+        where = configured_location(settings.memory_config().store)
         return [
             Check(
                 area="db",
                 name="open",
                 status="fail",
-                detail=f"{settings.db_path}: {exc}",
-                fix="check that the directory exists and is writable, or set SPEAKERMEM_DB_PATH",
+                detail=f"{where}: {exc}",
+                fix="check that the server is reachable and SPEAKERMEM_DB_URL's user, password "
+                "and database are right"
+                if postgres
+                else "check that the directory exists and is writable, or set SPEAKERMEM_DB_PATH",
             )
+        ]
+    if not isinstance(health, StoreHealth):
+        return [
+            Check(
+                area="db",
+                name="driver",
+                status="ok",
+                detail=f"PostgreSQL {health.server_version} at {health.location}, "
+                f"pool {health.pool_size} of {health.pool_max} connections",
+            ),
+            verdict(
+                "db",
+                "migrations",
+                health.migrated,
+                f"schema {health.schema_version} of {health.latest_version}",
+                "upgrade speakermem; the database is from a newer version",
+            ),
+            verdict(
+                "db",
+                "pgvector",
+                bool(health.vector_version),
+                health.vector_version or "extension not installed",
+                "install pgvector on the server (e.g. apt install postgresql-16-pgvector) and "
+                "CREATE EXTENSION vector as a superuser",
+            ),
+            verdict(
+                "db",
+                "text search",
+                health.text_search,
+                "speakermem configuration answers"
+                if health.text_search
+                else "speakermem text search configuration missing or broken",
+                "the schema is incomplete: restore the database from a backup (`speakermem backup`)"
+                " or start from an empty database (the store creates its schema on open)",
+            ),
         ]
     return [
         Check(

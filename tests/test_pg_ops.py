@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from bot.settings import Settings
 from integrations.cli.main import main
+from integrations.doctor import store_checks
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.models import Scope
@@ -172,3 +174,47 @@ async def test_backup_messages_never_show_the_password(tmp_path: Path, pg_bin: P
     assert "s3cr3t-pw" not in str(caught.value)
     assert "***" in str(caught.value)
     assert not (tmp_path / "x.dump").exists()
+
+
+# ---- speakermem doctor ----------------------------------------------------------------------
+
+
+def pg_settings(tmp_path: Path, url: str, **extra: object) -> Settings:
+    values: dict[str, object] = {"db_path": tmp_path / "unused.db", "db_url": url}
+    values.update(extra)
+    return Settings(_env_file=None, embedder="none", **values)  # type: ignore[call-arg, arg-type]
+
+
+async def test_doctor_reports_the_postgres_store(tmp_path: Path, pg_store_databases: PgDatabases):
+    url = pg_store_databases.url_for("doctor")
+    checks = {c.name: c for c in await store_checks(pg_settings(tmp_path, url, db_readers=3))}
+    assert set(checks) == {"driver", "migrations", "pgvector", "text search"}
+    assert all(c.status == "ok" for c in checks.values()), checks
+    driver = checks["driver"].detail
+    assert driver.startswith("PostgreSQL ") and "of 4 connections" in driver  # readers + 1
+    assert "sqlite" not in driver.lower() and not (tmp_path / "unused.db").exists()
+    of = checks["migrations"].detail.split()  # "schema N of N"
+    assert of[1] == of[3] and int(of[1]) >= 1
+    assert checks["pgvector"].detail[0].isdigit()  # the extension's version, e.g. 0.8.2
+
+
+async def test_doctor_names_a_missing_text_search_configuration(
+    tmp_path: Path, pg_store_databases: PgDatabases
+):
+    url = pg_store_databases.url_for("broken")
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER TEXT SEARCH CONFIGURATION speakermem RENAME TO speakermem_gone")
+    checks = {c.name: c for c in await store_checks(pg_settings(tmp_path, url))}
+    assert checks["text search"].status == "fail"
+    assert "configuration missing" in checks["text search"].detail
+    assert checks["text search"].fix and "backup" in checks["text search"].fix
+    assert checks["pgvector"].status == "ok"
+
+
+async def test_doctor_unreachable_server_masks_the_password(tmp_path: Path) -> None:
+    url = f"postgresql://speakermem:s3cr3t-pw@/nowhere?host={tmp_path / 'no-socket'}"
+    (check,) = await store_checks(pg_settings(tmp_path, url, db_lock_wait_s=0.2))
+    assert check.status == "fail" and "SPEAKERMEM_DB_URL" in (check.fix or "")
+    assert "s3cr3t-pw" not in check.detail and "***" in check.detail

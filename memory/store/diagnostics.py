@@ -1,11 +1,20 @@
-"""Read-only facts about an open store, for `speakermem doctor` (SQLite stays in memory.store)."""
+"""Read-only facts about an open store, for `speakermem doctor` (SQLite stays in memory.store).
+
+`store_health` picks the diagnosis of the store's backend: `diagnose` here for SQLite,
+memory/store/pg/diagnostics.diagnose_pg for PostgreSQL.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from memory.config import StoreConfig
 from memory.store import Store
 from memory.store.schema import migrations
+
+if TYPE_CHECKING:
+    from memory.store.pg.diagnostics import PgHealth
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,26 @@ async def diagnose(store: Store) -> StoreHealth:
         latest_version=latest,
         journal_mode=str(journal),
     )
+
+
+async def store_health(store: Store) -> StoreHealth | PgHealth:
+    """The diagnosis of `store`'s backend (SQLite: `diagnose`; PostgreSQL: `diagnose_pg`)."""
+    if store.driver_name == "postgres":
+        from memory.store.pg.database import PgDatabase
+        from memory.store.pg.diagnostics import diagnose_pg
+
+        assert isinstance(store.db, PgDatabase)
+        return await diagnose_pg(store.db, store.driver_name)
+    return await diagnose(store)
+
+
+def configured_location(config: StoreConfig) -> str:
+    """Where `config` points, printable: the masked PostgreSQL URL or the SQLite file."""
+    if config.db_url is not None:
+        from memory.store.pg.database import masked_url
+
+        return masked_url(config.db_url.get_secret_value())
+    return str(config.db_path)
 
 
 def location(store: Store) -> str:
