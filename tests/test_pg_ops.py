@@ -8,6 +8,7 @@ pg_restore, whose directory each test puts first on PATH.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 from collections.abc import AsyncIterator
@@ -218,3 +219,30 @@ async def test_doctor_unreachable_server_masks_the_password(tmp_path: Path) -> N
     (check,) = await store_checks(pg_settings(tmp_path, url, db_lock_wait_s=0.2))
     assert check.status == "fail" and "SPEAKERMEM_DB_URL" in (check.fix or "")
     assert "s3cr3t-pw" not in check.detail and "***" in check.detail
+
+
+# ---- CLI commands on a PostgreSQL-only configuration ----------------------------------------
+
+
+async def test_cli_reads_a_postgres_store_without_a_file(
+    tmp_path: Path,
+    seeded: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    missing = tmp_path / "never-created.db"
+    monkeypatch.setenv("SPEAKERMEM_DB_PATH", str(missing))
+    monkeypatch.setenv("SPEAKERMEM_EMBEDDER", "none")
+    monkeypatch.setenv("COLUMNS", "250")  # rich tables unwrapped
+    # the SQLite configuration refuses: no file there
+    assert await asyncio.to_thread(main, ["stats", "--json"]) != 0
+    assert "no database yet" in capsys.readouterr().err
+
+    monkeypatch.setenv("SPEAKERMEM_DB_URL", seeded)
+    assert await asyncio.to_thread(main, ["stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["messages"] == 5
+    assert {c["channel"] for c in stats["channel_list"]} == {str(GENERAL), str(OTHER)}
+    assert await asyncio.to_thread(main, ["records", "--owner", "alice"]) == 0
+    assert "late supplier" in capsys.readouterr().out
+    assert not missing.exists()

@@ -138,9 +138,18 @@ async def cmd_search(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_stats(settings: Settings, args: argparse.Namespace) -> int:
-    if not await asyncio.to_thread(Path(settings.db_path).exists):
+def require_store(settings: Settings) -> None:
+    """Refuse a command that reads the store when there is none yet: the SQLite file must
+    exist; a PostgreSQL store (SPEAKERMEM_DB_URL) has no file, and opening it says whether
+    the server and database are there."""
+    if settings.db_url is None and not Path(settings.db_path).exists():
         raise CliError(f"{settings.db_path}: no database yet; run `speakermem import` first")
+
+
+async def cmd_stats(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.store.diagnostics import configured_location
+
+    await asyncio.to_thread(require_store, settings)
     async with open_engine(settings, with_embedder=False) as engine:
         stats = await engine.stats()
         channels = await engine.store.channels.all()
@@ -151,7 +160,8 @@ async def cmd_stats(settings: Settings, args: argparse.Namespace) -> int:
         ]
         print(json.dumps(stats, indent=2, default=str))
         return 0
-    table = Table(title=f"speakermem stats: {settings.db_path}")
+    where = configured_location(settings.memory_config().store)
+    table = Table(title=f"speakermem stats: {where}")
     table.add_column("what")
     table.add_column("value", justify="right")
     for key, value in stats.items():

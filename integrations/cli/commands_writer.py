@@ -98,10 +98,9 @@ def register(sub: argparse._SubParsersAction, common: Callable) -> None:  # type
 
 
 def _require_db(settings: Settings) -> None:
-    from integrations.cli.errors import CliError
+    from integrations.cli.commands_store import require_store
 
-    if not Path(settings.db_path).exists():
-        raise CliError(f"{settings.db_path}: no database yet; run `speakermem import` first")
+    require_store(settings)  # the SQLite file, or nothing to check for SPEAKERMEM_DB_URL
 
 
 async def _names(engine: MemoryEngine, scopes: set[Scope]) -> dict[tuple[Scope, str], str]:
