@@ -123,7 +123,8 @@ def token_checks(settings: Settings) -> list[Check]:
 
 
 def settings_checks(settings: Settings) -> list[Check]:
-    out = [Check(area="settings", name="parsed", status="ok", detail=f"db {settings.db_path}")]
+    where = configured_location(settings.memory_config().store)
+    out = [Check(area="settings", name="parsed", status="ok", detail=f"db {where}")]
     platforms = configured_platforms(settings)
     out.append(
         verdict(

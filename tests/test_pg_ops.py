@@ -18,7 +18,7 @@ import pytest
 
 from bot.settings import Settings
 from integrations.cli.main import main
-from integrations.doctor import store_checks
+from integrations.doctor import settings_checks, store_checks
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.models import Scope
@@ -216,9 +216,12 @@ async def test_doctor_names_a_missing_text_search_configuration(
 
 async def test_doctor_unreachable_server_masks_the_password(tmp_path: Path) -> None:
     url = f"postgresql://speakermem:s3cr3t-pw@/nowhere?host={tmp_path / 'no-socket'}"
-    (check,) = await store_checks(pg_settings(tmp_path, url, db_lock_wait_s=0.2))
+    settings = pg_settings(tmp_path, url, db_lock_wait_s=0.2)
+    (check,) = await store_checks(settings)
     assert check.status == "fail" and "SPEAKERMEM_DB_URL" in (check.fix or "")
     assert "s3cr3t-pw" not in check.detail and "***" in check.detail
+    parsed = settings_checks(settings)[0].detail
+    assert "s3cr3t-pw" not in parsed and parsed.startswith("db postgresql://speakermem:***@")
 
 
 # ---- CLI commands on a PostgreSQL-only configuration ----------------------------------------
