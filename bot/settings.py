@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from copy import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bot import spill
 from memory.config import (
@@ -22,6 +22,26 @@ from memory.config import (
     StoreConfig,
     WriterConfig,
 )
+
+
+def parse_shard_ids(text: str) -> tuple[int, ...]:
+    """'0-3' or '0,2' or '0-1,4' -> sorted distinct shard ids; ValueError says what is wrong."""
+    ids: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            raise ValueError(f"empty item in shard ids {text!r} (expected e.g. '0-3' or '0,2')")
+        lo, sep, hi = part.partition("-")
+        try:
+            first, last = (int(lo), int(hi)) if sep else (int(part), int(part))
+        except ValueError:
+            raise ValueError(
+                f"{part!r} in shard ids {text!r} is not a shard id or range "
+                "(expected e.g. '0-3' or '0,2')"
+            ) from None
+        if first < 0 or last < first:
+            raise ValueError(f"shard range {part!r} must be ascending non-negative numbers")
+        ids.update(range(first, last + 1))
+    return tuple(sorted(ids))
 
 
 def inherit(model: type[BaseModel], name: str) -> Any:
@@ -119,6 +139,8 @@ class Settings(BaseSettings):
     discord_api_url: str = "https://discord.com/api/v10"
     discord_gateway_url: str = "wss://gateway.discord.gg/"
     discord_shard_count: int | None = None
+    discord_shard_ids: Annotated[tuple[int, ...] | None, NoDecode] = None
+    """Shards this process runs ("0-3", "0,2"); needs discord_shard_count. None = all."""
 
     # governance (issue 8): defaults are GovernanceConfig's
     channel_default_enabled: bool = Field(
@@ -133,6 +155,33 @@ class Settings(BaseSettings):
     # operations endpoint (/healthz, /metrics); off unless a port is set
     ops_host: str = "0.0.0.0"
     ops_port: int | None = Field(default=None, ge=0, le=65535)
+
+    @field_validator("discord_shard_ids", mode="before")
+    @classmethod
+    def _parse_shard_ids(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return parse_shard_ids(value) if value.strip() else None
+        return value
+
+    @model_validator(mode="after")
+    def _shards_within_count(self) -> Settings:
+        ids, count = self.discord_shard_ids, self.discord_shard_count
+        if ids is None:
+            return self
+        if count is None:
+            raise ValueError(
+                "SPEAKERMEM_DISCORD_SHARD_IDS needs SPEAKERMEM_DISCORD_SHARD_COUNT (the total "
+                "number of shards across all processes)"
+            )
+        if not ids:
+            raise ValueError("SPEAKERMEM_DISCORD_SHARD_IDS names no shard")
+        outside = [i for i in ids if i >= count]
+        if outside:
+            raise ValueError(
+                f"SPEAKERMEM_DISCORD_SHARD_IDS {outside} outside 0-{count - 1} "
+                f"(SPEAKERMEM_DISCORD_SHARD_COUNT={count})"
+            )
+        return self
 
     def memory_config(self) -> MemoryConfig:
         return MemoryConfig(
