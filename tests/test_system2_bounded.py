@@ -220,3 +220,37 @@ async def test_the_max_people_setting_bounds_the_rows(
         await engine.close()
     assert [r.key for r in result.rows][-1] == GROUP and len(result.rows) == 3
     assert result.trace.s2_people["left_out"] == 58
+
+
+async def test_the_question_is_embedded_only_when_dense_can_add_a_record(
+    tmp_path: Path,
+) -> None:
+    """Rows short of lexical matches get a dense fill; when their people have no record the
+    lexical pass missed, the embedding would change nothing and is not computed."""
+    engine = await _channel(tmp_path, 6)  # records of p0, p2, p4 and GROUP, all about "launch"
+    try:
+        roster = await engine.members(SCOPE)
+        pks = await engine.channel_pks([SCOPE])
+        asked: list[str] = []
+
+        async def vector() -> object:
+            asked.append("embedded")
+            return await engine.embed_query("launch")
+
+        async def rows_for(issue: str, people: list[str]) -> dict[str, list[str]]:
+            projection = Projection(issue=issue, rows=people, tense="head", method="llm")
+            result = await read_rows(
+                engine, projection, roster, pks, RecallConfig(), query_vector=vector
+            )
+            return {r.key: [rr.record.content for rr in r.records] for r in result.rows}
+
+        # p3 owns nothing (and nothing is about p3): the row is short, yet dense has
+        # nothing to add
+        assert await rows_for("launch", ["p3"]) == {"p3": []}
+        assert asked == []
+        # p0 owns a record the words "beta plan budget" do not find: dense finds it
+        rows = await rows_for("budget", ["p0"])
+        assert asked == ["embedded"]
+        assert rows["p0"] == ["P0 thinks the launch should wait for the beta 0"]
+    finally:
+        await engine.close()

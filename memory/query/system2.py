@@ -225,14 +225,20 @@ async def read_rows(
             queries += 1
         dense_ids: list[int] = []
         dense_records: dict[int, DerivedRecord] = {}
-        if any(len(lexical.get(r.key, [])) < cfg.s2_k for r in rows):
-            vector = await query_vector() if callable(query_vector) else query_vector
-            if vector is not None:
-                short = [r.key for r in rows if len(lexical.get(r.key, [])) < cfg.s2_k]
-                found = await records.dense_owned(vector, channel_pks, short, DENSE_PER_OWNER)
-                dense_ids = [rid for rid, _ in found]
-                dense_records = await records.get_many(dense_ids)
-                queries += 3
+        short = [r.key for r in rows if len(lexical.get(r.key, [])) < cfg.s2_k]
+        if short:
+            candidates = await records.latest_owned(channel_pks, short, DENSE_PER_OWNER)
+            queries += 1
+            found_already = {rid for key in short for rid in lexical.get(key, [])}
+            # the question is embedded only when dense can add a record lexical did not find
+            # (a sparse System 2 often has none: then the model call is saved, same rows)
+            if any(rid not in found_already for rid in candidates):
+                vector = await query_vector() if callable(query_vector) else query_vector
+                if vector is not None:
+                    found = await records.dense_among(vector, candidates)
+                    dense_ids = [rid for rid, _ in found]
+                    dense_records = await records.get_many(dense_ids)
+                    queries += 2
         for row in rows:
             lex = lexical.get(row.key, [])
             owned = set(lex)

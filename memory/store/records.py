@@ -354,16 +354,11 @@ class RecordRepo:
             out.setdefault(grp, []).append(rid)
         return out
 
-    async def dense_owned(
-        self,
-        query: np.ndarray,
-        channel_pks: Sequence[int],
-        owners: Sequence[str],
-        per_owner: int,
-    ) -> list[tuple[int, float]]:
-        """Cosine similarity of the owners' latest `per_owner` active records each, best
-        first: the dense fill of System 2's rows scores only the rows' people's records
-        (found through the (channel, owner, state) index), not the whole channel's."""
+    async def latest_owned(
+        self, channel_pks: Sequence[int], owners: Sequence[str], per_owner: int
+    ) -> list[int]:
+        """Ids of the owners' latest `per_owner` active records each (through the (channel,
+        owner, state) index): the candidates of `dense_among`, known before any embedding."""
         owners = list(dict.fromkeys(owners))
         if not owners or not channel_pks or per_owner <= 0:
             return []
@@ -375,7 +370,13 @@ class RecordRepo:
             " AND state = 'active') AS latest WHERE rn <= ?",
             [*channel_pks, *owners, per_owner],
         )
-        ids, matrix = await self._vectors([r[0] for r in rows])
+        return [r[0] for r in rows]
+
+    async def dense_among(
+        self, query: np.ndarray, record_ids: Sequence[int]
+    ) -> list[tuple[int, float]]:
+        """Cosine similarity of these records to `query`, best first."""
+        ids, matrix = await self._vectors(list(record_ids))
         if not ids:
             return []
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1)
@@ -383,6 +384,20 @@ class RecordRepo:
         sims = (matrix @ q) / np.where(norms == 0, 1.0, norms)
         order = np.argsort(-sims, kind="stable")
         return [(ids[i], float(sims[i])) for i in order]
+
+    async def dense_owned(
+        self,
+        query: np.ndarray,
+        channel_pks: Sequence[int],
+        owners: Sequence[str],
+        per_owner: int,
+    ) -> list[tuple[int, float]]:
+        """Cosine similarity of the owners' latest `per_owner` active records each, best
+        first: the dense fill of System 2's rows scores only the rows' people's records
+        (found through the (channel, owner, state) index), not the whole channel's."""
+        return await self.dense_among(
+            query, await self.latest_owned(channel_pks, owners, per_owner)
+        )
 
     async def matching_owners(
         self, match: str, channel_pks: Sequence[int], limit: int
