@@ -451,7 +451,8 @@ class RecordRepo:
 
     async def counts(self) -> dict[str, int]:
         rows = await self.db.read(
-            "SELECT count(*), sum(state = 'active'), sum(supersedes IS NOT NULL) FROM records"
+            "SELECT count(*), sum(CASE WHEN state = 'active' THEN 1 ELSE 0 END),"
+            " sum(CASE WHEN supersedes IS NOT NULL THEN 1 ELSE 0 END) FROM records"
         )
         r = rows[0]
         by_layer = await self.db.read(
@@ -481,7 +482,8 @@ class RecordRepo:
             "SELECT count(*), coalesce(sum(proposed), 0), coalesce(sum(accepted), 0),"
             " coalesce(sum(noops), 0), coalesce(sum(prompt_tokens), 0),"
             " coalesce(sum(completion_tokens), 0), coalesce(avg(latency_ms), 0),"
-            " coalesce(sum(outcome != 'committed'), 0) FROM writer_runs"
+            " coalesce(sum(CASE WHEN outcome != 'committed' THEN 1 ELSE 0 END), 0)"
+            " FROM writer_runs"
         )
         r = rows[0]
         rejected: dict[str, int] = {}

@@ -16,7 +16,6 @@ replaced.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -249,46 +248,3 @@ class PgRecordRepo(RecordRepo):
             [q, *channel_pks, q, limit],
         )
         return [(int(r[0]), float(r[1])) for r in rows]
-
-    # ---- counts -------------------------------------------------------------------------
-
-    async def counts(self) -> dict[str, int]:
-        rows = await self.db.read(
-            "SELECT count(*), count(*) FILTER (WHERE state = 'active'),"
-            " count(*) FILTER (WHERE supersedes IS NOT NULL) FROM records"
-        )
-        r = rows[0]
-        by_layer = await self.db.read(
-            "SELECT layer, count(*) FROM records WHERE state = 'active' GROUP BY layer"
-        )
-        out = {
-            "records": int(r[0] or 0),
-            "active_records": int(r[1] or 0),
-            "updates": int(r[2] or 0),
-        }
-        out.update({f"active_{layer}": int(n) for layer, n in by_layer})
-        return out
-
-    async def writer_stats(self) -> dict[str, object]:
-        rows = await self.db.read(
-            "SELECT count(*), coalesce(sum(proposed), 0), coalesce(sum(accepted), 0),"
-            " coalesce(sum(noops), 0), coalesce(sum(prompt_tokens), 0),"
-            " coalesce(sum(completion_tokens), 0), coalesce(avg(latency_ms), 0),"
-            " count(*) FILTER (WHERE outcome != 'committed') FROM writer_runs"
-        )
-        r = rows[0]
-        rejected: dict[str, int] = {}
-        for (blob,) in await self.db.read("SELECT rejected FROM writer_runs"):
-            for reason, n in json.loads(blob or "{}").items():
-                rejected[reason] = rejected.get(reason, 0) + int(n)
-        return {
-            "flushes": int(r[0]),
-            "proposed": int(r[1]),
-            "accepted": int(r[2]),
-            "noops": int(r[3]),
-            "prompt_tokens": int(r[4]),
-            "completion_tokens": int(r[5]),
-            "mean_latency_ms": round(float(r[6]), 1),
-            "failed_flushes": int(r[7]),
-            "rejected": dict(sorted(rejected.items())),
-        }
