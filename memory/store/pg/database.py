@@ -39,7 +39,6 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from memory.config import StoreConfig
 from memory.store.database import (
-    IN_CHUNK,
     Database,
     StoreBusy,
     StoreError,
@@ -356,28 +355,6 @@ class PgDatabase(Database):
             if mapped is exc:
                 raise
             raise mapped from exc
-
-    async def read(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
-        async with self.reader() as conn, conn.execute(sql, params) as cur:
-            return list(await cur.fetchall())
-
-    async def read_in(
-        self,
-        sql: str,
-        values: Sequence[Any],
-        *,
-        before: tuple[Any, ...] = (),
-        chunk: int = IN_CHUNK,
-    ) -> list[Any]:
-        """Rows of `sql` whose `{marks}` placeholder is an IN list over `values`, `chunk`
-        values per statement; `before` binds the parameters that precede the list."""
-        rows: list[Any] = []
-        values = list(values)
-        for start in range(0, len(values), chunk):
-            part = values[start : start + chunk]
-            marks = ",".join("?" * len(part))
-            rows.extend(await self.read(sql.format(marks=marks), (*before, *part)))
-        return rows
 
 
 class PgTransaction(Transaction):
