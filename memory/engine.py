@@ -170,11 +170,10 @@ class MemoryEngine:
         if self._embedding.running:
             self._embedding.wake()
             return
-        await self.embed_pending(
-            batch_size=self._embed_batch, before_batch=self.foreground.yield_to
-        )
+        await self._embed_batches()
 
     async def _embed_batches(self) -> None:
+        """One gated pass in small batches: the background worker's work."""
         await self.embed_pending(
             batch_size=self._embed_batch, before_batch=self.foreground.yield_to
         )
