@@ -134,7 +134,7 @@ async def _write_channel(
         outcome = await writer.flush(seg)
         report(seg, outcome)
         out.append(outcome)
-        if outcome.status == "deferred":
+        if outcome.status in ("deferred", "lost"):  # "lost": a worker's live lease holds it
             break
     return out
 

@@ -13,6 +13,7 @@ from memory.models import DerivedRecord, NewRecord, Scope
 from memory.store.channels import ChannelRepo
 from memory.store.database import Database, StoreError, Transaction
 from memory.store.rows import RECORD_COLUMNS, record_from_row, to_ts
+from memory.store.segments import LeaseLost, holds_claim
 
 
 class ChainConflict(StoreError):
@@ -38,9 +39,10 @@ class WriterRunLog:
 
 
 class RecordRepo:
-    _SEGMENT_STATE_SQL = "SELECT state FROM segments WHERE id = ?"
-    """commit_segment's done check. SQLite's one writer serialises two commits of a segment;
-    PostgreSQL locks the row (FOR UPDATE) so a second worker's commit waits and sees 'done'."""
+    _SEGMENT_STATE_SQL = "SELECT state, claimed_by, lease_until FROM segments WHERE id = ?"
+    """commit_segment's done and claim check. SQLite's one writer serialises two commits of a
+    segment; PostgreSQL locks the row (FOR UPDATE) so a second worker's commit waits and sees
+    'done', and a claim (which skips locked rows) cannot move the segment meanwhile."""
 
     def __init__(self, db: Database, channels: ChannelRepo) -> None:
         self.db = db
@@ -53,11 +55,17 @@ class RecordRepo:
         records: Sequence[NewRecord],
         vectors: np.ndarray | None,
         run: WriterRunLog,
+        *,
+        worker_id: str | None = None,
     ) -> list[int]:
         """Commit a segment's records, chain links, index rows, run log and done mark at once.
 
         A segment already done (a redo after a crash that committed) commits nothing and
-        returns [] — so a replay can never duplicate records.
+        returns [] — so a replay can never duplicate records. A worker (`worker_id`) that no
+        longer holds its claim (the lease ran out and another worker claimed the segment)
+        commits nothing either and gets `LeaseLost`: the new holder's commit is the one that
+        applies. Without a worker id (the in-process Writer) the commit applies unless a live
+        lease of some worker holds the segment (memory.store.segments.holds_claim).
         """
         async with self.db.transaction() as tx:
             seg = await tx.fetchone(self._SEGMENT_STATE_SQL, (segment_id,))
@@ -65,6 +73,11 @@ class RecordRepo:
                 raise StoreError(f"segment {segment_id} does not exist")
             if seg[0] == "done":
                 return []
+            if not holds_claim(seg[1], seg[2], worker_id, time.time()):
+                raise LeaseLost(
+                    f"segment {segment_id} is claimed by {seg[1]!r}, not {worker_id!r}:"
+                    " nothing committed"
+                )
             pk = await self.channels.ensure(tx, scope)
             ids = await self._insert_records(tx, pk, scope, records, vectors, segment_id)
             await tx.execute(
@@ -440,12 +453,12 @@ class RecordRepo:
         out: list[tuple[int, float]] = []
         async with self.db.reader() as conn:
             for pk in channel_pks:
-                async with conn.execute(
+                rows = await conn.execute_fetchall(
                     "SELECT rowid, distance FROM records_vec WHERE embedding MATCH ?"
                     " AND k = ? AND channel_pk = ?",
                     (q, limit, pk),
-                ) as cur:
-                    out.extend((r[0], 1.0 - float(r[1])) for r in await cur.fetchall())
+                )
+                out.extend((r[0], 1.0 - float(r[1])) for r in rows)
         out.sort(key=lambda x: -x[1])
         return out[:limit]
 

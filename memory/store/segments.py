@@ -5,6 +5,12 @@ lease_until), so a worker that dies mid-segment holds it only until the lease ru
 then any worker claims it again. Only the oldest pending segment of a channel can be claimed,
 and not while it is leased or backing off, so a channel's segments are written in order even
 with many workers (a later segment's records may update an earlier one's).
+
+Whatever a worker does to a segment afterwards (`defer`, `renew`, `release`, and
+`RecordRepo.commit_segment`) applies only while it still holds the claim: a worker whose lease
+ran out and whose segment another worker has claimed since never overwrites that worker's
+lease, backoff or records (`holds_claim`). The in-process Writer does not claim; it passes no
+worker id and acts on any segment no live claim holds.
 """
 
 from __future__ import annotations
@@ -12,8 +18,35 @@ from __future__ import annotations
 import time
 
 from memory.models import Scope, Segment
-from memory.store.database import Database
+from memory.store.database import Database, StoreError
 from memory.store.rows import SEGMENT_COLUMNS, segment_from_row
+
+
+class LeaseLost(StoreError):
+    """The caller's claim on a segment is gone: another worker claimed it after the lease
+    ran out (or it was released or deferred meanwhile). Nothing was written."""
+
+
+def holds_claim(
+    claimed_by: str | None, lease_until: float | None, worker_id: str | None, now: float
+) -> bool:
+    """Whether `worker_id` may still act on a pending segment whose claim columns are
+    `claimed_by` / `lease_until`.
+
+    A worker holds the segment while `claimed_by` names it, even after its lease ran out,
+    as long as no one else claimed it since (a claim rewrites `claimed_by`; `release` and
+    `defer` clear it). No worker id (the in-process Writer, which never claims) may act
+    unless a live lease of some worker holds the segment."""
+    if worker_id is not None:
+        return claimed_by == worker_id
+    return claimed_by is None or lease_until is None or lease_until <= now
+
+
+def _holder_sql(worker_id: str | None, now: float) -> tuple[str, tuple[object, ...]]:
+    """`holds_claim` as a WHERE condition on segments (with its parameters)."""
+    if worker_id is not None:
+        return " AND claimed_by = ?", (worker_id,)
+    return " AND (claimed_by IS NULL OR lease_until IS NULL OR lease_until <= ?)", (now,)
 
 
 class SegmentRepo:
@@ -62,15 +95,30 @@ class SegmentRepo:
         params.append(limit)
         return [segment_from_row(r) for r in await self.db.read(sql, params)]
 
-    async def defer(self, segment_id: int, error: str, delay_seconds: float) -> None:
-        """Back off after a failed attempt; a worker's lease on it ends (the backoff rules)."""
+    async def defer(
+        self,
+        segment_id: int,
+        error: str,
+        delay_seconds: float,
+        *,
+        worker_id: str | None = None,
+        now: float | None = None,
+    ) -> bool:
+        """Back off after a failed attempt; a worker's lease on it ends (the backoff rules).
+
+        Only while the caller holds the segment (`holds_claim`): a worker that lost its lease
+        leaves the new holder's claim alone. False when nothing changed (not held, not
+        pending)."""
+        now = time.time() if now is None else now
+        holder, held = _holder_sql(worker_id, now)
         async with self.db.transaction() as tx:
-            await tx.execute(
+            cur = await tx.execute(
                 "UPDATE segments SET attempts = attempts + 1, last_error = ?,"
                 " next_attempt_at = ?, claimed_by = NULL, lease_until = NULL"
-                " WHERE id = ? AND state = 'pending'",
-                (error[:500], time.time() + delay_seconds, segment_id),
+                " WHERE id = ? AND state = 'pending'" + holder,
+                (error[:500], now + delay_seconds, segment_id, *held),
             )
+            return bool(cur.rowcount)
 
     _CLAIM_LOCK = ""
     """Appended to the claim's SELECT: SQLite has one writer, so its transaction already

@@ -30,6 +30,7 @@ from memory.interactions import interaction_names
 from memory.models import NewRecord, RosterMember, Scope, Segment, StoredMessage
 from memory.ports import LLM, ChatMessage, LLMBadOutput, LLMError, LLMUnavailable
 from memory.store import ChainConflict, RederiveItem, WriterRunLog
+from memory.store.segments import LeaseLost
 from memory.writer.gate import EvidenceGate
 from memory.writer.prompt import (
     WRITER_PROMPT_VERSION,
@@ -55,7 +56,8 @@ class FlushOutcome:
     segment_id: int
     scope: Scope
     status: str
-    """committed | deferred | empty | paused (not attempted: the breaker opened meanwhile)"""
+    """committed | deferred | empty | paused (not attempted: the breaker opened meanwhile) |
+    lost (a worker's lease ran out and another worker claimed the segment: nothing written)"""
     proposed: int = 0
     accepted: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
@@ -206,8 +208,19 @@ class Writer:
             parents={pk: parent for pk, (parent, _) in parents.items()},
         )
 
-    async def flush(self, segment: Segment) -> FlushOutcome:
-        """Write one segment (callers hold the channel lock)."""
+    async def flush(self, segment: Segment, *, worker_id: str | None = None) -> FlushOutcome:
+        """Write one segment (callers hold the channel lock).
+
+        A worker passes its id: its commit or deferral applies only while it still holds the
+        claim, else the outcome is "lost" and nothing is written (the worker that claimed
+        the segment since writes it)."""
+        try:
+            return await self._flush(segment, worker_id)
+        except LeaseLost as exc:
+            log.warning("writer: segment %d of %s not written: %s", segment.id, segment.scope, exc)
+            return FlushOutcome(segment.id, segment.scope, "lost", error=str(exc))
+
+    async def _flush(self, segment: Segment, worker_id: str | None) -> FlushOutcome:
         store = self.engine.store
         scope = segment.scope
         started = time.time()
@@ -218,7 +231,9 @@ class Writer:
         )
         if not messages:
             run.outcome = "empty"
-            await store.records.commit_segment(segment.id, scope, [], None, run)
+            await store.records.commit_segment(
+                segment.id, scope, [], None, run, worker_id=worker_id
+            )
             return FlushOutcome(segment.id, scope, "empty")
         pks = await self.engine.channel_pks([scope])
         roster = await self.engine.members(scope, include_left=True)
@@ -252,7 +267,8 @@ class Writer:
             self._endpoint_ok()  # the endpoint answered
         except LLMError as exc:
             delay = self._endpoint_failed(backoff_seconds(segment.attempts, self.cfg, self.rand))
-            await store.segments.defer(segment.id, str(exc), delay)
+            if not await store.segments.defer(segment.id, str(exc), delay, worker_id=worker_id):
+                raise LeaseLost(f"segment {segment.id}: deferral skipped ({exc})") from exc
             self._deferred(segment.id, delay)
             run.outcome, run.error = "deferred", str(exc)[:300]
             run.latency_ms = (time.perf_counter() - t0) * 1000
@@ -271,7 +287,9 @@ class Writer:
         vectors = await self._embed(records)
         self._fill_run(run, report)
         run.latency_ms = (time.perf_counter() - t0) * 1000
-        ids = await store.records.commit_segment(segment.id, scope, records, vectors, run)
+        ids = await store.records.commit_segment(
+            segment.id, scope, records, vectors, run, worker_id=worker_id
+        )
         log.info(
             "writer: segment %d of %s: %d proposed, %d accepted, rejected %s, %d+%d tokens, "
             "%.0f ms",
@@ -436,11 +454,14 @@ class Writer:
             if self.paused or self._stopping:
                 outcome = FlushOutcome(seg.id, seg.scope, "paused")
             else:
-                outcome = await self.flush(seg)
+                outcome = await self.flush(seg, worker_id=worker_id)
         except Exception as exc:  # not the endpoint (flush defers those): the store, a bug
             delay = backoff_seconds(seg.attempts, self.cfg, self.rand)
+            error = f"{type(exc).__name__}: {exc}"
+            if not await store.segments.defer(seg.id, error, delay, worker_id=worker_id):
+                log.exception("writer worker %s: segment %d failed; lease lost", worker_id, seg.id)
+                return FlushOutcome(seg.id, seg.scope, "lost", error=str(exc))
             log.exception("writer worker %s: segment %d failed; deferred", worker_id, seg.id)
-            await store.segments.defer(seg.id, f"{type(exc).__name__}: {exc}", delay)
             self._deferred(seg.id, delay)
             return FlushOutcome(seg.id, seg.scope, "deferred", error=str(exc))
         finally:
@@ -505,7 +526,7 @@ class Writer:
                     outcomes.append(outcome)
                     if on_progress:
                         on_progress(outcome)
-                    if outcome.status in ("deferred", "paused"):
+                    if outcome.status in ("deferred", "paused", "lost"):
                         break  # keep the channel's order: later segments wait too
 
         await asyncio.gather(*(channel_worker(segs) for segs in by_channel.values()))

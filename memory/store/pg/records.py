@@ -86,7 +86,9 @@ WHERE r.fts @@ (SELECT string_agg('(' || m::text || ')', ' | ')::tsquery FROM ma
 
 
 class PgRecordRepo(RecordRepo):
-    _SEGMENT_STATE_SQL = "SELECT state FROM segments WHERE id = ? FOR UPDATE"
+    _SEGMENT_STATE_SQL = (
+        "SELECT state, claimed_by, lease_until FROM segments WHERE id = ? FOR UPDATE"
+    )
 
     @staticmethod
     def _link_sources_sql(n: int) -> str:
