@@ -1,5 +1,8 @@
 """The interaction graph (issue 11): who spoke to whom, how it was found, and reply links;
-the pure inference, the store pass over a real SQLite file, and the relation ranking."""
+the pure inference, the store pass, and the relation ranking.
+
+A contract module: every test runs over both store backends (the pure inference tests
+simply run twice)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from memory.interactions import NameIndex, Turn, infer, interaction_names, vocat
 from memory.models import RosterMember, Scope
 from memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import msg
+
+pytestmark = pytest.mark.contract
 
 NAMES = NameIndex.build(
     [
@@ -188,6 +193,38 @@ async def test_removing_a_message_row_drops_its_links(engine: MemoryEngine, frie
     assert await engine.store.interactions.replies([m1.pk]) == {}
     assert await engine.store.interactions.addressees([m1.pk]) == {}
     assert await engine.store.interactions.parents([m1.pk]) == {}
+
+
+async def test_a_deleted_message_row_takes_its_vectors_along_on_postgres(
+    engine: MemoryEngine, friends: Scope, backend: str
+) -> None:
+    """PostgreSQL enforces the vectors' references to messages(id): deleting the row alone
+    (by hand, a later cleanup) removes its dense index rows with it instead of failing."""
+    if backend != "postgres":
+        pytest.skip("SQLite's vec0 table holds no reference to enforce or cascade")
+    await _seed(engine, friends)
+    (pk,) = await engine.channel_pks([friends])
+    await engine.store.interactions.update(pk, interaction_names(await engine.members(friends)))
+    (m1,) = (await engine.store.messages.by_ids(friends, ["m1"])).values()
+    tables = {"messages_vec": "rowid", "messages_bits": "rowid", "message_vectors": "id"}
+
+    async def held() -> dict[str, int]:
+        return {
+            t: (await engine.store.db.read(f"SELECT count(*) FROM {t} WHERE {c} = ?", (m1.pk,)))[0][
+                0
+            ]
+            for t, c in tables.items()
+        }
+
+    assert await held() == dict.fromkeys(tables, 1)
+    async with engine.store.db.transaction() as tx:
+        await tx.execute("DELETE FROM messages WHERE id = ?", (m1.pk,))
+    assert await held() == dict.fromkeys(tables, 0)
+    assert await engine.store.interactions.parents([m1.pk]) == {}
+    assert await engine.store.messages.by_ids(friends, ["m1"]) == {}
+    # the other messages keep theirs
+    (count,) = (await engine.store.db.read("SELECT count(*) FROM messages_vec"))[0]
+    assert count == 7
 
 
 async def test_writer_prompt_marks_addressees_with_how_and_the_turn_answered(

@@ -128,3 +128,21 @@ CREATE TRIGGER messages_bits_sync AFTER INSERT OR UPDATE ON messages_vec
 INSERT INTO messages_bits (rowid, channel_pk, bits)
     SELECT rowid, channel_pk, binary_quantize(embedding)::bit({dim}) FROM messages_vec;
 """
+
+
+def message_vectors_cascade_sql() -> str:
+    """The vectors of a message go with its row (one migration): `messages_vec` and
+    `message_vectors` reference messages(id) ON DELETE CASCADE (and `messages_bits` follows
+    messages_vec). SpeakerMem itself only tombstones messages (a forget deletes the vectors
+    explicitly, retention likewise), but a row deleted by hand or by a later cleanup must not
+    be refused for its index rows: SQLite's vec0 table and plain FTS5 never refuse it."""
+    return """
+ALTER TABLE messages_vec
+    DROP CONSTRAINT messages_vec_rowid_fkey,
+    ADD CONSTRAINT messages_vec_rowid_fkey
+        FOREIGN KEY (rowid) REFERENCES messages(id) ON DELETE CASCADE;
+ALTER TABLE message_vectors
+    DROP CONSTRAINT message_vectors_id_fkey,
+    ADD CONSTRAINT message_vectors_id_fkey
+        FOREIGN KEY (id) REFERENCES messages(id) ON DELETE CASCADE;
+"""

@@ -19,7 +19,11 @@ below as later migrations.
 from __future__ import annotations
 
 from memory.config import StoreConfig
-from memory.store.pg.messages_schema import messages_bits_sql, messages_search_sql
+from memory.store.pg.messages_schema import (
+    message_vectors_cascade_sql,
+    messages_bits_sql,
+    messages_search_sql,
+)
 from memory.store.pg.records_schema import records_search_sql, segment_claims_sql
 from memory.store.schema import EMBED_DIM, Migration
 
@@ -400,6 +404,9 @@ def migrations(config: StoreConfig) -> list[Migration]:
         Migration(3, "records: full-text (tsvector, GIN) and pgvector", records_search_sql()),
         Migration(4, "workers: segment claims with a lease", segment_claims_sql()),
         Migration(5, "messages: stored sign bits for the dense coarse scan", messages_bits_sql()),
+        Migration(
+            6, "messages: vectors deleted with their message row", message_vectors_cascade_sql()
+        ),
     ]
 
 
