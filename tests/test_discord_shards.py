@@ -1,11 +1,23 @@
 """SPEAKERMEM_DISCORD_SHARD_IDS: N processes each run their own range of the shards.
 
-The gateway stand-in records every IDENTIFY's ``shard: [id, count]``; a process given a range
-must identify exactly those shards (and no others) out of the configured count.
+Against the sharded gateway stand-in (tests/standins/discord_shards.py), which serves one
+connection per shard and routes each guild's events to its shard's connection by
+Discord's rule ``(guild_id >> 22) % shard_count``: one process running two shards opens
+two connections and stores from both; two processes given a shard each share one store
+(both backends), each gets only its shards' guilds and catches up only their history; a
+shard closed with a resumable code resumes alone, one that must identify anew catches up
+its own guilds from history while the other shard stays connected. The settings' parsing
+and errors last.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,44 +25,321 @@ import discord
 import pytest
 from pydantic import ValidationError
 
+from bot.dispatch import Dispatcher
 from bot.settings import Settings, parse_shard_ids
 from integrations.discord.adapter import DiscordAdapter
-from tests.test_discord_adapter import GENERAL, ShardedStandIn, post, start_bot
+from memory.engine import MemoryEngine
+from memory.query.pipeline import RecallPipeline
+from tests.conftest import make_config
+from tests.fakes import HashEmbedder
+from tests.standins.discord_shards import (
+    ShardedGateway,
+    general_of,
+    guild_id_on,
+    shard_of,
+    sharded_guild,
+)
+from tests.test_discord_adapter import settings_for
 
 
-class RecordingShardStandIn(ShardedStandIn):
-    """Keeps the shard of every IDENTIFY (one gateway connection per shard)."""
+@pytest.fixture
+def no_identify_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """discord.py waits 5 s before each IDENTIFY after a client's first (Discord's default
+    identify rate limit); the stand-in enforces none, so the tests skip the wait."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.shards: list[list[int]] = []
+    async def hook(self: discord.Client, shard_id: int | None, *, initial: bool = False) -> None:
+        return None
 
-    async def _send_ready(self, ws: Any) -> None:
-        self.shards.append(list((self.identify or {}).get("shard", [0, 1])))
-        await super()._send_ready(ws)
+    monkeypatch.setattr(discord.AutoShardedClient, "before_identify_hook", hook)
+
+
+async def until(predicate: Callable[[], Any], within: float = 20.0) -> None:
+    async with asyncio.timeout(within):
+        while not await predicate():  # noqa: ASYNC110 - polls the store
+            await asyncio.sleep(0.02)
+
+
+@dataclass
+class Process:
+    """One bot process: its own engine (on the shared store) and adapter."""
+
+    engine: MemoryEngine
+    adapter: DiscordAdapter
+
+    async def stop(self) -> None:
+        try:
+            await self.adapter.stop()
+        finally:
+            await self.engine.close()
+
+
+async def start_process(standin: ShardedGateway, tmp_path: Path, shard_ids: str | None) -> Process:
+    """A bot process on the store of `tmp_path` (the same one for every process of a test:
+    the SQLite file, or the test's PostgreSQL database) running `shard_ids`."""
+    engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
+    extra: dict[str, Any] = {"discord_shard_count": standin.shard_count}
+    if shard_ids is not None:
+        extra["discord_shard_ids"] = shard_ids
+    adapter = DiscordAdapter(
+        settings_for(standin, tmp_path, **extra),
+        Dispatcher(engine, RecallPipeline(engine)),
+        engine,
+        guild_ready_timeout=0.05,
+        ready_timeout=10.0,
+    )
+    try:
+        await adapter.start()
+    except BaseException:
+        await engine.close()
+        raise
+    assert isinstance(adapter.client, discord.AutoShardedClient)
+    mine = adapter.client.shard_ids or range(standin.shard_count)
+    await adapter.wait_processed(sum(len(standin.guilds_of(s)) for s in mine))  # GUILD_CREATEs
+    return Process(engine, adapter)
+
+
+@contextlib.asynccontextmanager
+async def processes(
+    standin: ShardedGateway, tmp_path: Path, *shard_ids: str | None
+) -> AsyncIterator[list[Process]]:
+    """Processes started in order and stopped in reverse (each restores the endpoints it
+    found, so the last one started must stop first)."""
+    async with contextlib.AsyncExitStack() as stack:
+        started = []
+        for ids in shard_ids:
+            proc = await start_process(standin, tmp_path, ids)
+            stack.push_async_callback(proc.stop)
+            started.append(proc)
+        yield started
+
+
+async def stored(engine: MemoryEngine) -> list[tuple[str, str]]:
+    """(guild, message id) of every stored Discord message, duplicates included."""
+    rows = await engine.store.db.read(
+        "SELECT c.workspace, m.message_id FROM messages m JOIN channels c ON c.id = m.channel_pk"
+        " WHERE c.platform = ?",
+        ("discord",),
+    )
+    return [(str(r[0]), str(r[1])) for r in rows]
+
+
+def member_post(standin: ShardedGateway, guild_id: str, text: str) -> dict[str, Any]:
+    """A MESSAGE_CREATE by alice in `guild_id`'s #general."""
+    m = standin.guilds[guild_id]["members"][1]
+    return standin.message_create(
+        text,
+        author=m["user"],
+        channel_id=general_of(guild_id),
+        member={k: v for k, v in m.items() if k != "user"},
+    )
+
+
+def gateway(*guilds_per_shard: int) -> ShardedGateway:
+    """A stand-in with `guilds_per_shard[s]` guilds on shard s."""
+    count = len(guilds_per_shard)
+    guilds = [
+        sharded_guild(guild_id_on(s, count, n), f"guild {s}.{n}")
+        for s, many in enumerate(guilds_per_shard)
+        for n in range(many)
+    ]
+    return ShardedGateway(guilds, count)
+
+
+def history_reads(standin: ShardedGateway) -> list[str]:
+    """The channel of every history read (GET /channels/{id}/messages), in order."""
+    return [
+        path.split("/")[2]
+        for method, path, _ in standin.requests
+        if method == "GET" and path.startswith("/channels/") and path.endswith("/messages")
+    ]
+
+
+def on_shard(standin: ShardedGateway, shard: int) -> list[str]:
+    return [g["id"] for g in standin.guilds_of(shard)]
+
+
+# --- real connections, one per shard ------------------------------------------------------------
+
+
+def test_stand_in_guilds_land_on_their_shards():
+    standin = gateway(2, 1, 1)
+    assert [shard_of(g, 3) for g in standin.guilds] == [0, 0, 1, 2]
+    assert on_shard(standin, 1) == [guild_id_on(1, 3)]
+    first = next(iter(standin.guilds.values()))
+    general = general_of(first["id"])
+    assert general in {c["id"] for c in first["channels"]}
+    assert standin.channel_guild[general] == first["id"]
+
+
+async def test_one_process_runs_two_shards_over_two_connections(
+    tmp_path: Path, no_identify_wait: None
+):
+    standin = await gateway(1, 1).start()
+    try:
+        async with processes(standin, tmp_path, "0-1") as (proc,):
+            assert sorted(standin.identified_shards) == [[0, 2], [1, 2]]
+            first, second = standin.sessions[0].ws, standin.sessions[1].ws
+            assert first is not None and second is not None and first is not second
+            assert set(proc.adapter.guilds) == set(standin.guilds)
+            assert await proc.adapter.connected()
+            posted = [member_post(standin, gid, f"hello from {gid}") for gid in standin.guilds]
+            for payload in posted:
+                assert await standin.post(payload) == "live"
+
+            async def both_in() -> bool:
+                return len(await stored(proc.engine)) == 2
+
+            await until(both_in)
+            assert sorted(await stored(proc.engine)) == sorted(
+                (p["guild_id"], p["id"]) for p in posted
+            )
+    finally:
+        await standin.close()
+
+
+@pytest.mark.contract
+async def test_two_processes_each_get_their_shard_and_store_once(tmp_path: Path, backend: str):
+    standin = await gateway(2, 1).start()
+    try:
+        async with processes(standin, tmp_path, "0", "1") as (zero, one):
+            assert standin.identified_shards == [[0, 2], [1, 2]]
+            assert set(zero.adapter.guilds) == set(on_shard(standin, 0))
+            assert set(one.adapter.guilds) == set(on_shard(standin, 1))
+            posted = [
+                member_post(standin, gid, f"message {i} in {gid}")
+                for i in range(10)
+                for gid in standin.guilds
+            ]
+            for payload in posted:
+                assert await standin.post(payload) == "live"
+
+            async def all_in() -> bool:
+                return len(await stored(zero.engine)) == len(posted)
+
+            await until(all_in)
+            rows = await stored(one.engine)  # the other process's engine, the same store
+            assert sorted(rows) == sorted((p["guild_id"], p["id"]) for p in posted)
+            assert len(set(rows)) == len(rows)
+            # each process received (and stored) only its own shard's guilds' messages
+            per_shard = {s: sum(shard_of(p["guild_id"], 2) == s for p in posted) for s in (0, 1)}
+            assert zero.adapter.stats["MESSAGE_CREATE"] == per_shard[0] == 20
+            assert one.adapter.stats["MESSAGE_CREATE"] == per_shard[1] == 10
+    finally:
+        await standin.close()
+
+
+@pytest.mark.contract
+async def test_each_process_catches_up_only_its_shards_guilds(tmp_path: Path, backend: str):
+    standin = await gateway(1, 2).start()
+    try:
+        async with processes(standin, tmp_path, "0", "1") as (zero, _one):
+            seen = [member_post(standin, gid, f"seen in {gid}") for gid in standin.guilds]
+            for payload in seen:
+                assert await standin.post(payload) == "live"
+
+            async def seen_in() -> bool:
+                return len(await stored(zero.engine)) == len(seen)
+
+            await until(seen_in)
+        # both processes are down; every guild gets a message only channel history has
+        away = {
+            gid: standin.add_history(general_of(gid), f"while away, in {gid}", datetime.now(UTC))
+            for gid in standin.guilds
+        }
+        gets: Counter[str] = Counter()
+        for ids in ("0", "1"):
+            async with processes(standin, tmp_path, ids) as (proc,):
+                assert proc.adapter.catchup is not None
+                await proc.adapter.catchup.wait()
+                reads = Counter(history_reads(standin))
+                assert set(reads - gets) == {general_of(g) for g in on_shard(standin, int(ids))}
+                gets = reads
+                rows = set(await stored(proc.engine))
+        # each channel's history was read once, by the process running its guild's shard
+        assert set(gets.values()) == {1}
+        assert rows == {(p["guild_id"], p["id"]) for p in seen} | {
+            (gid, m["id"]) for gid, m in away.items()
+        }
+    finally:
+        await standin.close()
+
+
+async def test_a_dropped_shard_resumes_alone_while_the_other_stays_live(
+    tmp_path: Path, no_identify_wait: None
+):
+    standin = await gateway(1, 1).start()
+    try:
+        async with processes(standin, tmp_path, "0-1") as (proc,):
+            assert proc.adapter.catchup is not None
+            runs = proc.adapter.catchup.runs
+            (g0,), (g1,) = on_shard(standin, 0), on_shard(standin, 1)
+            await standin.close_shard(0, 4000)  # resumable: discord.py RESUMEs the session
+            assert await standin.post(member_post(standin, g0, "while shard 0 is away")) == (
+                "missed"
+            )
+            assert await standin.post(member_post(standin, g1, "shard 1 carries on")) == "live"
+            await asyncio.wait_for(standin.sessions[0].identified.wait(), 20)
+
+            async def both_in() -> bool:
+                return len(await stored(proc.engine)) == 2
+
+            await until(both_in)
+            zero, one = standin.sessions[0], standin.sessions[1]
+            assert (zero.identifies, zero.resumes, zero.replayed) == (1, 1, 1)
+            assert (one.identifies, one.resumes) == (1, 0)  # never dropped
+            # the replay covered the gap: no catch-up pass, no history read
+            assert proc.adapter.catchup.runs == runs
+            assert history_reads(standin) == []
+    finally:
+        await standin.close()
+
+
+async def test_a_shard_that_cannot_resume_catches_up_from_history(
+    tmp_path: Path, no_identify_wait: None
+):
+    standin = await gateway(1, 1).start()
+    try:
+        async with processes(standin, tmp_path, "0-1") as (proc,):
+            assert proc.adapter.catchup is not None
+            (g0,), (g1,) = on_shard(standin, 0), on_shard(standin, 1)
+            before = [member_post(standin, g, f"before, in {g}") for g in (g0, g1)]
+            for payload in before:  # where each channel stands: catch-up starts after it
+                assert await standin.post(payload) == "live"
+
+            async def before_in() -> bool:
+                return len(await stored(proc.engine)) == len(before)
+
+            await until(before_in)
+            runs = proc.adapter.catchup.runs
+            standin.resumable = False  # the RESUME gets INVALID_SESSION: shard 0 identifies anew
+            await standin.close_shard(0, 4000)
+            gap = [member_post(standin, g0, f"gap {i}") for i in range(3)]
+            for payload in gap:
+                assert await standin.post(payload) == "missed"
+            await asyncio.wait_for(standin.sessions[0].identified.wait(), 20)
+            assert standin.sessions[0].identifies == 2  # a new session: nothing replayed
+
+            async def gap_in() -> bool:
+                return len(await stored(proc.engine)) == len(before) + len(gap)
+
+            await until(gap_in)  # only channel history has them
+            await proc.adapter.catchup.wait()
+            assert proc.adapter.catchup.runs == runs + 1
+            assert sorted(await stored(proc.engine)) == sorted(
+                (p["guild_id"], p["id"]) for p in before + gap
+            )
+            # shard 1 never dropped: only shard 0's channel history was read
+            assert history_reads(standin) == [general_of(g0)]
+            assert standin.sessions[1].identifies == 1
+    finally:
+        await standin.close()
+
+
+# --- the settings and the client they build ----------------------------------------------------
 
 
 def settings(**extra: Any) -> Settings:
     return Settings(_env_file=None, **extra)  # type: ignore[call-arg]
-
-
-async def test_process_identifies_only_its_shard(tmp_path: Path):
-    b, close = await start_bot(
-        tmp_path,
-        standin_cls=RecordingShardStandIn,
-        discord_shard_count=2,
-        discord_shard_ids="1",
-    )
-    try:
-        client = b.adapter.client
-        assert isinstance(client, discord.AutoShardedClient)
-        assert client.shard_ids == [1] and client.shard_count == 2
-        assert isinstance(b.standin, RecordingShardStandIn)
-        assert b.standin.shards == [[1, 2]]
-        mid = await post(b, "hello from shard one")
-        assert await b.stored(GENERAL, mid) is not None
-    finally:
-        await close()
 
 
 def built_client(**extra: Any) -> discord.Client:
@@ -60,8 +349,8 @@ def built_client(**extra: Any) -> discord.Client:
 
 
 def test_range_builds_client_for_those_shards():
-    # the stand-in serves one gateway connection at a time, so a multi-shard range is checked
-    # on the client the adapter builds (discord.py opens one connection per listed shard)
+    # the client the adapter builds for a range out of a larger count (connections to two
+    # shards of two are tested above)
     client = built_client(discord_shard_count=4, discord_shard_ids="1-2")
     assert isinstance(client, discord.AutoShardedClient)
     assert client.shard_ids == [1, 2] and client.shard_count == 4

@@ -494,33 +494,56 @@ class DiscordAdapter:
             self._ready.set()
             catchup.on_ready()
 
-        async def on_disconnect() -> None:
+        async def snapshot(shard: int | None) -> None:
             if self._stopping:
                 return
             task = asyncio.current_task()
             if task is not None:
                 self._snapshots.add(task)
             try:
-                await catchup.on_disconnect()
+                await catchup.on_disconnect(shard)
             finally:
                 if task is not None:
                     self._snapshots.discard(task)
 
+        async def on_disconnect() -> None:
+            await snapshot(None)
+
         async def on_resumed() -> None:
             catchup.on_resumed()
 
+        # A sharded client runs a session per shard: a shard drops, resumes or starts anew
+        # alone (and discord.py fires on_ready again only once every shard of the process
+        # has identified anew), so catch-up follows each shard's own events instead.
+        async def on_shard_disconnect(shard_id: int) -> None:
+            await snapshot(shard_id)
+
+        async def on_shard_resumed(shard_id: int) -> None:
+            catchup.on_resumed(shard_id)
+
+        async def on_shard_ready(shard_id: int) -> None:
+            if self._ready.is_set():  # a new session after start-up (start-up: on_ready)
+                catchup.on_ready(shard_id)
+
+        sharded = isinstance(client, discord.AutoShardedClient)
         catchup = self.catchup = DiscordCatchUp(
             self.dispatcher,
             self.engine.store.catchup,
             client,
             parents=lambda gid: self.guilds[gid].parents() if gid in self.guilds else {},
             names=self._channel_names,
+            shard_of=self._own_shard if sharded else None,
         )
         await catchup.before_connect()
         client.event(on_socket_raw_receive)
         client.event(on_ready)
-        client.event(on_disconnect)
-        client.event(on_resumed)
+        if sharded:
+            client.event(on_shard_disconnect)
+            client.event(on_shard_resumed)
+            client.event(on_shard_ready)
+        else:
+            client.event(on_disconnect)
+            client.event(on_resumed)
         client.event(on_interaction)
         self._worker = asyncio.create_task(self._work(), name="speakermem-discord-events")
         self._runner = asyncio.create_task(client.start(token), name="speakermem-discord")
@@ -553,6 +576,15 @@ class DiscordAdapter:
             raise DiscordStartError(f"Discord connection failed: {error}") from error
         raise DiscordStartError(f"Discord was not ready within {self.ready_timeout:g} s")
 
+    def _own_shard(self, guild_id: str) -> int | None:
+        """The shard of `guild_id` (Discord's rule) when this process runs it, else None."""
+        count = self.settings.discord_shard_count
+        if not count or not guild_id.isdigit():
+            return None
+        shard = (int(guild_id) >> 22) % count
+        ids = self.settings.discord_shard_ids
+        return shard if ids is None or shard in ids else None
+
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             log.error("discord: the client stopped: %r", task.exception())
@@ -562,6 +594,10 @@ class DiscordAdapter:
         client = self.client
         if client is None or client.is_closed() or not client.is_ready():
             return False
+        if isinstance(client, discord.AutoShardedClient):
+            # one socket per shard (client.ws stays None): connected while every one is open
+            shards = client.shards
+            return bool(shards) and not any(s.is_closed() for s in shards.values())
         socket = getattr(client.ws, "socket", None)
         return socket is not None and not socket.closed
 

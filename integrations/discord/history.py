@@ -8,7 +8,9 @@ gateway MESSAGE_CREATEs.
 `DiscordCatchUp` ties it to the gateway's life: a snapshot of where every channel stands
 before connecting; catch-up once ready; on a disconnect, a new snapshot, dropped if the
 session RESUMEs (Discord replays what was missed) and caught up from if a new session
-starts (nothing is replayed then).
+starts (nothing is replayed then). A sharded process does this per shard, over the guilds
+of that shard (each gateway connection is a session of its own), and never catches up
+guilds on shards other processes run.
 """
 
 from __future__ import annotations
@@ -92,26 +94,43 @@ class DiscordCatchUp:
         *,
         parents: Callable[[str], dict[str, str]] | None = None,
         names: Callable[[], Mapping[Scope, str]] | None = None,
+        shard_of: Callable[[str], int | None] | None = None,
     ) -> None:
+        """`shard_of` (a sharded client): a guild id's shard when this process runs it,
+        else None; without it every stored Discord channel is this process's."""
         self.catchup = CatchUp(dispatcher, repo, DiscordHistory(client, parents=parents))
         self.names = names or dict
-        self._pending: dict[Scope, Start] | None = None
+        self.shard_of = shard_of
+        self._pending: dict[int | None, dict[Scope, Start]] = {}
+        """Plans waiting for a session to be ready, by shard (None: the whole client)."""
         self._task: asyncio.Task[Any] | None = None
         self.runs = 0
 
+    async def _plan(self, shard: int | None) -> dict[Scope, Start]:
+        """Where this process's channels (those of `shard`, when given) stand now."""
+        starts = await self.catchup.plan(await self.catchup.snapshot())
+        if self.shard_of is None:
+            return starts
+        mine = self.shard_of
+        return {
+            scope: start
+            for scope, start in starts.items()
+            if (on := mine(scope.workspace)) is not None and (shard is None or on == shard)
+        }
+
     async def before_connect(self) -> None:
-        self._pending = await self.catchup.plan(await self.catchup.snapshot())
+        self._pending = {None: await self._plan(None)}
 
-    async def on_disconnect(self) -> None:
-        if self._pending is None:  # the first disconnect of an outage marks the gap
-            self._pending = await self.catchup.plan(await self.catchup.snapshot())
+    async def on_disconnect(self, shard: int | None = None) -> None:
+        if shard not in self._pending:  # the first disconnect of an outage marks the gap
+            self._pending[shard] = await self._plan(shard)
 
-    def on_resumed(self) -> None:
-        self._pending = None  # a RESUME replays the missed events itself
+    def on_resumed(self, shard: int | None = None) -> None:
+        self._pending.pop(shard, None)  # a RESUME replays the missed events itself
 
-    def on_ready(self) -> None:
+    def on_ready(self, shard: int | None = None) -> None:
         """A new session (first connect or after one that could not resume): catch up."""
-        starts, self._pending = self._pending, None
+        starts = self._pending.pop(shard, None)
         if not starts:
             return
         if self._task is not None and not self._task.done():
