@@ -25,6 +25,7 @@ import discord
 import pytest
 from pydantic import ValidationError
 
+import integrations.discord.adapter as adapter_module
 from bot.dispatch import Dispatcher
 from bot.settings import Settings, parse_shard_ids
 from integrations.discord.adapter import DiscordAdapter
@@ -73,7 +74,9 @@ class Process:
             await self.engine.close()
 
 
-async def start_process(standin: ShardedGateway, tmp_path: Path, shard_ids: str | None) -> Process:
+async def start_process(
+    standin: ShardedGateway, tmp_path: Path, shard_ids: str | None, ready_timeout: float = 10.0
+) -> Process:
     """A bot process on the store of `tmp_path` (the same one for every process of a test:
     the SQLite file, or the test's PostgreSQL database) running `shard_ids`."""
     engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
@@ -85,7 +88,7 @@ async def start_process(standin: ShardedGateway, tmp_path: Path, shard_ids: str 
         Dispatcher(engine, RecallPipeline(engine)),
         engine,
         guild_ready_timeout=0.05,
-        ready_timeout=10.0,
+        ready_timeout=ready_timeout,
     )
     try:
         await adapter.start()
@@ -331,6 +334,32 @@ async def test_a_shard_that_cannot_resume_catches_up_from_history(
             # shard 1 never dropped: only shard 0's channel history was read
             assert history_reads(standin) == [general_of(g0)]
             assert standin.sessions[1].identifies == 1
+    finally:
+        await standin.close()
+
+
+async def test_start_waits_for_the_identify_spacing_of_every_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # discord.py's default hook spaces IDENTIFYs 5 s apart; here 1 s, so three shards are
+    # ready over 2 s after the first, past the 1.5 s ready timeout unless start() allows
+    # for the spacing
+    spacing = 1.0
+
+    async def spaced(self: discord.Client, shard_id: int | None, *, initial: bool = False) -> None:
+        if not initial:
+            await asyncio.sleep(spacing)
+
+    monkeypatch.setattr(discord.AutoShardedClient, "before_identify_hook", spaced)
+    monkeypatch.setattr(adapter_module, "IDENTIFY_SPACING_S", spacing)
+    standin = await gateway(1, 1, 1).start()
+    try:
+        proc = await start_process(standin, tmp_path, None, ready_timeout=1.5)
+        try:
+            assert [s for s, _ in sorted(standin.identified_shards)] == [0, 1, 2]
+            assert set(proc.adapter.guilds) == set(standin.guilds)
+        finally:
+            await proc.stop()
     finally:
         await standin.close()
 

@@ -120,6 +120,10 @@ _GUILD_EVENTS = frozenset(
     }
 )
 HANDLED_EVENTS = _MESSAGE_EVENTS | _GUILD_EVENTS
+IDENTIFY_SPACING_S = 5.0
+"""What discord.py's default ``before_identify_hook`` waits before each IDENTIFY after a
+client's first (Discord's identify rate limit): a process running N shards is ready that
+much later per extra shard, so `start` waits that much longer than ``ready_timeout``."""
 _PRIVATE_THREAD = 12
 _CATEGORY = 4
 _STASHED_INTERACTIONS = 256
@@ -549,10 +553,12 @@ class DiscordAdapter:
         self._runner = asyncio.create_task(client.start(token), name="speakermem-discord")
         self._runner.add_done_callback(self._runner_done)
         ready = asyncio.create_task(self._ready.wait())
+        shards = self.settings.discord_shard_ids or range(self.settings.discord_shard_count or 1)
+        within = self.ready_timeout + IDENTIFY_SPACING_S * (len(shards) - 1)
         try:
             done, _ = await asyncio.wait(
                 {ready, self._runner},
-                timeout=self.ready_timeout,
+                timeout=within,
                 return_when=asyncio.FIRST_COMPLETED,
             )
         finally:
@@ -574,7 +580,7 @@ class DiscordAdapter:
             ) from error
         if error is not None:
             raise DiscordStartError(f"Discord connection failed: {error}") from error
-        raise DiscordStartError(f"Discord was not ready within {self.ready_timeout:g} s")
+        raise DiscordStartError(f"Discord was not ready within {within:g} s")
 
     def _own_shard(self, guild_id: str) -> int | None:
         """The shard of `guild_id` (Discord's rule) when this process runs it, else None."""
