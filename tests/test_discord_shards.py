@@ -276,17 +276,32 @@ async def test_a_dropped_shard_resumes_alone_while_the_other_stays_live(
             assert proc.adapter.catchup is not None
             runs = proc.adapter.catchup.runs
             (g0,), (g1,) = on_shard(standin, 0), on_shard(standin, 1)
+            standin.accepting.clear()  # shard 0's reconnect waits until the test lets it in
             await standin.close_shard(0, 4000)  # resumable: discord.py RESUMEs the session
-            assert await standin.post(member_post(standin, g0, "while shard 0 is away")) == (
-                "missed"
-            )
-            assert await standin.post(member_post(standin, g1, "shard 1 carries on")) == "live"
+
+            async def down() -> bool:
+                return not await proc.adapter.connected()
+
+            await until(down)  # /healthz: one shard's socket is closed
+            away = member_post(standin, g0, "while shard 0 is away")
+            assert await standin.post(away) == "missed"
+            carried = member_post(standin, g1, "shard 1 carries on")
+            assert await standin.post(carried) == "live"
+
+            async def carried_in() -> bool:
+                return await stored(proc.engine) == [(g1, carried["id"])]
+
+            await until(carried_in)  # stored while shard 0 is still down
+            assert not standin.sessions[0].identified.is_set()
+            standin.accepting.set()
             await asyncio.wait_for(standin.sessions[0].identified.wait(), 20)
 
             async def both_in() -> bool:
                 return len(await stored(proc.engine)) == 2
 
             await until(both_in)
+            assert (g0, away["id"]) in await stored(proc.engine)
+            assert await proc.adapter.connected()
             zero, one = standin.sessions[0], standin.sessions[1]
             assert (zero.identifies, zero.resumes, zero.replayed) == (1, 1, 1)
             assert (one.identifies, one.resumes) == (1, 0)  # never dropped

@@ -90,6 +90,10 @@ class ShardedGateway(DiscordStandIn):
         self.sessions: dict[int, ShardSession] = {}
         self.identified_shards: list[list[int]] = []
         """Every IDENTIFY's ``shard``, in arrival order."""
+        self.accepting = asyncio.Event()
+        """Cleared: new gateway connections wait (unanswered) until it is set again, so a
+        test can hold a dropped shard down for as long as it needs."""
+        self.accepting.set()
         self.channel_guild = {
             c["id"]: g["id"] for g in guilds for c in [*g["channels"], *g.get("threads", [])]
         }
@@ -165,12 +169,14 @@ class ShardedGateway(DiscordStandIn):
     # --- gateway ----------------------------------------------------------------------------
 
     async def close(self) -> None:
+        self.accepting.set()  # let held connections through, to be closed
         for session in self.sessions.values():
             if session.ws is not None and not session.ws.closed:
                 await session.ws.close()
         await super().close()
 
     async def _gateway(self, request: web.Request) -> web.WebSocketResponse:
+        await self.accepting.wait()
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         session: ShardSession | None = None
