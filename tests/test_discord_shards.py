@@ -30,9 +30,11 @@ from bot.dispatch import Dispatcher
 from bot.settings import Settings, parse_shard_ids
 from integrations.discord.adapter import DiscordAdapter
 from memory.engine import MemoryEngine
+from memory.models import Scope
 from memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
+from tests.standins.discord_gateway import member, user
 from tests.standins.discord_shards import (
     ShardedGateway,
     general_of,
@@ -40,7 +42,7 @@ from tests.standins.discord_shards import (
     shard_of,
     sharded_guild,
 )
-from tests.test_discord_adapter import settings_for
+from tests.test_discord_adapter import CARL, settings_for
 
 
 @pytest.fixture
@@ -349,6 +351,38 @@ async def test_a_shard_that_cannot_resume_catches_up_from_history(
             # shard 1 never dropped: only shard 0's channel history was read
             assert history_reads(standin) == [general_of(g0)]
             assert standin.sessions[1].identifies == 1
+    finally:
+        await standin.close()
+
+
+async def test_members_of_a_guild_are_asked_for_over_its_shards_connection(
+    tmp_path: Path, no_identify_wait: None
+):
+    standin = gateway(1, 1)
+    (g1,) = on_shard(standin, 1)
+    standin.guilds[g1]["member_count"] += 1  # incomplete: asked for on first use
+    carl = member(user(CARL, "carl"))
+    standin.chunk_members = [*standin.guilds[g1]["members"], carl]
+    await standin.start()
+    try:
+        async with processes(standin, tmp_path, "0-1") as (proc,):
+            recall = standin.interaction(
+                "recall",
+                [{"name": "question", "type": 3, "value": "who planned the trip?"}],
+                channel_id=general_of(g1),
+            )
+            recall["guild_id"] = recall["channel"]["guild_id"] = g1
+            await standin.dispatch("INTERACTION_CREATE", recall)  # over shard 1's connection
+
+            async def carl_in() -> bool:
+                members = await proc.engine.members(
+                    Scope(platform="discord", workspace=g1, channel=general_of(g1))
+                )
+                return CARL in {m.user_id for m in members}
+
+            await until(carl_in)
+            assert [str(r["guild_id"]) for r in standin.member_requests] == [g1]
+            assert standin.member_request_shards == [1]
     finally:
         await standin.close()
 

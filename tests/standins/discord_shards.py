@@ -7,7 +7,8 @@ and GUILD_CREATE for the guilds of that shard only, by Discord's rule
 ``shard_id = (guild_id >> 22) % shard_count``. Events for a guild (`dispatch`, `post`) go
 out on its shard's connection only; a shard whose connection is down collects its guilds'
 posts and replays them on a RESUME of that shard's session (sessions are per shard), or
-drops them (left to channel history) when the shard has to identify anew.
+drops them (left to channel history) when the shard has to identify anew. Clearing
+`accepting` holds new connections (a dropped shard stays down until it is set again).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class ShardedGateway(DiscordStandIn):
         self.sessions: dict[int, ShardSession] = {}
         self.identified_shards: list[list[int]] = []
         """Every IDENTIFY's ``shard``, in arrival order."""
+        self.member_request_shards: list[int | None] = []
+        """The shard of the connection each REQUEST_GUILD_MEMBERS (op 8) came over."""
         self.accepting = asyncio.Event()
         """Cleared: new gateway connections wait (unanswered) until it is set again, so a
         test can hold a dropped shard down for as long as it needs."""
@@ -228,6 +231,7 @@ class ShardedGateway(DiscordStandIn):
                 session.identified.set()
             elif op == 8:
                 self.member_requests.append(d)
+                self.member_request_shards.append(session.shard if session else None)
                 await self._send_chunk(ws, d)
         if session is not None and session.ws is ws:
             session.identified.clear()
