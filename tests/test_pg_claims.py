@@ -408,3 +408,18 @@ async def _runs_per_segment(engine: MemoryEngine) -> dict[int, int]:
         "SELECT segment_id, count(*) FROM writer_runs GROUP BY segment_id"
     )
     return {int(r[0]): int(r[1]) for r in rows}
+
+
+async def test_due_leaves_out_what_a_live_lease_holds_and_its_channels_later_segments(
+    workers: tuple[Store, Store],
+) -> None:
+    """`due` (the in-process Writer, `speakermem write`) does not offer a segment a worker is
+    writing, nor overtake it with the channel's next one; once the lease ran out it does."""
+    a, b = workers
+    # interleaved: channel 0's two segments are ids[0] and ids[2], channel 1's ids[1] and ids[3]
+    ids = await _pending(a, channels=2, per_channel=2)
+    t0 = time.time()
+    (seg,) = await b.segments.claim("worker-b", 30.0, now=t0)
+    assert seg.id == ids[0]
+    assert [s.id for s in await a.segments.due(limit=10, now=t0 + 1.0)] == [ids[1], ids[3]]
+    assert [s.id for s in await a.segments.due(limit=10, now=t0 + 31.0)] == ids

@@ -78,16 +78,22 @@ class SegmentRepo:
     async def due(
         self, *, limit: int, now: float | None = None, scope: Scope | None = None
     ) -> list[Segment]:
-        """Pending segments ready for a Writer attempt, oldest first."""
+        """Pending segments ready for a Writer attempt, oldest first.
+
+        A segment a worker's live lease holds is not ready (that worker is writing it), nor
+        is any later segment of its channel."""
         now = time.time() if now is None else now
         sql = (
             f"SELECT {SEGMENT_COLUMNS} FROM segments WHERE state = 'pending'"
             " AND (next_attempt_at IS NULL OR next_attempt_at <= ?)"
-            # keep each channel's order: nothing overtakes an earlier segment still backing off
+            " AND (lease_until IS NULL OR lease_until <= ?)"
+            # keep each channel's order: nothing overtakes an earlier segment still backing
+            # off or being written by a worker
             " AND NOT EXISTS (SELECT 1 FROM segments e WHERE e.channel_pk = segments.channel_pk"
-            " AND e.state = 'pending' AND e.id < segments.id AND e.next_attempt_at > ?)"
+            " AND e.state = 'pending' AND e.id < segments.id"
+            " AND (e.next_attempt_at > ? OR e.lease_until > ?))"
         )
-        params: list[object] = [now, now]
+        params: list[object] = [now, now, now, now]
         if scope is not None:
             sql += " AND platform = ? AND workspace = ? AND channel = ?"
             params.extend(scope.key())
