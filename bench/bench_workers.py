@@ -270,6 +270,8 @@ async def check(cfg: MemoryConfig, expect: int) -> dict[str, Any]:
 
 HOLD_S = 10**9
 """Added to now: a segment's `next_attempt_at` this far out keeps it from being claimed."""
+FLUSH_MS = re.compile(r"writer: segment \d+ of .*, (\d+) ms")
+"""The Writer's INFO line per segment: its time from the prompt to before the commit."""
 READY = "writing segments of"
 """What a writer process logs once its store and LLM client are open (the worker's INFO line;
 the SQLite child prints the same words)."""
@@ -376,6 +378,7 @@ async def run_processes(
         await asyncio.gather(*readers, return_exceptions=True)
     times = server.times[calls0:]
     writing = t_done - t_release
+    flush_ms = sorted(float(m[1]) for lines in logs for x in lines if (m := FLUSH_MS.search(x)))
     cpu = [
         b - a
         for a, b in zip(cpu_at_release, cpu_at_done, strict=True)
@@ -388,6 +391,7 @@ async def run_processes(
         "first_call_after_release_s": round(times[0] - t_release, 3) if times else None,
         "segments_per_s": round(expect / writing, 2),
         "llm_calls": len(times),
+        "flush_ms_p50": flush_ms[len(flush_ms) // 2] if flush_ms else None,
         "exit_codes": [p.returncode for p in procs],
         "last_lines": [lines[-1] if lines else "" for lines in logs],
         "cpu_s_writing": round(sum(cpu), 2),
@@ -443,9 +447,11 @@ async def sqlite_writer_main() -> int:
     `Writer.flush_due`, again while anything is due)."""
     from bot.settings import load_settings
     from integrations.app import build_llm, open_engine
+    from integrations.ops.logs import configure_logging
     from memory.writer.runner import Writer
 
     settings = load_settings()
+    configure_logging(settings.log_level, settings.log_format)
     llm = build_llm(settings)
     assert llm is not None
     stop = asyncio.Event()  # SIGTERM: the benchmark saw the last commit and ends the run
@@ -503,6 +509,8 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         async with LLMServer(default=delay) as server:
             log(f"LLM test server at {server.base_url}, {args.latency:g} s per call")
             env0 = base_env(server.base_url, args)
+            worker_cmd = [sys.executable, "-m", "integrations.cli.main", "worker"]
+            worker_cmd += ["--lease-s", str(args.lease_s), "--poll-s", str(args.poll_s)]
             for k in args.workers:
                 name = f"bench_workers_k{k}"
                 pg_admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -510,38 +518,39 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 url = with_database(admin, name)
                 cfg = memory_config(args.window, db_url=url)
                 env = {**env0, "SPEAKERMEM_DB_URL": url}
-                cmd = [sys.executable, "-m", "integrations.cli.main", "worker"]
-                cmd += ["--lease-s", str(args.lease_s)]
-                cmd += ["--poll-s", str(args.poll_s)]
-                cmds = [[*cmd, "--id", f"w{i + 1}"] for i in range(k)]
+                cmds = [[*worker_cmd, "--id", f"w{i + 1}"] for i in range(k)]
                 log(f"== {k} worker(s), concurrency {concurrency} each (load {loadavg()})")
                 run = await run_processes(
                     f"{k} worker(s)", cmds, env, cfg, server, args.segments, args
                 )
                 run.update(await check(cfg, args.segments))
                 b = bound(k * concurrency, args.segments, args.channels, args.latency)
-                run["bound"] = b
-                run["bounded_by"] = verdict(run, b, os.cpu_count() or 1)
+                finish(run, b, args)
                 results["runs"][f"postgres_{k}"] = run
                 log(summary_line(f"{k} worker(s)", run))
                 if not args.keep_dbs:
                     pg_admin(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            if args.sqlite:
-                path = tmp / "writer.db"
+            sqlite_runs = [("sqlite_1", "the bot's Writer loop")] if args.sqlite else []
+            if args.sqlite_worker:
+                sqlite_runs.append(("sqliteworker_1", "1 `speakermem worker`"))
+            for key, what in sqlite_runs:
+                path = tmp / f"{key}.db"
                 cfg = memory_config(args.window, path=path)
                 t = time.monotonic()
                 await build(cfg, events, args.segments)
                 built = time.monotonic() - t
-                log(f"== SQLite, one process, the bot's Writer loop (built in {built:.1f} s)")
+                log(f"== SQLite, one process, {what} (built in {built:.1f} s)")
                 env = {**env0, "SPEAKERMEM_DB_PATH": str(path)}
-                cmd = [sys.executable, str(SCRIPT), "--_sqlite-writer"]
-                run = await run_processes("sqlite", [cmd], env, cfg, server, args.segments, args)
+                if key == "sqlite_1":
+                    cmd = [sys.executable, str(SCRIPT), "--_sqlite-writer"]
+                else:
+                    cmd = [*worker_cmd, "--id", "w1"]
+                run = await run_processes(key, [cmd], env, cfg, server, args.segments, args)
                 run.update(await check(cfg, args.segments))
                 b = bound(concurrency, args.segments, args.channels, args.latency)
-                run["bound"] = b
-                run["bounded_by"] = verdict(run, b, os.cpu_count() or 1)
-                results["runs"]["sqlite_1"] = run
-                log(summary_line("SQLite", run))
+                finish(run, b, args)
+                results["runs"][key] = run
+                log(summary_line(f"SQLite, {what}", run))
         if not args.keep_dbs:
             pg_admin(admin, f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}" WITH (FORCE)')
     finally:
@@ -550,6 +559,16 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
     results["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     return results
+
+
+def finish(run: dict[str, Any], b: dict[str, Any], args: argparse.Namespace) -> None:
+    """Add the bound, what each slot spent per segment beyond the LLM call, and the verdict."""
+    run["bound"] = b
+    per_slot = b["in_flight"] * run["writing_s"] / run["segments"]
+    run["beyond_llm_s_per_segment"] = round(per_slot - args.latency, 3)
+    if run["flush_ms_p50"] is not None:  # prompt building and validation around the call
+        run["before_commit_beyond_llm_ms_p50"] = round(run["flush_ms_p50"] - 1000 * args.latency)
+    run["bounded_by"] = verdict(run, b, os.cpu_count() or 1)
 
 
 def summary_line(label: str, run: dict[str, Any]) -> str:
@@ -569,25 +588,35 @@ def render(results: dict[str, Any]) -> str:
         f" {results.get('postgres', '?')}; {results['cores']} cores",
         "",
         "| Writer | Segments/s | Writing s | LLM calls | Each segment written once"
-        " | Latency bound (in flight) | Writer CPU ms/segment | Process start s | Load avg |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " | Latency bound (in flight) | Per segment beyond the LLM call, per slot"
+        " | Writer CPU ms/segment | Process start s | Load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, run in results["runs"].items():
         backend, k = key.split("_")
-        label = (
-            f"PostgreSQL, {k} x `speakermem worker`"
-            if backend == "postgres"
-            else "SQLite, 1 process (bot's `Writer.flush_due`)"
-        )
+        label = {
+            "postgres": f"PostgreSQL, {k} x `speakermem worker`",
+            "sqlite": "SQLite, 1 process (bot's `Writer.flush_due`)",
+            "sqliteworker": "SQLite, 1 x `speakermem worker`",
+        }[backend]
         lines.append(
             f"| {label} | {run['segments_per_s']} | {run['writing_s']} | {run['llm_calls']} |"
             f" {'yes' if run['exactly_once'] else '**NO**'} | {run['bound']['segments_per_s']}/s"
-            f" ({run['bound']['in_flight']}) | {run['cpu_ms_per_segment']} |"
+            f" ({run['bound']['in_flight']}) | {run['beyond_llm_s_per_segment']:.2f} s |"
+            f" {run['cpu_ms_per_segment']} |"
             f" {run['startup_s']} | {run['loadavg_start']} |"
         )
     lines.append("")
     for key, run in results["runs"].items():
-        lines.append(f"- {key}: bounded by {run['bounded_by']}")
+        prep = run.get("before_commit_beyond_llm_ms_p50")
+        split = (
+            f"; of the {run['beyond_llm_s_per_segment']:.2f} s per segment beyond the LLM call,"
+            f" a median {prep} ms is the Writer's own work before the commit (prompt,"
+            " validation), the rest the commit and (workers) the claim rounds"
+            if prep is not None
+            else ""
+        )
+        lines.append(f"- {key}: bounded by {run['bounded_by']}{split}")
     return "\n".join(lines)
 
 
@@ -635,6 +664,12 @@ def build_parser() -> argparse.ArgumentParser:
         dest="sqlite",
         action="store_false",
         help="skip the single-process SQLite Writer run",
+    )
+    p.add_argument(
+        "--sqlite-worker",
+        action="store_true",
+        help="also run one `speakermem worker` on SQLite (the worker's claim rounds without"
+        " PostgreSQL: tells the loop's cost from the database's)",
     )
     p.add_argument("--keep-dbs", action="store_true", help="do not drop the databases")
     p.add_argument("--timeout-s", type=float, default=600.0, help="give up on a run after this")
