@@ -111,10 +111,41 @@ async def bot_main(cfg: dict[str, Any]) -> int:
         with stages_out.open("a") as fh:
             fh.writelines(json.dumps(row) + "\n" for row in rows)
 
+    trace_to = cfg.get("tracemalloc")
+    if trace_to:
+        import tracemalloc
+
+        tracemalloc.start(3)
+    baseline: list[Any] = []
+    last_trace = [0.0]
+    started = time.monotonic()
+
+    def trace_growth() -> None:
+        """--tracemalloc: the Python allocations that grew since the first minute, by call
+        site (rewritten every flush, so a killed bot still leaves the latest)."""
+        import tracemalloc
+
+        if time.monotonic() - last_trace[0] < 60:  # a snapshot stalls the loop for seconds
+            return
+        last_trace[0] = time.monotonic()
+        snap = tracemalloc.take_snapshot()
+        if not baseline:
+            if time.monotonic() - started >= 60:
+                baseline.append(snap)
+            return
+        stats = snap.compare_to(baseline[0], "traceback")[:30]
+        lines = [f"after {time.monotonic() - started:.0f} s; growth since the first minute"]
+        for st in stats:
+            lines.append(f"{st.size_diff / 1e6:+8.2f} MB {st.count_diff:+8d} blocks")
+            lines.extend(f"      {frame}" for frame in st.traceback.format())
+        Path(trace_to).write_text("\n".join(lines) + "\n")
+
     async def flusher() -> None:
         while True:
             await asyncio.sleep(5.0)
             flush()
+            if trace_to:
+                trace_growth()
 
     task = asyncio.create_task(flusher())
     try:
@@ -314,6 +345,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "stages_out": str(tmp / "stages.jsonl"),
                 "recall_llm": args.recall_llm,
                 "profile": str(args.profile.resolve()) if args.profile else None,
+                "tracemalloc": str(args.tracemalloc.resolve()) if args.tracemalloc else None,
             }
         )
     )
@@ -676,6 +708,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="also write the raw results here")
     p.add_argument(
         "--profile", type=Path, help="run the bot under cProfile; top functions to this file"
+    )
+    p.add_argument(
+        "--tracemalloc",
+        type=Path,
+        help="trace the bot's Python allocations; what grew after the first minute, by call"
+        " site, to this file (slows the bot: for finding growth, not for the figures)",
     )
     p.add_argument("--role", choices=["measure", "bot", "sender"], default="measure")
     p.add_argument("--bot-config", type=Path, help=argparse.SUPPRESS)

@@ -214,8 +214,9 @@ class Database:
             self._readers.put_nowait(conn)
 
     async def read(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
-        async with self.reader() as conn, conn.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        async with self.reader() as conn:
+            # one hop to the connection's thread (execute, fetch and close there), not three
+            return list(await conn.execute_fetchall(sql, params))
 
     async def read_in(
         self,
@@ -251,12 +252,12 @@ class Transaction:
             await self.conn.executemany(sql, rows)
 
     async def fetchall(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
-        async with self.conn.execute(sql, params) as cur:
-            return list(await cur.fetchall())
+        return list(await self.conn.execute_fetchall(sql, params))
 
     async def fetchone(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
-        async with self.conn.execute(sql, params) as cur:
-            return await cur.fetchone()
+        """The first row of a single-row query (callers select by key or aggregate)."""
+        rows = list(await self.conn.execute_fetchall(sql, params))
+        return rows[0] if rows else None
 
     async def insert(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> int:
         cur = await self.conn.execute(sql, params)

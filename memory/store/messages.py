@@ -699,10 +699,10 @@ class MessageRepo:
             for start in range(0, len(candidates), _CHUNK):
                 chunk = candidates[start : start + _CHUNK]
                 marks = ",".join("?" * len(chunk))
-                async with conn.execute(
+                rows = await conn.execute_fetchall(
                     f"SELECT id, embedding FROM message_vectors WHERE id IN ({marks})", chunk
-                ) as cur:
-                    blobs.extend((r[0], r[1]) for r in await cur.fetchall())
+                )
+                blobs.extend((r[0], r[1]) for r in rows)
         if not blobs:
             return []
         return await asyncio.to_thread(rescore, blobs, q, limit)
@@ -723,12 +723,12 @@ class MessageRepo:
                 k = max(k, math.ceil(fraction * packed.valid.size))
                 return await asyncio.to_thread(hamming_top_k, packed, qbits, k)
             self._shadow_knn = False
-        async with conn.execute(
+        rows = await conn.execute_fetchall(
             "SELECT rowid FROM messages_vec WHERE embedding MATCH vec_bit(?)"
             " AND k = ? AND channel_pk = ?",
             (qbits, min(k, 4096), pk),
-        ) as cur:
-            return [r[0] for r in await cur.fetchall()]
+        )
+        return [r[0] for r in rows]
 
     async def _packed_partition(self, conn: Any, pk: int, nbytes: int) -> PackedBits | None:
         """The partition's sign bits, from a per-process cache when still current.
@@ -738,12 +738,11 @@ class MessageRepo:
         process changes them, so a stale entry is never used.
         """
         try:
-            async with conn.execute(
+            meta = await conn.execute_fetchall(
                 "SELECT chunk_id, validity, rowids FROM messages_vec_chunks"
                 " WHERE partition00 = ? ORDER BY chunk_id",
                 (pk,),
-            ) as cur:
-                meta = await cur.fetchall()
+            )
             stamp = b"".join(
                 int(r[0]).to_bytes(8, "little", signed=True) + r[1] + r[2] for r in meta
             )
@@ -751,15 +750,14 @@ class MessageRepo:
             if cached is not None and cached[0] == stamp:
                 self._bits_cache.move_to_end(pk)
                 return cached[1]
-            async with conn.execute(
+            rows = await conn.execute_fetchall(
                 # CROSS JOIN keeps the small chunk table as the outer loop; the vector
                 # chunk is found by its real rowid, as vec0's own blob reads do.
                 "SELECT c.validity, c.rowids, v.vectors FROM messages_vec_chunks AS c"
                 " CROSS JOIN messages_vec_vector_chunks00 AS v ON v._rowid_ = c.chunk_id"
                 " WHERE c.partition00 = ? ORDER BY c.chunk_id",
                 (pk,),
-            ) as cur:
-                rows = await cur.fetchall()
+            )
         except self.db.driver.error:
             return None
         packed = pack_chunks(rows, nbytes)
@@ -871,21 +869,20 @@ class MessageRepo:
         async with self.db.reader() as conn:
             for term in terms:
                 match = f"{{text speaker_name}} : ({term}) AND channel_tag : ({tags})"
-                async with conn.execute(
+                ((hits,),) = await conn.execute_fetchall(
                     "SELECT count(*) FROM (SELECT rowid FROM messages_fts"
                     " WHERE messages_fts MATCH ? LIMIT ?)",
                     (match, cap + 1),
-                ) as cur:
-                    (hits,) = await cur.fetchone()  # type: ignore[misc]
+                )
                 if hits > cap:
                     continue
-                async with conn.execute(
+                rows = await conn.execute_fetchall(
                     "SELECT m.channel_pk, m.session_id, count(*) FROM"
                     " (SELECT rowid FROM messages_fts WHERE messages_fts MATCH ? LIMIT ?) f"
                     " JOIN messages m ON m.id = f.rowid GROUP BY m.channel_pk, m.session_id",
                     (match, cap),
-                ) as cur:
-                    out[term] = {(r[0], r[1]): r[2] for r in await cur.fetchall()}
+                )
+                out[term] = {(r[0], r[1]): r[2] for r in rows}
         return out
 
     async def session_total(self, channel_pks: Sequence[int]) -> int:

@@ -423,6 +423,13 @@ class PgReader:
     def execute(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> _Execution:
         return _Execution(self.conn, translate(sql), params)
 
+    async def execute_fetchall(
+        self, sql: str, params: tuple[Any, ...] | list[Any] = ()
+    ) -> list[Any]:
+        async with self.conn.cursor() as cur:
+            await cur.execute(translate(sql), params)
+            return list(await cur.fetchall())
+
 
 class _Execution:
     """`await conn.execute(...)` or `async with conn.execute(...) as cur`."""
