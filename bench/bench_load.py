@@ -231,6 +231,23 @@ def guild_with_channels(n: int) -> tuple[dict[str, Any], list[str]]:
     return guild, ids
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds the process has used (from /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores have spent not idle (from /proc/stat)."""
+    parts = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    ticks = [int(x) for x in parts]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -460,8 +477,16 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         async def sampler() -> None:
             t0 = time.monotonic()
+            last = (t0, cpu_seconds(bot.pid), machine_busy_seconds())
             while True:
-                row: dict[str, Any] = {"t_s": round(time.monotonic() - t0)}
+                now = time.monotonic()
+                row: dict[str, Any] = {"t_s": round(now - t0)}
+                bot_cpu, busy = cpu_seconds(bot.pid), machine_busy_seconds()
+                if now > last[0] and bot_cpu is not None and last[1] is not None:
+                    # cores in use since the last sample: the bot's, and the whole machine's
+                    row["bot_cores"] = round((bot_cpu - last[1]) / (now - last[0]), 2)
+                    row["machine_cores"] = round((busy - last[2]) / (now - last[0]), 2)
+                last = (now, bot_cpu, busy)
                 mb = rss_mb(bot.pid)
                 if mb is not None:
                     rss.append((time.monotonic() - t0, mb))
@@ -663,12 +688,14 @@ def report(r: dict[str, Any]) -> str:
             if v["n"]
         ),
         "",
-        "| t (s) | RSS (MB) | Writer queue (deferred) | embed queue | stored |",
-        "|---|---|---|---|---|",
+        "| t (s) | RSS (MB) | Writer queue (deferred) | embed queue | stored "
+        "| cores busy: bot / machine |",
+        "|---|---|---|---|---|---|",
         *(
             f"| {row['t_s']} | {row.get('rss_mb', '-')} | {row.get('writer_queue', '-')} "
             f"({row.get('writer_deferred', '-')}) | {row.get('embed_queue', '-')} | "
-            f"{row.get('stored', '-')} |"
+            f"{row.get('stored', '-')} | {row.get('bot_cores', '-')} / "
+            f"{row.get('machine_cores', '-')} |"
             for row in r["timeline"]
         ),
         "",

@@ -87,6 +87,10 @@ class Dispatcher:
         self.pending = PendingActions()
         self._notifiers: dict[str, Notifier] = {}
         self._notice_tasks: set[asyncio.Task[None]] = set()
+        # channels whose notice this process has claimed or found posted: a claim is a write
+        # transaction, and every stored message would otherwise ask again (a posted notice
+        # stays posted; only a failed post releases its claim)
+        self._noticed: set[tuple[str, str, str]] = set()
         self._last_kick = 0.0
         self.stats = DispatchStats()
         self.spill = spill
@@ -360,8 +364,9 @@ class Dispatcher:
         Runs as its own task: posting goes out over the platform's API, and the event that
         triggered it must not wait for that (nor fail with it)."""
         notify = self._notifiers.get(scope.platform)
-        if notify is None:
+        if notify is None or scope.key() in self._noticed:
             return
+        self._noticed.add(scope.key())
         task = asyncio.create_task(self._post_notice(scope, notify), name="speakermem-notice")
         self._notice_tasks.add(task)
         task.add_done_callback(self._notice_tasks.discard)
@@ -376,6 +381,7 @@ class Dispatcher:
             if not await self.governance.claim_notice(scope):
                 return
         except Exception:
+            self._noticed.discard(scope.key())
             log.exception("could not record the notice for %s", scope)
             return
         try:
@@ -385,6 +391,7 @@ class Dispatcher:
             self.stats.errors["notice"] += 1
             log.exception("posting the memory notice in %s failed; will retry later", scope)
             await self.governance.release_notice(scope)
+            self._noticed.discard(scope.key())
 
     async def memory_command(self, inv: CommandInvocation) -> CommandReply:
         """Run `/memory <subcommand>` for the invoker; every failure is a reply, never raised."""

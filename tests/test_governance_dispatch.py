@@ -4,6 +4,7 @@ the one-time notice and record access. Real store, real pipeline (no LLM)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -379,6 +380,35 @@ async def test_notice_is_posted_once_and_not_when_the_setting_is_off(
                 assert posted == []
         finally:
             await eng.close()
+
+
+async def test_the_notice_claim_is_one_write_per_channel_not_one_per_message(
+    engine: MemoryEngine,
+) -> None:
+    """Claiming the notice is a write transaction; once this process knows a channel's
+    notice is posted it stops asking (a restarted process asks once and finds it posted)."""
+    claims: list[Scope] = []
+    posted: list[Scope] = []
+
+    async def notify(scope: Scope, text: str) -> None:
+        posted.append(scope)
+
+    for _restart in range(2):
+        d = dispatcher(engine)
+        claim = d.governance.claim_notice
+
+        async def counting(scope: Scope, claim: Any = claim) -> bool:
+            claims.append(scope)
+            return bool(await claim(scope))
+
+        d.governance.claim_notice = counting  # type: ignore[method-assign]
+        d.set_notifier("test", notify)
+        for i in range(20):
+            await d.handle(msg(GENERAL, f"r{_restart}-{i}", "Alice", f"hello {i}", i))
+            await d.drain_notices()
+    assert posted == [GENERAL]
+    assert claims == [GENERAL, GENERAL]  # once per process, not once per stored message
+    assert len(await stored(engine)) == 40
 
 
 async def test_a_failed_notice_is_retried(engine: MemoryEngine) -> None:
