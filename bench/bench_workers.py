@@ -268,6 +268,17 @@ async def check(cfg: MemoryConfig, expect: int) -> dict[str, Any]:
     }
 
 
+async def db_cpu(engine: MemoryEngine) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL server process (pg_stat_activity: backends and the
+    server's own workers), when the server runs on this machine; {} for SQLite (its work
+    is in the writer process) or a remote server."""
+    if engine.store.driver_name != "postgres":
+        return {}
+    rows = await engine.store.db.read("SELECT pid FROM pg_stat_activity", ())
+    found = {int(r[0]): proc_cpu_s(int(r[0])) for r in rows}
+    return {pid: t for pid, t in found.items() if t is not None}
+
+
 HOLD_S = 10**9
 """Added to now: a segment's `next_attempt_at` this far out keeps it from being claimed."""
 FLUSH_MS = re.compile(r"writer: segment \d+ of .*, (\d+) ms")
@@ -346,6 +357,7 @@ async def run_processes(
             await asyncio.sleep(0.05)
         t_ready = time.monotonic()
         cpu_at_release = [proc_cpu_s(p.pid) for p in procs]
+        db_at_release = await db_cpu(engine)
         await hold(engine, None)
         t_release = time.monotonic()
         next_report = t_release + args.progress_s
@@ -364,6 +376,7 @@ async def run_processes(
             await asyncio.sleep(0.05)
         t_done = time.monotonic()
         cpu_at_done = [proc_cpu_s(p.pid) for p in procs]
+        db_at_done = await db_cpu(engine)
     finally:
         await engine.close()
         for p in procs:
@@ -397,6 +410,16 @@ async def run_processes(
         "cpu_s_writing": round(sum(cpu), 2),
         "cpu_ms_per_segment": round(1000 * sum(cpu) / expect, 1),
         "cores_busy": round(sum(cpu) / writing, 2),
+        "db_cpu_ms_per_segment": (
+            round(
+                1000
+                * sum(t - db_at_release.get(pid, 0.0) for pid, t in db_at_done.items())
+                / expect,
+                1,
+            )
+            if db_at_done
+            else None
+        ),
         "loadavg_start": load0,
         "loadavg_end": loadavg(),
     }
@@ -418,10 +441,11 @@ def bound(slots: int, n_segments: int, channels: int, latency: float) -> dict[st
 
 def verdict(run: dict[str, Any], b: dict[str, Any], cores: int) -> str:
     """Which limit the run met: the LLM (slots in flight / latency) when it reached 80% of
-    that bound, else the CPU when the writer processes alone kept 70% of the cores busy,
+    that bound, else the CPU when the writers and PostgreSQL kept 70% of the cores busy,
     else the work between calls on a shared machine."""
     share = run["segments_per_s"] / b["segments_per_s"]
-    busy = run["cores_busy"]
+    db_busy = (run["db_cpu_ms_per_segment"] or 0.0) * run["segments_per_s"] / 1000
+    busy = run["cores_busy"] + db_busy
     run["of_bound"] = round(share, 2)
     if share >= 0.8:
         return (
@@ -429,12 +453,13 @@ def verdict(run: dict[str, Any], b: dict[str, Any], cores: int) -> str:
             f" {b['segments_per_s']:g}/s bound)"
         )
     if busy >= 0.7 * cores:
-        return f"CPU (writer processes {busy:.2f} of {cores} cores busy; {share:.0%} of bound)"
+        return f"CPU (writers and database {busy:.2f} of {cores} cores busy; {share:.0%} of bound)"
     return (
-        f"{share:.0%} of the {b['segments_per_s']:g}/s latency bound: the rest is work"
-        f" between calls (prompt, validation, commit and the workers' claim rounds; writer"
-        f" processes {busy:.2f} cores busy, plus the database) on a shared CPU (load"
-        f" {run['loadavg_end']})"
+        f"{share:.0%} of the {b['segments_per_s']:g}/s latency bound, and not this run's CPU"
+        f" (writers and database {busy:.2f} of {cores} cores busy): the rest is waiting"
+        " between each segment's sequential steps (prompt reads, commit, claim rounds:"
+        " database round trips and process wake-ups) on a CPU shared with other work"
+        f" (load {run['loadavg_end']})"
     )
 
 
@@ -589,7 +614,7 @@ def render(results: dict[str, Any]) -> str:
         "",
         "| Writer | Segments/s | Writing s | LLM calls | Each segment written once"
         " | Latency bound (in flight) | Per segment beyond the LLM call, per slot"
-        " | Writer CPU ms/segment | Process start s | Load avg |",
+        " | CPU ms/segment: writers + PostgreSQL | Process start s | Load avg |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, run in results["runs"].items():
@@ -603,7 +628,7 @@ def render(results: dict[str, Any]) -> str:
             f"| {label} | {run['segments_per_s']} | {run['writing_s']} | {run['llm_calls']} |"
             f" {'yes' if run['exactly_once'] else '**NO**'} | {run['bound']['segments_per_s']}/s"
             f" ({run['bound']['in_flight']}) | {run['beyond_llm_s_per_segment']:.2f} s |"
-            f" {run['cpu_ms_per_segment']} |"
+            f" {run['cpu_ms_per_segment']} + {run['db_cpu_ms_per_segment'] or '-'} |"
             f" {run['startup_s']} | {run['loadavg_start']} |"
         )
     lines.append("")
