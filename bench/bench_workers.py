@@ -13,16 +13,20 @@ What it does:
    call after `--latency` seconds (default 1.0) with one ADD record grounded in the segment's
    first message, so the prompt, validation, evidence gate and one-transaction commit all run;
 3. for each K in `--workers` (default 1,3): a fresh copy of the template database
-   (CREATE DATABASE ... TEMPLATE), K real `speakermem worker` processes started together
-   (`--concurrency`: the SPEAKERMEM_WRITER_CONCURRENCY default unless given), until every
-   segment is done; then SIGTERM;
+   (CREATE DATABASE ... TEMPLATE), K real `speakermem worker` processes
+   (`--concurrency`: the SPEAKERMEM_WRITER_CONCURRENCY default unless given); the work is
+   held back (its segments' next attempt set far ahead) until every process has logged that
+   it is ready, then released, so all start writing together and process start-up is timed
+   apart; when every segment is done, SIGTERM;
 4. beside it, SQLite: the same events in a database file, written by one process running the
    bot's own Writer loop (`Writer.flush_due`, as the scheduler's write job runs it) with the
-   default concurrency setting (skip with `--no-sqlite`);
+   default concurrency setting (skip with `--no-sqlite`); `--sqlite-worker` adds one
+   `speakermem worker` on SQLite (the worker's loop without PostgreSQL's round trips);
 5. checks every run from the database: every segment done, exactly one writer run and one
-   record per segment, one LLM call per segment; and reports segments/s (from the process
-   starts, and over the writing span from the first LLM call to the last commit), LLM calls,
-   the workers' CPU time and the throughput bound (slots in flight / latency).
+   record per segment, one LLM call per segment; and reports segments/s from the release to
+   the last commit, LLM calls, CPU per segment of the writer processes and of PostgreSQL's,
+   the bound (slots in flight / latency), each slot's time per segment beyond the LLM call,
+   and which limit the run met.
 
 No embedder runs (SPEAKERMEM_EMBEDDER=none): records are stored without vectors, so the
 figures are the Writer's own pipeline, not MiniLM.
@@ -662,7 +666,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--window", type=int, default=25, help="messages per segment (default 25, the bot's)"
     )
     p.add_argument(
-        "--latency", type=float, default=1.0, help="seconds the LLM server takes per call"
+        "--latency",
+        type=float,
+        default=1.0,
+        help="seconds the LLM server takes per call (default 1.0)",
     )
     p.add_argument(
         "--concurrency",
