@@ -157,8 +157,7 @@ class Dispatcher:
             for event in events:
                 await self.handle(event)
             return
-        enabled: dict[Scope, bool] = {}
-        opted_out: dict[tuple[str, str, str], bool] = {}
+        enabled, opted_out = await self._burst_filters(events)
         kept = [e for e in events if await self._admitted(e, enabled, opted_out)]
         if not kept:
             return
@@ -171,6 +170,21 @@ class Dispatcher:
             return
         for event, outcome in zip(kept, outcomes, strict=True):
             self._ingested(event, outcome)
+
+    async def _burst_filters(
+        self, events: Sequence[MessageEvent]
+    ) -> tuple[dict[Scope, bool], dict[tuple[str, str, str], bool]]:
+        """The channel switches and opt-outs a burst needs, read in one query each per
+        workspace instead of one per channel and one per author."""
+        enabled = await self.governance.channels_enabled([e.scope for e in events])
+        opted_out: dict[tuple[str, str, str], bool] = {}
+        authors: dict[tuple[str, str], list[str]] = {}
+        for e in events:
+            authors.setdefault((e.scope.platform, e.scope.workspace), []).append(e.speaker_id)
+        for (platform, workspace), users in authors.items():
+            out = await self.governance.opted_out_among(platform, workspace, users)
+            opted_out.update({(platform, workspace, u): u in out for u in users})
+        return enabled, opted_out
 
     async def _admitted(
         self,

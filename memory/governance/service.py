@@ -75,6 +75,17 @@ class Governance:
         policy = await self.repo.channel_policy(scope)
         return channel_enabled(policy.enabled, self.cfg.channel_default_enabled)
 
+    async def channels_enabled(self, scopes: Sequence[Scope]) -> dict[Scope, bool]:
+        """`channel_enabled` for many channels, one query per workspace."""
+        out: dict[Scope, bool] = {}
+        for (platform, workspace), group in _by_workspace(scopes).items():
+            switches = await self.repo.channel_switches(
+                platform, workspace, [s.channel for s in group]
+            )
+            for s in group:
+                out[s] = channel_enabled(switches.get(s.channel), self.cfg.channel_default_enabled)
+        return out
+
     async def disabled(self, scopes: Sequence[Scope]) -> set[Scope]:
         return {s for s in scopes if not await self.channel_enabled(s)}
 
@@ -247,6 +258,11 @@ class Governance:
 
     async def is_opted_out(self, platform: str, workspace: str, user_id: str) -> bool:
         return await self.repo.is_opted_out(platform, workspace, user_id)
+
+    async def opted_out_among(
+        self, platform: str, workspace: str, user_ids: Sequence[str]
+    ) -> set[str]:
+        return await self.repo.opted_out_among(platform, workspace, user_ids)
 
     async def opt_out(
         self, platform: str, workspace: str, user_id: str, *, forget: bool, actor: str
@@ -561,3 +577,10 @@ __all__ = [
     "UnknownMessage",
     "UnknownUser",
 ]
+
+
+def _by_workspace(scopes: Sequence[Scope]) -> dict[tuple[str, str], list[Scope]]:
+    groups: dict[tuple[str, str], list[Scope]] = {}
+    for s in dict.fromkeys(scopes):
+        groups.setdefault((s.platform, s.workspace), []).append(s)
+    return groups

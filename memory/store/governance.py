@@ -86,6 +86,18 @@ class GovernanceRepo:
         r = rows[0]
         return ChannelPolicy(scope, None if r[0] is None else bool(r[0]), r[1], r[2])
 
+    async def channel_switches(
+        self, platform: str, workspace: str, channels: Sequence[str]
+    ) -> dict[str, bool]:
+        """The explicit on/off switch of each channel that has one (one query for a burst)."""
+        rows = await self.db.read_in(
+            "SELECT channel, enabled FROM channel_policy WHERE platform = ? AND workspace = ?"
+            " AND enabled IS NOT NULL AND channel IN ({marks})",
+            list(dict.fromkeys(channels)),
+            before=(platform, workspace),
+        )
+        return {r[0]: bool(r[1]) for r in rows}
+
     async def is_enabled(self, scope: Scope, *, default: bool) -> bool:
         """Whether memory is on in a channel (its explicit switch, else the default)."""
         policy = await self.channel_policy(scope)
@@ -217,6 +229,18 @@ class GovernanceRepo:
             (platform, workspace, user_id),
         )
         return bool(rows and rows[0][0])
+
+    async def opted_out_among(
+        self, platform: str, workspace: str, user_ids: Sequence[str]
+    ) -> set[str]:
+        """Which of these members opted out (one query for a burst)."""
+        rows = await self.db.read_in(
+            "SELECT user_id FROM user_prefs WHERE platform = ? AND workspace = ?"
+            " AND opted_out = 1 AND user_id IN ({marks})",
+            list(dict.fromkeys(user_ids)),
+            before=(platform, workspace),
+        )
+        return {r[0] for r in rows}
 
     async def opted_out_count(self) -> int:
         rows = await self.db.read("SELECT count(*) FROM user_prefs WHERE opted_out = 1")
