@@ -414,13 +414,13 @@ class Migrator:
     async def drop_stale_vectors(self) -> dict[str, int]:
         """Vectors of messages the source no longer has embedded (an edit since an earlier
         run clears a message's vector until it is embedded again): `embedded` came across
-        with the message, so a target vector of an unembedded message is the old text's."""
+        with the message and put it in the target's pending set (`messages_unembedded`,
+        filled by triggers), so a target vector of a pending message is the old text's."""
         dropped: dict[str, int] = {}
         async with self.target.transaction() as tx:
             for table, key in (("messages_vec", "rowid"), ("message_vectors", "id")):
                 cur = await tx.execute(
-                    f"DELETE FROM {table} WHERE {key} IN"
-                    " (SELECT id FROM messages WHERE embedded = 0)"
+                    f"DELETE FROM {table} WHERE {key} IN (SELECT id FROM messages_unembedded)"
                 )
                 dropped[table] = max(int(cur.rowcount), 0)
         return dropped

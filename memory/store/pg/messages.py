@@ -156,10 +156,32 @@ class PgMessageRepo(MessageRepo):
                 out[(r[0], r[1], r[2], r[3])] = _Early(r[4] is not None, r[5], r[6])
         return out
 
+    # ---- embeddings ---------------------------------------------------------------------
+    # The pending set is the table `messages_unembedded` (see messages_schema.py), kept by
+    # triggers from what the writers set in `messages.embedded`; storing a vector deletes
+    # the message's row there and never rewrites the `messages` row.
+
+    async def pending_embeddings(self, limit: int) -> list[tuple[int, int, str]]:
+        """(pk, channel_pk, text to embed) for messages without a vector yet."""
+        rows = await self.db.read(
+            "SELECT m.id, m.channel_pk, m.speaker_name, m.text FROM messages_unembedded u"
+            " JOIN messages m ON m.id = u.id WHERE m.deleted_at IS NULL ORDER BY u.id LIMIT ?",
+            (limit,),
+        )
+        return [(r[0], r[1], embed_text(r[2], r[3])) for r in rows]
+
+    async def count_pending_embeddings(self) -> int:
+        rows = await self.db.read(
+            "SELECT count(*) FROM messages_unembedded u JOIN messages m ON m.id = u.id"
+            " WHERE m.deleted_at IS NULL"
+        )
+        return int(rows[0][0])
+
     async def store_vectors(
         self, items: Sequence[tuple[int, int, str]], vectors: np.ndarray
     ) -> int:
-        """Write vectors for messages whose text did not change since they were read."""
+        """Write vectors for messages still pending whose text did not change since they
+        were read; they leave the pending set (the `messages` rows are not written)."""
         if not items:
             return 0
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -168,8 +190,9 @@ class PgMessageRepo(MessageRepo):
             current: dict[int, str] = {}
             for start in range(0, len(ids), _CHUNK):
                 for r in await tx.fetchall(
-                    "SELECT id, speaker_name, text FROM messages WHERE id = ANY(?)"
-                    " AND embedded = 0 AND deleted_at IS NULL",
+                    "SELECT m.id, m.speaker_name, m.text FROM messages_unembedded u"
+                    " JOIN messages m ON m.id = u.id WHERE u.id = ANY(?)"
+                    " AND m.deleted_at IS NULL",
                     (ids[start : start + _CHUNK],),
                 ):
                     current[r[0]] = embed_text(r[1], r[2])
@@ -193,7 +216,7 @@ class PgMessageRepo(MessageRepo):
                 [(items[i][0], vectors[i].tobytes()) for i in keep],
             )
             await tx.execute(
-                "UPDATE messages SET embedded = 1 WHERE id = ANY(?)", ([items[i][0] for i in keep],)
+                "DELETE FROM messages_unembedded WHERE id = ANY(?)", ([items[i][0] for i in keep],)
             )
         return len(keep)
 
@@ -574,8 +597,8 @@ class PgMessageRepo(MessageRepo):
         r = (
             await self.db.read(
                 "SELECT count(*), count(*) FILTER (WHERE deleted_at IS NOT NULL),"
-                " count(*) FILTER (WHERE embedded = 0 AND deleted_at IS NULL),"
-                " count(DISTINCT channel_pk) FROM messages"
+                " (SELECT count(*) FROM messages_unembedded u JOIN messages p ON p.id = u.id"
+                " WHERE p.deleted_at IS NULL), count(DISTINCT channel_pk) FROM messages"
             )
         )[0]
         return {

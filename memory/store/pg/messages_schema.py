@@ -146,3 +146,56 @@ ALTER TABLE message_vectors
     ADD CONSTRAINT message_vectors_id_fkey
         FOREIGN KEY (id) REFERENCES messages(id) ON DELETE CASCADE;
 """
+
+
+def messages_unembedded_sql() -> str:
+    """The pending set of the embedder as its own table (one migration).
+
+    `messages_unembedded (id)` lists the live messages that wait for a vector; storing a
+    vector deletes its row there instead of updating `messages`. An update of `embedded`
+    (which the partial index `messages_unembedded` filtered on) could never be HOT: every
+    embedded message wrote a new version of its `messages` row and entries in each of the
+    table's indexes (the full-text GIN index among them); `messages` rows now stay as the
+    ingest wrote them. The index goes, the table takes its name.
+
+    Triggers turn what the writers say in `messages.embedded` into rows of the set, so the
+    SQL shared with SQLite (an edit sets `embedded = 0`, a forget's tombstone sets 1) and
+    `speakermem migrate` (which copies the source's flag) need no change: a live row inserted
+    with `embedded = 0` joins it; an update that changes a row's text, speaker name, flag or
+    deletion puts it in when the row is live with `embedded = 0`, else takes it out (the
+    writer stored or copied its vector, or forgot it); a deleted row leaves by the cascade.
+    On PostgreSQL `messages.embedded` is therefore what the row's last writer said, not
+    whether a vector exists now (store_vectors no longer writes it); read the table."""
+    return """
+DROP INDEX messages_unembedded;
+CREATE TABLE messages_unembedded (
+    id BIGINT PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE
+);
+INSERT INTO messages_unembedded (id)
+    SELECT id FROM messages WHERE embedded = 0 AND deleted_at IS NULL;
+CREATE FUNCTION messages_unembedded_ai() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO messages_unembedded (id) VALUES (NEW.id) ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER messages_unembedded_ai AFTER INSERT ON messages
+    FOR EACH ROW WHEN (NEW.embedded = 0 AND NEW.deleted_at IS NULL)
+    EXECUTE FUNCTION messages_unembedded_ai();
+CREATE FUNCTION messages_unembedded_au() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.embedded = 0 AND NEW.deleted_at IS NULL THEN
+        INSERT INTO messages_unembedded (id) VALUES (NEW.id) ON CONFLICT DO NOTHING;
+    ELSE
+        DELETE FROM messages_unembedded WHERE id = NEW.id;
+    END IF;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER messages_unembedded_au AFTER UPDATE OF text, speaker_name, embedded, deleted_at
+    ON messages FOR EACH ROW
+    WHEN (NEW.text IS DISTINCT FROM OLD.text OR NEW.speaker_name IS DISTINCT FROM OLD.speaker_name
+          OR NEW.embedded IS DISTINCT FROM OLD.embedded
+          OR NEW.deleted_at IS DISTINCT FROM OLD.deleted_at)
+    EXECUTE FUNCTION messages_unembedded_au();
+"""

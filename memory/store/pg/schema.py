@@ -23,6 +23,7 @@ from memory.store.pg.messages_schema import (
     message_vectors_cascade_sql,
     messages_bits_sql,
     messages_search_sql,
+    messages_unembedded_sql,
 )
 from memory.store.pg.records_schema import records_search_sql, segment_claims_sql
 from memory.store.schema import EMBED_DIM, Migration
@@ -406,6 +407,9 @@ def migrations(config: StoreConfig) -> list[Migration]:
         Migration(5, "messages: stored sign bits for the dense coarse scan", messages_bits_sql()),
         Migration(
             6, "messages: vectors deleted with their message row", message_vectors_cascade_sql()
+        ),
+        Migration(
+            7, "messages: the pending embeddings in their own table", messages_unembedded_sql()
         ),
     ]
 
