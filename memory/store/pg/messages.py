@@ -210,10 +210,11 @@ class PgMessageRepo(MessageRepo):
                     [vector_literal(vectors[i]) for i in keep],
                 ),
             )
-            await tx.executemany(
-                "INSERT INTO message_vectors (id, embedding) VALUES (?, ?)"
+            await tx.execute(
+                "INSERT INTO message_vectors (id, embedding)"
+                " SELECT * FROM unnest(?::bigint[], ?::bytea[])"
                 " ON CONFLICT (id) DO UPDATE SET embedding = excluded.embedding",
-                [(items[i][0], vectors[i].tobytes()) for i in keep],
+                ([items[i][0] for i in keep], [vectors[i].tobytes() for i in keep]),
             )
             await tx.execute(
                 "DELETE FROM messages_unembedded WHERE id = ANY(?)", ([items[i][0] for i in keep],)
