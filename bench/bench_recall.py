@@ -346,10 +346,10 @@ class Target:
     def label(self) -> str:
         return f"PostgreSQL database {self.dbname}" if self.dbname else str(self.path)
 
-    def config(self) -> MemoryConfig:
+    def config(self, **store: Any) -> MemoryConfig:
         url = self.url
         return MemoryConfig(
-            store=StoreConfig(db_path=self.path, db_url=SecretStr(url) if url else None)
+            store=StoreConfig(db_path=self.path, db_url=SecretStr(url) if url else None, **store)
         )
 
 
@@ -667,7 +667,8 @@ def pct(values: Sequence[float], q: float) -> float:
 async def measure(
     target: Target, embedder: Any, questions: list[str], args: argparse.Namespace
 ) -> dict[str, Any]:
-    engine = await MemoryEngine.open(target.config(), embedder)
+    store_overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.store_set)}
+    engine = await MemoryEngine.open(target.config(**store_overrides), embedder)
     try:
         overrides = {k: json.loads(v) for k, v in (s.split("=", 1) for s in args.set)}
         pipe = RecallPipeline(engine, config=RecallConfig(**overrides))
@@ -963,6 +964,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=[],
         metavar="FIELD=JSON",
         help="RecallConfig override, e.g. --set rerank_depth=0 (the re-ranker off)",
+    )
+    p.add_argument(
+        "--store-set",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="StoreConfig override for the timed questions, e.g. --store-set cache_mib=2",
     )
     p.add_argument("--out", help="also write the results as JSON here")
     p.add_argument("--cleanup", action="store_true", help="delete the database at the end")
