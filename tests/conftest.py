@@ -15,6 +15,7 @@ from tests.fakes import HashEmbedder
 from tests.llm_fixtures import llm_server  # noqa: F401 - re-exported fixture
 from tests.pg_fixtures import (  # noqa: F401 - re-exported fixtures
     current_db_url,
+    pg_bin,
     pg_databases,
     pg_server,
     pg_store_databases,

@@ -16,6 +16,7 @@ import itertools
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -146,3 +147,14 @@ def pg_store_databases(pg_server: str, pg_template: str) -> Iterator[PgDatabases
 def pg_url(pg_databases: PgDatabases) -> str:
     """A fresh, empty database for one test; dropped afterwards."""
     return pg_databases.url_for("")
+
+
+@pytest.fixture
+def pg_bin(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """pgserver's PostgreSQL client programs, first on PATH (matching the server's version)."""
+    pgserver = pytest.importorskip("pgserver")
+    path = Path(pgserver.__file__).parent / "pginstall" / "bin"
+    if not (path / "pg_dump").exists():
+        pytest.skip(f"no pg_dump in {path}")
+    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ.get('PATH', '')}")
+    return path

@@ -18,7 +18,6 @@ ingesting holds whole transactions only.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -48,17 +47,12 @@ BATCH = 10
 
 
 @pytest.fixture
-def pg_client(backend: str, monkeypatch: pytest.MonkeyPatch) -> Path | None:
+def pg_client(backend: str, request: pytest.FixtureRequest) -> Path | None:
     """On PostgreSQL, pgserver's pg_dump/pg_restore first on PATH (the server's version);
     None on SQLite."""
     if backend != "postgres":
         return None
-    pgserver = pytest.importorskip("pgserver")
-    path = Path(pgserver.__file__).parent / "pginstall" / "bin"
-    if not (path / "pg_dump").exists():
-        pytest.skip(f"no pg_dump in {path}")
-    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ.get('PATH', '')}")
-    return path
+    return Path(request.getfixturevalue("pg_bin"))
 
 
 def run_backup_cli(config: MemoryConfig, dest: Path, monkeypatch: pytest.MonkeyPatch) -> None:

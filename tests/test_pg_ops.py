@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,17 +31,6 @@ from tests.test_governance_forget import rec
 GENERAL = Scope(platform="slack", workspace="T1", channel="C1")
 OTHER = Scope(platform="slack", workspace="T1", channel="C2")
 QUERIES = ("kumquat supplier", "rocket launch", "quarterly budget")
-
-
-@pytest.fixture
-def pg_bin(monkeypatch: pytest.MonkeyPatch) -> Path:
-    """pgserver's PostgreSQL client programs, first on PATH (matching the server's version)."""
-    pgserver = pytest.importorskip("pgserver")
-    path = Path(pgserver.__file__).parent / "pginstall" / "bin"
-    if not (path / "pg_dump").exists():
-        pytest.skip(f"no pg_dump in {path}")
-    monkeypatch.setenv("PATH", f"{path}{os.pathsep}{os.environ.get('PATH', '')}")
-    return path
 
 
 def config(tmp_path: Path, url: str) -> MemoryConfig:
