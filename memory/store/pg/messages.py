@@ -61,6 +61,10 @@ matching only its common terms are scored with them (see `PgMessageRepo.lexical`
 RESCORE_ALL, RESCORE_MARGIN = 1_000, 16
 """Dense search hands numpy every candidate up to RESCORE_ALL of them, else the
 2 * limit + RESCORE_MARGIN best by pgvector's inner product (see `PgMessageRepo.dense`)."""
+DF_ESTIMATE_ABOVE = 5_000
+"""A common word's document frequency comes from ANALYZE's sampled lexeme frequencies
+(about 2 % off at 20,000 of a million rows) once it reaches this many rows; below it, and
+for phrases and column-limited words, it is counted exactly (see `_DF_SQL`)."""
 DF_CACHE = 4_096
 """Document frequencies kept per process (each expires with the corpus statistics)."""
 
@@ -436,8 +440,15 @@ class PgMessageRepo(MessageRepo):
             else:
                 missing.append(n)
         if missing:
+            stats = await self._cached_stats()
             rows = await self.db.read(
-                _DF_SQL, ([items[n][0] for n in missing], [items[n][1] for n in missing])
+                _DF_SQL,
+                (
+                    DF_ESTIMATE_ABOVE,
+                    [items[n][0] for n in missing],
+                    [items[n][1] for n in missing],
+                    stats[0] if stats is not None else 0.0,
+                ),
             )
             if len(self._df) > DF_CACHE:
                 self._df.clear()
@@ -555,8 +566,23 @@ class PgMessageRepo(MessageRepo):
         # candidate's payload. The scalar subquery makes each candidate one index probe
         # (a join is planned as a scan of every vector: the planner cannot see how few
         # candidates there are).
-        keep = total if total <= RESCORE_ALL else 2 * limit + RESCORE_MARGIN
         literal = vector_literal(q)
+        if total <= RESCORE_ALL:
+            # every candidate goes to numpy: no pgvector ordering (it would read each
+            # candidate's row of messages_vec, one more random page per candidate)
+            rows = await self.db.read(
+                "SELECT v.id, v.embedding FROM unnest(?::bigint[], ?::bigint[]) AS p(pk, k)"
+                " CROSS JOIN LATERAL (SELECT rowid FROM messages_bits WHERE channel_pk = p.pk"
+                " ORDER BY bits <~> binary_quantize(?::vector), rowid LIMIT p.k) AS c"
+                " JOIN message_vectors v ON v.id = c.rowid ORDER BY v.id",
+                (pks, ks, literal),
+            )
+            if not rows:
+                return []
+            return await asyncio.to_thread(
+                rescore, [(int(r[0]), bytes(r[1])) for r in rows], q, limit
+            )
+        keep = 2 * limit + RESCORE_MARGIN
         rows = await self.db.read(
             "SELECT v.id, v.embedding FROM (SELECT c.rowid FROM unnest(?::bigint[], ?::bigint[])"
             " AS p(pk, k) CROSS JOIN LATERAL (SELECT rowid FROM messages_bits"
@@ -661,13 +687,13 @@ WITH stats AS (
     SELECT m.id, m.speaker_id, m.fts, m.fts_len FROM messages m
     WHERE m.fts @@ (SELECT string_agg('(' || qw::text || ')', ' | ')::tsquery FROM terms
                     WHERE ?::int[] IS NULL OR i = ANY(?::int[]))
-      AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])
+      AND m.deleted_at IS NULL AND m.fts @@ speakermem_channels(?::bigint[])
     {{filters}}
     UNION
     (SELECT m.id, m.speaker_id, m.fts, m.fts_len FROM messages m
      WHERE m.fts @@ (SELECT string_agg('(' || qw::text || ')', ' | ')::tsquery FROM terms
                      WHERE NOT (i = ANY(?::int[])))
-       AND m.deleted_at IS NULL AND m.channel_pk = ANY(?::bigint[])
+       AND m.deleted_at IS NULL AND m.fts @@ speakermem_channels(?::bigint[])
      {{filters}}
      LIMIT ?)
 ), tf AS (
@@ -702,11 +728,25 @@ def _idf(n: float, df: float) -> float:
 
 
 # Each item's document frequency over all live messages (items without lexemes: no row).
+# A single word searched in both columns that ANALYZE lists among the most common lexemes
+# of `messages.fts` with at least DF_ESTIMATE_ABOVE rows (frequency x live rows) takes
+# that estimate; every other item is counted (a count reads each matching row's heap page:
+# hundreds of milliseconds for a word in a tenth of a million rows; a rare word is cheap).
 _DF_SQL = f"""
-SELECT t0.i, (SELECT count(*) FROM messages WHERE deleted_at IS NULL AND fts @@
-        CASE WHEN t0.ws = 'AB' THEN t0.tq ELSE {_weighted("t0.tq", "t0.ws", "t0.ws")} END)
+SELECT t0.i, CASE WHEN e.df >= ?::float8 THEN e.df
+    ELSE (SELECT count(*) FROM messages WHERE deleted_at IS NULL AND fts @@
+          CASE WHEN t0.ws = 'AB' THEN t0.tq ELSE {_weighted("t0.tq", "t0.ws", "t0.ws")} END)
+    END
 FROM (SELECT u.i, u.ws, phraseto_tsquery('{TS_CONFIG}', {fts_input("u.raw")}) AS tq
       FROM unnest(?::text[], ?::text[]) WITH ORDINALITY AS u(raw, ws, i)) t0
+LEFT JOIN LATERAL (
+    SELECT round(f.freq * ?::float8) AS df
+    FROM pg_stats s CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[],
+                                              s.most_common_elem_freqs) AS f(lex, freq)
+    WHERE s.schemaname = current_schema() AND s.tablename = 'messages' AND s.attname = 'fts'
+      AND t0.ws = 'AB' AND numnode(t0.tq) = 1 AND f.lex = btrim(t0.tq::text, '''')
+    LIMIT 1
+) e ON true
 WHERE numnode(t0.tq) > 0"""
 
 

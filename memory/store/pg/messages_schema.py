@@ -199,3 +199,35 @@ CREATE TRIGGER messages_unembedded_au AFTER UPDATE OF text, speaker_name, embedd
           OR NEW.deleted_at IS DISTINCT FROM OLD.deleted_at)
     EXECUTE FUNCTION messages_unembedded_au();
 """
+
+
+def channel_tag(channel_pk: str = "channel_pk") -> str:
+    """The SQL of a message row's channel tag: one positionless lexeme `c:<channel pk>`
+    (FTS5's `channel_tag` column on SQLite). Query lexemes never hold punctuation (the
+    text search input has none), so no query term can match a tag."""
+    return f"array_to_tsvector(ARRAY['c:' || ({channel_pk})::text])"
+
+
+def messages_search_locality_sql() -> str:
+    """Search by channel without touching other channels' rows (one migration).
+
+    - Full text: `messages.fts` also holds the row's channel tag (`channel_tag`), so a
+      channel's matches come out of the GIN index alone (`fts @@ speakermem_channels(pks)`
+      beside the terms: the index intersects the posting lists) instead of every
+      channel's matches being read from the heap and filtered there. `fts_len` is
+      unchanged (it already counts one token for the tag, as FTS5 does).
+    - Dense: `messages_bits_channel` becomes a covering index `(channel_pk) INCLUDE
+      (rowid, bits)`: the Hamming scan of a channel reads its contiguous leaf pages
+      (index-only) instead of one heap page per row of a channel whose rows interleave
+      with every other channel's.
+    Existing rows get their tags by the rewrite that SET EXPRESSION does."""
+    return f"""
+CREATE FUNCTION speakermem_channels(pks bigint[]) RETURNS tsquery
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN (SELECT string_agg(quote_literal('c:' || pk::text), ' | ') FROM unnest(pks) AS pk)::tsquery;
+ALTER TABLE messages ALTER COLUMN fts SET EXPRESSION AS ({fts_document()} || {channel_tag()});
+CREATE INDEX messages_bits_channel_cover ON messages_bits (channel_pk) INCLUDE (rowid, bits);
+DROP INDEX messages_bits_channel;
+ANALYZE messages;
+ANALYZE messages_bits;
+"""

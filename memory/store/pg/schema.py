@@ -22,6 +22,7 @@ from memory.config import StoreConfig
 from memory.store.pg.messages_schema import (
     message_vectors_cascade_sql,
     messages_bits_sql,
+    messages_search_locality_sql,
     messages_search_sql,
     messages_unembedded_sql,
 )
@@ -410,6 +411,11 @@ def migrations(config: StoreConfig) -> list[Migration]:
         ),
         Migration(
             7, "messages: the pending embeddings in their own table", messages_unembedded_sql()
+        ),
+        Migration(
+            8,
+            "messages: channel tags in full text, covering index of sign bits",
+            messages_search_locality_sql(),
         ),
     ]
 

@@ -1,0 +1,190 @@
+"""Search by channel on PostgreSQL without reading other channels' rows (migration 8).
+
+`messages.fts` holds a channel tag lexeme (`c:<channel pk>`), so the GIN index intersects a
+query's terms with the searched channels; the tag must never match a query word, and a
+database made before the migration gets the tags on its existing rows. The sign bits sit
+in a covering index per channel. A common word's document frequency may come from
+ANALYZE's lexeme frequencies (DF_ESTIMATE_ABOVE); phrases, column-limited words and rarer
+words are still counted.
+
+Skips without pgserver (tests/pg_fixtures.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import memory.store.pg.messages as pgm
+import memory.store.pg.schema as pg_schema
+from memory.config import MemoryConfig, StoreConfig
+from memory.engine import MemoryEngine
+from memory.models import Scope
+from memory.search.fts_query import build_match
+from tests.conftest import msg
+from tests.fakes import HashEmbedder
+
+A = Scope(platform="test", workspace="w1", channel="general")
+B = Scope(platform="test", workspace="w1", channel="random")
+
+
+async def open_engine(path: Path, url: str) -> MemoryEngine:
+    return await MemoryEngine.open(
+        MemoryConfig(store=StoreConfig(db_path=path, db_url=url)), HashEmbedder()
+    )
+
+
+async def pk_of(engine: MemoryEngine, scope: Scope) -> int:
+    pk = await engine.store.channels.lookup(scope)
+    assert pk is not None
+    return int(pk)
+
+
+async def lexical_ids(engine: MemoryEngine, words: str, pks: list[int]) -> set[str]:
+    hits = await engine.store.messages.lexical(build_match(words), pks, 100)
+    got = await engine.store.messages.get_many([pk for pk, _ in hits])
+    return {got[pk].message_id for pk, _ in hits}
+
+
+async def test_channel_tags_filter_the_index_and_never_match_a_word(
+    tmp_path: Path, pg_url: str
+) -> None:
+    eng = await open_engine(tmp_path / "x.db", pg_url)
+    try:
+        await eng.ingest_many(
+            [
+                msg(A, "a1", "Ann", "tomatoes c 1 here", 1),
+                msg(A, "a2", "Ann", "basil only", 2),
+                msg(B, "b1", "Bo", "tomatoes in the other channel", 3),
+                msg(B, "b2", "Bo", "c:2 and c2 and 2", 4),
+            ]
+        )
+        a, b = await pk_of(eng, A), await pk_of(eng, B)
+        db = eng.store.db
+        tagged = await db.read(
+            "SELECT message_id FROM messages WHERE fts @@ speakermem_channels(ARRAY[channel_pk])"
+        )
+        assert len(tagged) == 4
+        assert await lexical_ids(eng, "tomatoes", [a]) == {"a1"}
+        assert await lexical_ids(eng, "tomatoes", [b]) == {"b1"}
+        assert await lexical_ids(eng, "tomatoes", [a, b]) == {"a1", "b1"}
+        # the tags are c:<pk>; words that spell parts of a tag match only real words
+        assert await lexical_ids(eng, f"c {a}", [a]) == {"a1"}
+        assert await lexical_ids(eng, f"c:{b}", [b]) == {"b2"}
+        assert await lexical_ids(eng, f"c{a}", [a]) == set()
+        assert await lexical_ids(eng, "basil", [b]) == set()
+        # the tag is not a token of the document length (fts_len counts it once already)
+        lens = await db.read("SELECT message_id, fts_len FROM messages ORDER BY message_id")
+        assert {r[0]: r[1] for r in lens} == {"a1": 6, "a2": 4, "b1": 7, "b2": 8}
+    finally:
+        await eng.close()
+
+
+async def test_a_database_made_before_the_tags_is_converted(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    every = pg_schema.migrations
+    assert [m.version for m in every(StoreConfig())][-1] >= 8
+
+    def before_8(config: StoreConfig) -> list[Any]:
+        return [m for m in every(config) if m.version < 8]
+
+    monkeypatch.setattr(pg_schema, "migrations", before_8)
+    old = await open_engine(tmp_path / "x.db", pg_url)
+    words = ["tomatoes", "basil", "report", "garden"]
+    try:
+        await old.ingest_many(
+            [
+                msg(A if i % 2 else B, f"m{i}", "Cy", f"{words[i % 4]} note {i}", i)
+                for i in range(12)
+            ]
+        )
+        await old.embed_pending()
+        assert await old.store.db.schema_version() == 7
+        a, b = await pk_of(old, A), await pk_of(old, B)
+        # what the old schema's index finds in channel A (this code's search needs the tags)
+        before = {
+            w: {
+                r[0]
+                for r in await old.store.db.read(
+                    "SELECT message_id FROM messages WHERE channel_pk = ?"
+                    " AND fts @@ plainto_tsquery('speakermem', ?)",
+                    (a, w),
+                )
+            }
+            for w in words
+        }
+        qv = await old.embed_query("basil note")
+        assert qv is not None
+        dense_before = await old.store.messages.dense(qv, [a], 3, 10)
+    finally:
+        await old.close()
+    monkeypatch.setattr(pg_schema, "migrations", every)
+    new = await open_engine(tmp_path / "x.db", pg_url)
+    try:
+        db = new.store.db
+        assert await db.schema_version() >= 8
+        untagged = await db.read(
+            "SELECT count(*) FROM messages WHERE NOT fts @@ speakermem_channels(ARRAY[channel_pk])"
+        )
+        assert untagged[0][0] == 0
+        assert {w: await lexical_ids(new, w, [a]) for w in words} == before
+        assert any(before.values())
+        # i % 4 == 0 (tomatoes) are even: all in B
+        assert await lexical_ids(new, "tomatoes", [b]) == {"m0", "m4", "m8"}
+        assert await lexical_ids(new, "tomatoes", [a]) == set()
+        dense_after = await new.store.messages.dense(qv, [a], 3, 10)
+        assert dense_after == dense_before
+        indexes = {
+            r[0]
+            for r in await db.read(
+                "SELECT indexname FROM pg_indexes WHERE tablename = ?", ("messages_bits",)
+            )
+        }
+        assert "messages_bits_channel_cover" in indexes
+        assert "messages_bits_channel" not in indexes
+    finally:
+        await new.close()
+
+
+async def test_common_word_frequency_comes_from_analyze(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)  # the large-corpus path reads dfs
+    eng = await open_engine(tmp_path / "x.db", pg_url)
+    try:
+        db = eng.store.db
+        async with db.transaction() as tx:
+            await tx.execute("ALTER TABLE messages SET (autovacuum_enabled = false)")
+        await eng.ingest_many(
+            [
+                msg(A, f"m{i}", "Cy", ("common " if i % 2 else "") + f"word rare{i % 40}", i)
+                for i in range(200)
+            ]
+        )
+        async with db.transaction() as tx:
+            await tx.execute("ANALYZE messages")
+        # 100 more rows with the common word after ANALYZE: its sampled frequency (1/2 of
+        # 200 rows) no longer matches the count (200 of 300)
+        await eng.ingest_many(
+            [msg(A, f"n{i}", "Cy", f"common later {i}", 1000 + i) for i in range(100)]
+        )
+        repo = eng.store.messages
+        assert isinstance(repo, pgm.PgMessageRepo)
+        items = [("common", "AB"), ("common", "A"), ("common word", "AB"), ("rare3", "AB")]
+        exact = [200.0, 200.0, 100.0, 5.0]
+
+        async def dfs() -> list[float | None]:
+            repo._df.clear()
+            repo._stats = None
+            return await repo._doc_freqs(items)
+
+        assert await dfs() == exact  # default threshold: every item counted
+        monkeypatch.setattr(pgm, "DF_ESTIMATE_ABOVE", 50)
+        got = await dfs()
+        # only the single word over both columns takes ANALYZE's frequency x live rows
+        assert got == [150.0, *exact[1:]]
+    finally:
+        await eng.close()
