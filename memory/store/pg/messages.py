@@ -10,7 +10,8 @@ convergence of creates, edits and deletes — is the base class's code):
   index needs no write of its own (a generated column, see messages_schema.py).
 - Lexical search: the FTS5 MATCH expressions the callers build (OR-ed quoted words and
   phrases, some limited to the text column) are parsed into `tsquery`s; matching rows of
-  the channels come from the GIN index and are ranked by Okapi BM25 computed in SQL with
+  the channels come from the GIN index (each row's tsvector holds its channel's tag, so the
+  index intersects the terms with the channels) and are ranked by Okapi BM25 computed in SQL with
   FTS5's constants and column weights (text 1.0, speaker name 0.5), so the ranking keeps
   the inverse document frequency that `ts_rank_cd` lacks (see `_BM25_SQL`).
 - Dense search: as on SQLite, a Hamming scan over the stored sign bits of the channels'

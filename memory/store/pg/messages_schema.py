@@ -25,6 +25,10 @@ adds, as later migrations, what SQLite builds from FTS5 and sqlite-vec:
   SQLite's vec0 index holds), so a search scans a narrow table (~100 bytes a row instead
   of messages_vec's ~1.6 kB) by Hamming distance and re-scores the closest exactly, as on
   SQLite. A trigger on messages_vec fills it for every writer; deletes cascade.
+- Locality (a later migration, `messages_search_locality_sql`): `fts` also holds the
+  row's channel tag `c:<channel pk>` (FTS5's `channel_tag` column), and the sign bits sit
+  in a covering index per channel, so searching one channel of many reads index pages of
+  that channel instead of heap pages shared with every other channel.
 """
 
 from __future__ import annotations
