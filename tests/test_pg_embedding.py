@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import memory.store.pg.schema as pg_schema
@@ -85,6 +86,19 @@ async def test_storing_vectors_leaves_the_message_rows_untouched(
         assert await pending(pg) == {}
         await check_pg_invariant(pg)
         db = pg.store.db
+        # the pgvector column (bound in binary) holds the very floats of the exact payload,
+        # which are the embedder's vector of the message's text
+        exact = await pg.store.messages.vectors(list(before))
+        assert len(exact) == 60
+        texts = {
+            pk: f"{m.speaker_name}: {m.text}"
+            for pk, m in (await pg.store.messages.get_many(list(before))).items()
+        }
+        for pk, vec in exact.items():
+            assert (vec == embedder.embed_sync([texts[pk]])[0]).all()
+        for rowid, literal in await db.read("SELECT rowid, embedding::text FROM messages_vec"):
+            got = np.array(literal.strip("[]").split(","), dtype=np.float32)
+            assert (got == exact[int(rowid)]).all()
         # nothing of the old design is left: the partial index became the table
         kinds = await db.read("SELECT relkind FROM pg_class WHERE relname = 'messages_unembedded'")
         assert [r[0] for r in kinds] == ["r"]

@@ -25,14 +25,19 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from psycopg import AsyncCursor
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
+from psycopg.types import TypeInfo
 
 from memory.models import MessageEvent
-from memory.store.database import Transaction
+from memory.store.database import StoreError, Transaction
 from memory.store.governance import GovernanceRepo
 from memory.store.messages import _CHUNK, MessageRepo, _Early, embed_text, speaker_phrase
 from memory.store.pg.messages_schema import TS_CONFIG, fts_input
@@ -109,6 +114,7 @@ class PgMessageRepo(MessageRepo):
         self._stats: tuple[float, int, float] | None = None  # (read at, rows, mean length)
         self._df: dict[tuple[str, str], tuple[float, int]] = {}  # (raw, ws) -> (read at, df)
         self._sizes: dict[int, tuple[float, int]] = {}  # channel -> (read at, vectors)
+        self._vector_type: tuple[TypeInfo, type[Dumper]] | None = None  # see _binary_cursor
 
     # ---- writes -------------------------------------------------------------------------
 
@@ -204,27 +210,51 @@ class PgMessageRepo(MessageRepo):
             keep = [i for i, (pk, _, text) in enumerate(items) if current.get(pk) == text]
             if not keep:
                 return 0
-            await tx.execute(
+            pks = [items[i][0] for i in keep]
+            cur = await self._binary_cursor(tx)
+            await cur.execute(
                 "INSERT INTO messages_vec (rowid, channel_pk, embedding)"
-                " SELECT * FROM unnest(?::bigint[], ?::bigint[], ?::vector[])"
+                " SELECT * FROM unnest(%b::bigint[], %b::bigint[], %b::vector[])"
                 " ON CONFLICT (rowid) DO UPDATE SET channel_pk = excluded.channel_pk,"
                 " embedding = excluded.embedding",
-                (
-                    [items[i][0] for i in keep],
-                    [items[i][1] for i in keep],
-                    [vector_literal(vectors[i]) for i in keep],
-                ),
+                (pks, [items[i][1] for i in keep], vector_binaries(vectors[keep])),
             )
-            await tx.execute(
+            await cur.execute(
                 "INSERT INTO message_vectors (id, embedding)"
-                " SELECT * FROM unnest(?::bigint[], ?::bytea[])"
+                " SELECT * FROM unnest(%b::bigint[], %b::bytea[])"
                 " ON CONFLICT (id) DO UPDATE SET embedding = excluded.embedding",
-                ([items[i][0] for i in keep], [vectors[i].tobytes() for i in keep]),
+                (pks, [vectors[i].tobytes() for i in keep]),
             )
             await tx.execute(
                 "DELETE FROM messages_unembedded WHERE id = ANY(?)", ([items[i][0] for i in keep],)
             )
         return len(keep)
+
+    async def _binary_cursor(self, tx: Transaction) -> Any:
+        """A cursor on the transaction's connection that binds parameters on the server in
+        binary (`%b`): the connections' own cursors bind on the client, which spells every
+        float of a vector out in decimal (text the server parses again) and every payload
+        in hex; binary sends each float32 once as its four bytes (about 7x faster for a
+        batch of vectors). pgvector's `vector` type is looked up once per store."""
+        conn = tx.pg  # type: ignore[attr-defined]
+        if self._vector_type is None:
+            info = await TypeInfo.fetch(conn, "vector")
+            if info is None:
+                raise StoreError("the pgvector extension is not installed in this database")
+
+            class VectorDumper(Dumper):
+                format = Format.BINARY
+                oid = info.oid
+
+                def dump(self, obj: Any) -> bytes:
+                    return bytes(obj)
+
+            self._vector_type = (info, VectorDumper)
+        info, dumper = self._vector_type
+        cur = AsyncCursor(conn)
+        info.register(cur)
+        cur.adapters.register_dumper(VectorBinary, dumper)
+        return cur
 
     # ---- lexical ------------------------------------------------------------------------
 
@@ -749,6 +779,21 @@ LEFT JOIN LATERAL (
     LIMIT 1
 ) e ON true
 WHERE numnode(t0.tq) > 0"""
+
+
+class VectorBinary(bytes):
+    """A vector in pgvector's binary form, bound as `vector` by `_binary_cursor`."""
+
+
+_VECTOR_HEAD = struct.Struct(">HH")
+
+
+def vector_binaries(vectors: np.ndarray) -> list[VectorBinary]:
+    """pgvector's binary form of each row of a float32 matrix: the dimension and an unused
+    word (big-endian uint16 each), then the floats big-endian (exact: the same four bytes)."""
+    rows = np.ascontiguousarray(vectors, dtype=">f4").reshape(len(vectors), -1)
+    head = _VECTOR_HEAD.pack(rows.shape[1], 0)
+    return [VectorBinary(head + row.tobytes()) for row in rows]
 
 
 def vector_literal(vector: np.ndarray) -> str:
