@@ -40,6 +40,7 @@ from memory.models import MessageEvent
 from memory.store.database import StoreError, Transaction
 from memory.store.governance import GovernanceRepo
 from memory.store.messages import _CHUNK, MessageRepo, _Early, embed_text, speaker_phrase
+from memory.store.pg.database import translate
 from memory.store.pg.messages_schema import TS_CONFIG, fts_input
 from memory.store.vectors import rescore
 
@@ -601,7 +602,7 @@ class PgMessageRepo(MessageRepo):
         if total <= RESCORE_ALL:
             # every candidate goes to numpy: no pgvector ordering (it would read each
             # candidate's row of messages_vec, one more random page per candidate)
-            rows = await self.db.read(
+            rows = await self._read_binary(
                 "SELECT v.id, v.embedding FROM unnest(?::bigint[], ?::bigint[]) AS p(pk, k)"
                 " CROSS JOIN LATERAL (SELECT rowid FROM messages_bits WHERE channel_pk = p.pk"
                 " ORDER BY bits <~> binary_quantize(?::vector), rowid LIMIT p.k) AS c"
@@ -614,7 +615,7 @@ class PgMessageRepo(MessageRepo):
                 rescore, [(int(r[0]), bytes(r[1])) for r in rows], q, limit
             )
         keep = 2 * limit + RESCORE_MARGIN
-        rows = await self.db.read(
+        rows = await self._read_binary(
             "SELECT v.id, v.embedding FROM (SELECT c.rowid FROM unnest(?::bigint[], ?::bigint[])"
             " AS p(pk, k) CROSS JOIN LATERAL (SELECT rowid FROM messages_bits"
             " WHERE channel_pk = p.pk ORDER BY bits <~> binary_quantize(?::vector), rowid"
@@ -626,6 +627,15 @@ class PgMessageRepo(MessageRepo):
         if not rows:
             return []
         return await asyncio.to_thread(rescore, [(int(r[0]), bytes(r[1])) for r in rows], q, limit)
+
+    async def _read_binary(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        """The rows of a read with results in binary: a float32 payload (bytea) arrives as
+        its bytes; in text the server spells it in hex and the client parses that back
+        (800 candidates' payloads: 14-30 ms -> 9 ms for the statement on 1M messages)."""
+        reader: Any
+        async with self.db.reader() as reader, AsyncCursor(reader.conn) as cur:
+            await cur.execute(translate(sql), params, binary=True)
+            return list(await cur.fetchall())
 
     async def _channel_sizes(self, pks: list[int]) -> dict[int, int]:
         """Vectors per channel (candidate counts), cached per process for
