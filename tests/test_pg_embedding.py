@@ -206,6 +206,14 @@ async def test_a_database_made_before_the_table_is_converted(
     try:
         assert await new.store.db.schema_version() >= 7
         assert await pending(new) == {"m2": "Cy: old text 2", "m3": "Cy: old text 3"}
+        # a message row deleted outright (by hand, `migrate --prune`) leaves the set too
+        db = new.store.db
+        async with db.transaction() as tx:
+            await tx.execute("DELETE FROM messages WHERE message_id IN ('m1', 'm2')")
+        assert await pending(new) == {"m3": "Cy: old text 3"}
+        assert [r[0] for r in await db.read("SELECT id FROM messages_unembedded")] == [
+            r[0] for r in await db.read("SELECT id FROM messages WHERE message_id = 'm3'")
+        ]
     finally:
         await new.close()
 

@@ -24,6 +24,7 @@ from memory.store.pg.messages_schema import (
     messages_bits_sql,
     messages_search_locality_sql,
     messages_search_sql,
+    messages_unembedded_nofk_sql,
     messages_unembedded_sql,
 )
 from memory.store.pg.records_schema import records_search_sql, segment_claims_sql
@@ -416,6 +417,9 @@ def migrations(config: StoreConfig) -> list[Migration]:
             8,
             "messages: channel tags in full text, covering index of sign bits",
             messages_search_locality_sql(),
+        ),
+        Migration(
+            9, "messages: the pending set without a foreign key", messages_unembedded_nofk_sql()
         ),
     ]
 
