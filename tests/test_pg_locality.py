@@ -49,8 +49,9 @@ async def lexical_ids(engine: MemoryEngine, words: str, pks: list[int]) -> set[s
 
 
 async def test_channel_tags_filter_the_index_and_never_match_a_word(
-    tmp_path: Path, pg_url: str
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)  # a "large" corpus: the tags filter
     eng = await open_engine(tmp_path / "x.db", pg_url)
     try:
         await eng.ingest_many(
@@ -62,6 +63,9 @@ async def test_channel_tags_filter_the_index_and_never_match_a_word(
             ]
         )
         a, b = await pk_of(eng, A), await pk_of(eng, B)
+        repo = eng.store.messages
+        assert isinstance(repo, pgm.PgMessageRepo)
+        assert "speakermem_channels" in await repo._channel_filter([a], (4.0, 5.0))
         db = eng.store.db
         tagged = await db.read(
             "SELECT message_id FROM messages WHERE fts @@ speakermem_channels(ARRAY[channel_pk])"
@@ -186,5 +190,36 @@ async def test_common_word_frequency_comes_from_analyze(
         got = await dfs()
         # only the single word over both columns takes ANALYZE's frequency x live rows
         assert got == [150.0, *exact[1:]]
+    finally:
+        await eng.close()
+
+
+async def test_channels_holding_most_rows_are_filtered_by_channel_pk(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tags filter only channels holding under TAG_SHARE of the rows; a channel with
+    most of them is filtered by channel_pk (its tag's posting list is nearly the whole
+    index). Both find the same rows."""
+    monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)
+    eng = await open_engine(tmp_path / "x.db", pg_url)
+    try:
+        await eng.ingest_many(
+            [msg(A, f"a{i}", "Ann", f"tomatoes {i}", i) for i in range(18)]
+            + [msg(B, f"b{i}", "Bo", f"tomatoes {i}", 100 + i) for i in range(2)]
+        )
+        await eng.embed_pending()
+        repo = eng.store.messages
+        assert isinstance(repo, pgm.PgMessageRepo)
+        a, b = await pk_of(eng, A), await pk_of(eng, B)
+        stats = await repo._cached_stats()
+        assert stats is not None and stats[0] == 20
+        assert "speakermem_channels" in await repo._channel_filter([b], stats)
+        assert "channel_pk" in await repo._channel_filter([a], stats)
+        assert "channel_pk" in await repo._channel_filter([a, b], stats)
+        assert await lexical_ids(eng, "tomatoes", [b]) == {"b0", "b1"}
+        assert await lexical_ids(eng, "tomatoes", [a]) == {f"a{i}" for i in range(18)}
+        monkeypatch.setattr(pgm, "TAG_SHARE", 1.0)  # the tags for A too: the same rows
+        assert "speakermem_channels" in await repo._channel_filter([a], stats)
+        assert await lexical_ids(eng, "tomatoes", [a]) == {f"a{i}" for i in range(18)}
     finally:
         await eng.close()
