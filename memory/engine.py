@@ -7,6 +7,7 @@ deletes, roster changes), embedding, and System 1 search. The Writer and the
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -272,22 +273,30 @@ class MemoryEngine:
         query_vector: np.ndarray | None = None,
         extra_terms: list[str] | None = None,
     ) -> RankedLists:
-        lexical: list[tuple[int, float]] = []
-        dense: list[tuple[int, float]] = []
-        if mode in ("hybrid", "lexical"):
+        async def lexical() -> list[tuple[int, float]]:
+            if mode not in ("hybrid", "lexical"):
+                return []
             match = build_match(query, extra=extra_terms)
-            lexical = await self.store.messages.lexical(match, channel_pks, pool)
-        if mode in ("hybrid", "dense"):
+            return await self.store.messages.lexical(match, channel_pks, pool)
+
+        async def dense() -> list[tuple[int, float]]:
+            if mode not in ("hybrid", "dense"):
+                return []
             vec = query_vector if query_vector is not None else await self.embed_query(query)
-            if vec is not None:
-                dense = await self.store.messages.dense(
-                    vec,
-                    channel_pks,
-                    pool,
-                    self.config.store.dense_oversample,
-                    self.config.store.dense_oversample_fraction,
-                )
-        return RankedLists(lexical, dense)
+            if vec is None:
+                return []
+            return await self.store.messages.dense(
+                vec,
+                channel_pks,
+                pool,
+                self.config.store.dense_oversample,
+                self.config.store.dense_oversample_fraction,
+            )
+
+        # the two passes run at once on two reader connections (each in its own SQLite
+        # thread or PostgreSQL backend), so hybrid costs about the slower one, not the sum
+        lex, den = await asyncio.gather(lexical(), dense())
+        return RankedLists(lex, den)
 
     async def search(
         self,
