@@ -491,6 +491,37 @@ async def test_lexical_pruning_returns_the_full_ranking(
                 assert [pk for pk, _ in got] == [pk for pk, _ in full], match
                 assert [s for _, s in got] == pytest.approx([s for _, s in full], rel=1e-9)
         assert pruned_answers > 0  # the pruned statement alone answered some queries
+        # with the common terms' rows capped hard, a query whose rare terms decide the
+        # ranking (MaxScore: the limit-th rare-row score above the common terms' bound)
+        # still gets exactly the full ranking: the capped rows score below it
+        monkeypatch.setattr(pgm, "COMMON_FILL", 2)
+        decided = 0
+        for _ in range(24):
+            words = [f"w{w}" for w in rng.choice(200, 4, replace=False, p=None)]
+            words[0] = f"w{rng.integers(0, 3)}"
+            match = build_match(" ".join(words))
+            items = parse_match(match)
+            for limit in (5, 20):
+                calls.clear()
+                got = await repo.lexical(match, pks, limit)
+                stats = await repo._cached_stats()
+                assert stats is not None
+                dfs = await repo._doc_freqs(items)
+                (essential,) = calls
+                if not essential:
+                    continue
+                ess = [int(i) for i in essential]  # type: ignore[attr-defined]
+                rare = await ranked(match, pks, limit, items, dfs, ess, stats)
+                bound = 0.0
+                for i, df in enumerate(dfs):
+                    if df is not None and i + 1 not in ess:
+                        bound += pgm._idf(stats[0], df) * (pgm.K1 + 1)
+                if len(rare) < limit or -rare[limit - 1][1] <= bound:
+                    continue
+                decided += 1
+                full = await ranked(match, pks, limit, items, None, None, stats)
+                assert [pk for pk, _ in got] == [pk for pk, _ in full], match
+        assert decided > 0
         # capped: only COMMON_FILL rows of the common terms are scored, each exactly
         monkeypatch.setattr(pgm, "COMMON_FILL", 5)
         match = build_match("w0 w1 w2")

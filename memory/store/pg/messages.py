@@ -383,10 +383,14 @@ class PgMessageRepo(MessageRepo):
         stats = await self._cached_stats()
         dfs: list[float | None] | None = None
         if stats is not None:
-            # Large corpus: score the rows of the rarest terms first (MaxScore pruning).
-            # A term adds less than idf * (k1 + 1) to any row (f / (f + K) < 1), so when the
-            # other terms' bounds sum below the limit-th score found, no row matching only
-            # them can enter the ranking: the result equals the full computation's.
+            # Large corpus: every row of the rarest terms is scored, plus at most COMMON_FILL
+            # rows matching only the common ones, in one statement. A term adds less than
+            # idf * (k1 + 1) to any row (f / (f + K) < 1), so when the common terms' bounds
+            # sum below the limit-th score of the rare terms' rows, no row matching only
+            # common terms can enter the ranking and the result equals the full
+            # computation's (MaxScore); the fill rows then score below it and change nothing.
+            # Scoring the rare rows alone first, to stop there when they decide, cost a
+            # second statement on every query they did not decide (p95 doubled).
             dfs = await self._doc_freqs(items)
             known = [(i, df) for i, df in enumerate(dfs) if df is not None]
             order = sorted(known, key=lambda t: t[1])
@@ -400,22 +404,6 @@ class PgMessageRepo(MessageRepo):
             rest = [df for i, df in order if i not in essential]
             if rest:
                 ess = [i + 1 for i in essential]
-                if essential and total >= limit:
-                    rows = await self._ranked(
-                        match,
-                        channel_pks,
-                        limit,
-                        items,
-                        dfs,
-                        ess,
-                        stats,
-                        speakers=speakers,
-                        since=since,
-                        until=until,
-                    )
-                    bound = sum(_idf(stats[0], df) * (K1 + 1) for df in rest)
-                    if len(rows) >= limit and -rows[limit - 1][1] > bound:
-                        return rows
                 # The rarest terms cannot decide the ranking alone: the rest of it comes
                 # from rows matching only common terms, of which at most COMMON_FILL (the
                 # first the index yields) are scored, not every one (an approximation:
