@@ -40,6 +40,12 @@ async def test_scheduler_applies_retention_on_start(engine: MemoryEngine) -> Non
             return {r[0] for r in rows} == {"new"}
 
         await wait_for(gone, within_s=20.0)  # starts 1 s after start; CI machines are slow
+
+        async def audited() -> bool:  # the receipt goes in after the last forget batch
+            latest = await gov.audit(1)
+            return bool(latest) and latest[0]["actor"] == "scheduler"
+
+        await wait_for(audited, within_s=20.0)
         assert sched.runs["retention"] == 1
         audit = await gov.audit(5)
         assert audit[0]["actor"] == "scheduler" and audit[0]["receipt"]["messages"] == 1
