@@ -177,13 +177,9 @@ class Dispatcher:
         """The channel switches and opt-outs a burst needs, read in one query each per
         workspace instead of one per channel and one per author."""
         enabled = await self.governance.channels_enabled([e.scope for e in events])
-        opted_out: dict[tuple[str, str, str], bool] = {}
-        authors: dict[tuple[str, str], list[str]] = {}
-        for e in events:
-            authors.setdefault((e.scope.platform, e.scope.workspace), []).append(e.speaker_id)
-        for (platform, workspace), users in authors.items():
-            out = await self.governance.opted_out_among(platform, workspace, users)
-            opted_out.update({(platform, workspace, u): u in out for u in users})
+        opted_out = await self.governance.authors_opted_out(
+            [(e.scope.platform, e.scope.workspace, e.speaker_id) for e in events]
+        )
         return enabled, opted_out
 
     async def _admitted(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from memory.config import GovernanceConfig
 from memory.engine import MemoryEngine
@@ -78,16 +78,13 @@ class Governance:
     async def channels_enabled(self, scopes: Sequence[Scope]) -> dict[Scope, bool]:
         """`channel_enabled` for many channels, one query per workspace."""
         out: dict[Scope, bool] = {}
-        for (platform, workspace), group in _by_workspace(scopes).items():
+        for (platform, workspace), group in _grouped(scopes, _workspace_of_scope).items():
             switches = await self.repo.channel_switches(
                 platform, workspace, [s.channel for s in group]
             )
             for s in group:
                 out[s] = channel_enabled(switches.get(s.channel), self.cfg.channel_default_enabled)
         return out
-
-    async def disabled(self, scopes: Sequence[Scope]) -> set[Scope]:
-        return {s for s in scopes if not await self.channel_enabled(s)}
 
     async def set_channel(self, scope: Scope, on: bool, *, actor: str) -> Receipt:
         before = await self.repo.set_channel_enabled(scope, on, actor)
@@ -259,10 +256,15 @@ class Governance:
     async def is_opted_out(self, platform: str, workspace: str, user_id: str) -> bool:
         return await self.repo.is_opted_out(platform, workspace, user_id)
 
-    async def opted_out_among(
-        self, platform: str, workspace: str, user_ids: Sequence[str]
-    ) -> set[str]:
-        return await self.repo.opted_out_among(platform, workspace, user_ids)
+    async def authors_opted_out(
+        self, authors: Sequence[tuple[str, str, str]]
+    ) -> dict[tuple[str, str, str], bool]:
+        """`is_opted_out` for many (platform, workspace, user id), one query per workspace."""
+        out: dict[tuple[str, str, str], bool] = {}
+        for (platform, workspace), group in _grouped(authors, _workspace_of_author).items():
+            found = await self.repo.opted_out_among(platform, workspace, [a[2] for a in group])
+            out.update({a: a[2] in found for a in group})
+        return out
 
     async def opt_out(
         self, platform: str, workspace: str, user_id: str, *, forget: bool, actor: str
@@ -579,8 +581,22 @@ __all__ = [
 ]
 
 
-def _by_workspace(scopes: Sequence[Scope]) -> dict[tuple[str, str], list[Scope]]:
-    groups: dict[tuple[str, str], list[Scope]] = {}
-    for s in dict.fromkeys(scopes):
-        groups.setdefault((s.platform, s.workspace), []).append(s)
+_T = TypeVar("_T")
+
+
+def _grouped(
+    items: Sequence[_T], key: Callable[[_T], tuple[str, str]]
+) -> dict[tuple[str, str], list[_T]]:
+    """Distinct items by workspace, so a batch costs one query per workspace."""
+    groups: dict[tuple[str, str], list[_T]] = {}
+    for item in dict.fromkeys(items):
+        groups.setdefault(key(item), []).append(item)
     return groups
+
+
+def _workspace_of_scope(scope: Scope) -> tuple[str, str]:
+    return (scope.platform, scope.workspace)
+
+
+def _workspace_of_author(author: tuple[str, str, str]) -> tuple[str, str]:
+    return (author[0], author[1])
