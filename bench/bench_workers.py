@@ -73,7 +73,6 @@ WORDS = (
     " lunch paris tokyo garden piano marathon puppy recipe server backup holiday invoice"
     " client demo slides draft weekend football concert museum train flight"
 ).split()
-_REF_LINE = re.compile(r"^(m\d+) \[[^\]]*\] .*? \(([^)]+)\)(?: \[[^\]]*\])?: (.*)$", re.M)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -136,29 +135,6 @@ async def build(cfg: MemoryConfig, events: list[MessageEvent], expect: int) -> d
     if counts["segments_pending"] != expect or counts["segments_done"] != 0:
         raise SystemExit(f"expected {expect} pending segments, the segmenter made {counts}")
     return counts
-
-
-# ---------------------------------------------------------------- the LLM server
-
-
-def writer_reply(body: dict[str, Any]) -> Any:
-    """One ADD per segment, its content the segment's first message (passes the gate)."""
-    from tests.llm_server import Reply
-
-    lines = _REF_LINE.findall(str(body["messages"][-1]["content"]))
-    if not lines:
-        return Reply(content=json.dumps({"actions": [{"type": "NOOP"}]}))
-    ref, uid, text = lines[0]
-    action = {
-        "type": "ADD",
-        "layer": "profile",
-        "source": uid,
-        "owner": uid,
-        "content": text,
-        "event": "plan",
-        "refs": [ref],
-    }
-    return Reply(content=json.dumps({"actions": [action]}))
 
 
 # ---------------------------------------------------------------- PostgreSQL helpers
@@ -482,7 +458,7 @@ async def sqlite_writer_main() -> int:
 
 
 async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.llm_server import Delay, Handler, LLMServer
+    from tests.llm_server import Delay, Handler, LLMServer, one_add_per_segment
 
     tmp = Path(tempfile.mkdtemp(prefix="speakermem-bench-workers-"))
     server_pg: Any = None
@@ -512,7 +488,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         cfg_src = memory_config(args.window, db_url=with_database(admin, TEMPLATE_DB))
         await build(cfg_src, events, args.segments)
         log(f"    template database built in {time.monotonic() - t:.1f} s")
-        delay = Delay(args.latency, Handler(writer_reply))
+        delay = Delay(args.latency, Handler(one_add_per_segment))
         async with LLMServer(default=delay) as server:
             log(f"LLM test server at {server.base_url}, {args.latency:g} s per call")
             env0 = base_env(server.base_url, args)

@@ -23,6 +23,7 @@ import inspect
 import itertools
 import json
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -280,6 +281,29 @@ class LLMServer:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+# A message line of the Writer's prompt: its ref, speaker id and text.
+REF_LINE = re.compile(r"^(m\d+) \[[^\]]*\] .*? \(([^)]+)\)(?: \[[^\]]*\])?: (.*)$", re.M)
+
+
+def one_add_per_segment(body: dict[str, Any]) -> Reply:
+    """A Writer reply: one ADD per segment, its content the segment's first message (its
+    words pass the evidence gate); NOOP for a prompt without message lines."""
+    lines = REF_LINE.findall(str(body["messages"][-1]["content"]))
+    if not lines:
+        return Reply(content=json.dumps({"actions": [{"type": "NOOP"}]}))
+    ref, uid, text = lines[0]
+    action = {
+        "type": "ADD",
+        "layer": "profile",
+        "source": uid,
+        "owner": uid,
+        "content": text,
+        "event": "plan",
+        "refs": [ref],
+    }
+    return Reply(content=json.dumps({"actions": [action]}))
 
 
 def _usage(reply: Reply, body: dict[str, Any]) -> dict[str, int]:

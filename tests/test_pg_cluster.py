@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import signal
 import sys
 import time
@@ -31,7 +30,7 @@ from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.governance.policy import Receipt
 from memory.governance.service import Governance
-from tests.llm_server import Delay, Handler, LLMServer, Reply
+from tests.llm_server import REF_LINE, Delay, Handler, LLMServer, Reply, one_add_per_segment
 from tests.pg_fixtures import PgDatabases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +40,6 @@ WINDOW = 25
 LEASE_S = 2.0
 DUP_EVERY = 10
 """Every tenth event is delivered to both bot processes."""
-_REF_LINE = re.compile(r"^(m\d+) \[[^\]]*\] .*? \(([^)]+)\)(?: \[[^\]]*\])?: (.*)$", re.M)
 
 
 def _config(url: str) -> MemoryConfig:
@@ -197,24 +195,6 @@ def _events() -> list[dict[str, Any]]:
     return out
 
 
-def _writer_reply(body: dict[str, Any]) -> Reply:
-    """One record per segment, from its first message (its words pass the evidence gate)."""
-    lines = _REF_LINE.findall(str(body["messages"][-1]["content"]))
-    if not lines:
-        return Reply(content=json.dumps({"actions": [{"type": "NOOP"}]}))
-    ref, uid, text = lines[0]
-    action = {
-        "type": "ADD",
-        "layer": "profile",
-        "source": uid,
-        "owner": uid,
-        "content": text,
-        "event": "plan",
-        "refs": [ref],
-    }
-    return Reply(content=json.dumps({"actions": [action]}))
-
-
 def _env(url: str, llm_url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEAKERMEM_")}
     env.update(
@@ -277,7 +257,7 @@ async def test_two_bots_and_two_workers_share_one_postgres(
             hung.append(body)
             first_call.set()
             await release.wait()
-        return _writer_reply(body)
+        return one_add_per_segment(body)
 
     procs: dict[str, asyncio.subprocess.Process] = {}
     started = time.monotonic()
@@ -302,7 +282,7 @@ async def test_two_bots_and_two_workers_share_one_postgres(
                 )
             await asyncio.wait_for(first_call.wait(), 40)
             # the worker holding the hung call's segment dies mid-segment
-            text = _REF_LINE.findall(str(hung[0]["messages"][-1]["content"]))[0][2]
+            text = REF_LINE.findall(str(hung[0]["messages"][-1]["content"]))[0][2]
             ((killed_segment, holder),) = await _rows(
                 url,
                 "SELECT s.id, s.claimed_by FROM messages m JOIN segments s"
@@ -386,7 +366,7 @@ async def test_two_bots_and_two_workers_share_one_postgres(
     # for a segment; its commit then finds the segment done, as checked above)
     segment_of = dict(await _rows(url, "SELECT text, segment_id FROM messages"))
     prompted = {
-        segment_of[_REF_LINE.findall(str(r["messages"][-1]["content"]))[0][2]]
+        segment_of[REF_LINE.findall(str(r["messages"][-1]["content"]))[0][2]]
         for r in server.requests
     }
     assert prompted == {s[0] for s in segs}
