@@ -260,12 +260,24 @@ class DiscordStandIn:
         (what REST catch-up reads) and reaches a live session as MESSAGE_CREATE; while no
         session is live it waits for a RESUME's replay, as Discord's gateway does. Returns
         "live" or "missed"."""
+        self._keep_in_history(payload)
+        return await self._deliver(self._ws, self.identified, self.missed, payload)
+
+    def _keep_in_history(self, payload: dict[str, Any]) -> None:
         stored = {k: v for k, v in payload.items() if k not in ("guild_id", "member")}
         history = self.history.setdefault(payload["channel_id"], [])
         history.append(stored)
         history.sort(key=lambda x: int(x["id"]))
-        ws = self._ws
-        if self.identified.is_set() and ws is not None and not ws.closed:
+
+    async def _deliver(
+        self,
+        ws: web.WebSocketResponse | None,
+        identified: asyncio.Event,
+        missed: list[dict[str, Any]],
+        payload: dict[str, Any],
+    ) -> str:
+        """MESSAGE_CREATE on a live, identified session; else kept for its RESUME."""
+        if identified.is_set() and ws is not None and not ws.closed:
             try:
                 await ws.send_str(
                     json.dumps({"op": 0, "t": "MESSAGE_CREATE", "s": next(self._seq), "d": payload})
@@ -273,7 +285,7 @@ class DiscordStandIn:
                 return "live"
             except ConnectionError:
                 pass
-        self.missed.append(payload)
+        missed.append(payload)
         return "missed"
 
     async def close_gateway(self, code: int) -> None:

@@ -132,22 +132,9 @@ class ShardedGateway(DiscordStandIn):
 
     async def post(self, payload: dict[str, Any]) -> str:
         """As `DiscordStandIn.post`, on (or missed by) the guild's shard only."""
-        stored = {k: v for k, v in payload.items() if k not in ("guild_id", "member")}
-        history = self.history.setdefault(payload["channel_id"], [])
-        history.append(stored)
-        history.sort(key=lambda x: int(x["id"]))
+        self._keep_in_history(payload)
         session = self._session_for(payload)
-        ws = session.ws
-        if session.identified.is_set() and ws is not None and not ws.closed:
-            try:
-                await ws.send_str(
-                    json.dumps({"op": 0, "t": "MESSAGE_CREATE", "s": next(self._seq), "d": payload})
-                )
-                return "live"
-            except ConnectionError:
-                pass
-        session.missed.append(payload)
-        return "missed"
+        return await self._deliver(session.ws, session.identified, session.missed, payload)
 
     async def close_shard(self, shard: int, code: int) -> None:
         """Close one shard's connection with a close code (4000: discord.py resumes it)."""
