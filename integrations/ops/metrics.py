@@ -11,8 +11,8 @@ the health sampler sets.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -162,41 +162,69 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class LLMCall(NamedTuple):
+    """One finished LLM call, as `MeteredLLM` observes it (picklable: it crosses processes)."""
+
+    seconds: float
+    error: str | None = None
+    """The exception's class name; None when the call succeeded."""
+    endpoint_error: bool = False
+    """The endpoint failed (`LLMError`), as opposed to a bug on our side."""
+
+
 class MeteredLLM:
     """The LLM port with every call counted and timed, and failure state kept for /healthz."""
 
     def __init__(
-        self, inner: LLM, metrics: Metrics | None, *, role: str, health: LLMHealth | None = None
+        self,
+        inner: LLM,
+        metrics: Metrics | None,
+        *,
+        role: str,
+        health: LLMHealth | None = None,
+        on_call: Callable[[LLMCall], None] | None = None,
     ) -> None:
-        """`health` may be shared by the wrappers of one endpoint (Writer and answers)."""
+        """`health` may be shared by the wrappers of one endpoint (Writer and answers).
+        `on_call` also hears every call: a recall process hands its calls to the bot's
+        own wrapper this way (`observe`), whose metrics and health are the exported ones."""
         self.inner = inner
         self.metrics = metrics
         self.role = role
         self.model = inner.model
         self.health = health if health is not None else LLMHealth(configured=True)
+        self.on_call = on_call
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> LLMResult:
         started = time.perf_counter()
         try:
             result: LLMResult = await fn(*args, **kwargs)
         except LLMError as exc:
-            self._done(started, "error")
-            if self.health.failing_since is None:
-                self.health.failing_since = time.time()
-            self.health.last_error = type(exc).__name__
+            self._heard(LLMCall(time.perf_counter() - started, type(exc).__name__, True))
             raise
-        except Exception:
-            self._done(started, "error")
+        except Exception as exc:
+            self._heard(LLMCall(time.perf_counter() - started, type(exc).__name__, False))
             raise
-        self._done(started, "ok")
-        self.health.failing_since = None
-        self.health.last_error = None
+        self._heard(LLMCall(time.perf_counter() - started))
         return result
 
-    def _done(self, started: float, result: str) -> None:
+    def _heard(self, call: LLMCall) -> None:
+        self.observe(call)
+        if self.on_call is not None:
+            self.on_call(call)
+
+    def observe(self, call: LLMCall) -> None:
+        """Count and time one finished call, and keep the endpoint's failure state: only
+        the endpoint's own errors (`LLMError`) mark it failing, any success clears it."""
         if self.metrics is not None:
-            self.metrics.llm_calls.labels(self.role, result).inc()
-            self.metrics.llm_seconds.labels(self.role).observe(time.perf_counter() - started)
+            self.metrics.llm_calls.labels(self.role, "ok" if call.error is None else "error").inc()
+            self.metrics.llm_seconds.labels(self.role).observe(call.seconds)
+        if call.error is None:
+            self.health.failing_since = None
+            self.health.last_error = None
+        elif call.endpoint_error:
+            if self.health.failing_since is None:
+                self.health.failing_since = time.time()
+            self.health.last_error = call.error
 
     async def complete_json(
         self,
