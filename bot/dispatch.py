@@ -34,7 +34,7 @@ from memory.engine import MemoryEngine
 from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
-from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
+from memory.query.pipeline import AccessDenied, Recaller, RecallRequest
 from memory.store import IngestOutcome, IngestStatus
 from memory.store.database import StoreFull
 
@@ -67,7 +67,7 @@ class Dispatcher:
     def __init__(
         self,
         engine: MemoryEngine,
-        pipeline: RecallPipeline,
+        pipeline: Recaller,
         *,
         on_message_stored: Callable[[], None] | None = None,
         kick_interval_s: float = 1.0,

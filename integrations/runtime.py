@@ -1,8 +1,9 @@
 """`speakermem run`: wire the store, embedder, LLM, Writer, scheduler and adapters; drain on stop.
 
-Start order: store -> embedder -> pipeline/dispatcher -> scheduler (resumes pending
-segments) -> adapters. Stop order is the reverse, and SIGTERM/SIGINT trigger it: adapters
-stop taking events, in-flight Writer flushes finish, then the database closes cleanly.
+Start order: store -> embedder -> pipeline (or recall processes)/dispatcher -> scheduler
+(resumes pending segments) -> adapters. Stop order is the reverse, and SIGTERM/SIGINT
+trigger it: adapters stop taking events, in-flight Writer flushes finish, then the
+database closes cleanly.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from bot.spill import Spill
 from integrations.app import build_llm, llm_probe, open_engine
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
+from integrations.recall_processes import RecallProcesses
 from memory.governance.service import Governance
-from memory.query.pipeline import RecallPipeline
+from memory.query.pipeline import Recaller, RecallPipeline
 from memory.writer.runner import Writer
 
 log = logging.getLogger(__name__)
@@ -134,9 +136,21 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             writer_mode=settings.writer_mode,
         )
         pipeline = RecallPipeline(engine, llm=answer_llm)
+        recaller: Recaller = pipeline
+        processes: RecallProcesses | None = None
+        if settings.recall_processes > 0:
+            processes = RecallProcesses(
+                settings,
+                engine,
+                processes=settings.recall_processes,
+                fallback=pipeline,
+                answer_llm=answer_llm,
+            )
+            await processes.start()
+            recaller = processes
         dispatcher = Dispatcher(
             engine,
-            pipeline,
+            recaller,
             on_message_stored=scheduler.kick,
             on_recall=metrics.observe_recall,
             governance=governance,
@@ -196,6 +210,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             replayer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await replayer  # a replay cut short is finished next start (idempotent)
+            if processes is not None:
+                await processes.stop()
             await scheduler.shutdown()
             await engine.stop_background_embedding()
             await engine.stop_background_interactions()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -148,6 +148,13 @@ class RecallResult:
     pack: EvidencePack
     trace: RecallTrace
     rows: list[Row] = field(default_factory=list)
+
+
+class Recaller(Protocol):
+    """What answers /recall: `RecallPipeline` in this process, or the bot's recall
+    processes (integrations.recall_processes) running one in each."""
+
+    async def run(self, req: RecallRequest, *, answer: bool = True) -> RecallResult: ...
 
 
 class RecallPipeline:
