@@ -94,7 +94,23 @@ async def bot_main(cfg: dict[str, Any]) -> int:
             )
             return result
 
+    class MeasuredProcesses(runtime.RecallProcesses):
+        """The same for recalls in worker processes (--recall-processes): the children get
+        an LLM only with --recall-llm, and their stage timings come back in the trace."""
+
+        def __init__(self, *a: Any, answer_llm: Any = None, **kw: Any) -> None:
+            super().__init__(*a, answer_llm=answer_llm if recall_llm else None, **kw)
+
+        async def run(self, req: Any, *, answer: bool = True) -> Any:
+            started = time.perf_counter()
+            result = await super().run(req, answer=answer)
+            stage_rows.append(
+                {"total": (time.perf_counter() - started) * 1000, **result.trace.latency_ms}
+            )
+            return result
+
     runtime.RecallPipeline = MeasuredRecall  # type: ignore[misc]
+    runtime.RecallProcesses = MeasuredProcesses  # type: ignore[misc]
     settings = Settings(_env_file=None, **cfg["settings"])  # type: ignore[call-arg]
     ticker = Ticker(clock=time.monotonic)
     ticker.start()
@@ -248,6 +264,21 @@ def machine_busy_seconds() -> float:
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def process_tree(pid: int) -> list[int]:
+    """The process and its descendants (the bot and its recall processes), from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                parents[int(entry.name)] = int(fields[1])
+    tree, frontier = [pid], [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree.extend(frontier)
+    return tree
+
+
 def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -256,6 +287,22 @@ def rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds of the bot and its live children (a child's own, while it runs)."""
+    own = cpu_seconds(pid)
+    if own is None:
+        return None
+    return own + sum(cpu_seconds(c) or 0.0 for c in process_tree(pid)[1:])
+
+
+def tree_rss_mb(pid: int) -> float | None:
+    """RSS of the bot plus its recall processes: all of it is the bot's memory."""
+    own = rss_mb(pid)
+    if own is None:
+        return None
+    return own + sum(rss_mb(c) or 0.0 for c in process_tree(pid)[1:])
 
 
 _METRIC = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$")
@@ -352,6 +399,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "discord_gateway_url": discord.gateway_url,
         "ops_host": "127.0.0.1",
         "ops_port": ops_port,
+        "recall_processes": args.recall_processes,
     }
     config = tmp / "bot.json"
     config.write_text(
@@ -477,17 +525,17 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         async def sampler() -> None:
             t0 = time.monotonic()
-            last = (t0, cpu_seconds(bot.pid), machine_busy_seconds())
+            last = (t0, tree_cpu_seconds(bot.pid), machine_busy_seconds())
             while True:
                 now = time.monotonic()
                 row: dict[str, Any] = {"t_s": round(now - t0)}
-                bot_cpu, busy = cpu_seconds(bot.pid), machine_busy_seconds()
+                bot_cpu, busy = tree_cpu_seconds(bot.pid), machine_busy_seconds()
                 if now > last[0] and bot_cpu is not None and last[1] is not None:
                     # cores in use since the last sample: the bot's, and the whole machine's
                     row["bot_cores"] = round((bot_cpu - last[1]) / (now - last[0]), 2)
                     row["machine_cores"] = round((busy - last[2]) / (now - last[0]), 2)
                 last = (now, bot_cpu, busy)
-                mb = rss_mb(bot.pid)
+                mb = tree_rss_mb(bot.pid)
                 if mb is not None:
                     rss.append((time.monotonic() - t0, mb))
                     row["rss_mb"] = round(mb, 1)
@@ -596,6 +644,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "channels": args.channels,
         "recallers": args.recallers,
         "embedder": args.embedder,
+        "recall_processes": args.recall_processes,
         "llm_latency_s": args.llm_latency,
         "bot_exit": bot.returncode,
         "bot_stop_s": round(stop_s, 1),
@@ -671,7 +720,12 @@ def report(r: dict[str, Any]) -> str:
     lines = [
         f"### Load: {r['rate']:.0f} msg/s for {r['seconds']:.0f} s over {r['channels']} "
         f"channels, {r['recallers']} members recalling, Writer LLM latency "
-        f"{r['llm_latency_s']} s, embedder {r['embedder']}",
+        f"{r['llm_latency_s']} s, embedder {r['embedder']}, "
+        + (
+            f"recall in {r['recall_processes']} processes (RSS and cores: the bot and them)"
+            if r.get("recall_processes")
+            else "recall in the bot process"
+        ),
         "",
         "| measure | value | |",
         "|---|---|---|",
@@ -722,6 +776,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--recall-llm",
         action="store_true",
         help="let /recall call the LLM too (default: recall without it, answers extractive)",
+    )
+    p.add_argument(
+        "--recall-processes",
+        type=int,
+        default=int(os.environ.get("SPEAKERMEM_RECALL_PROCESSES", "0")),
+        help="SPEAKERMEM_RECALL_PROCESSES of the bot (default: that variable, else 0: recall "
+        "in the bot process); RSS and cores then count the bot and its recall processes",
     )
     p.add_argument("--sample", type=float, default=15.0, help="RSS/queue sample interval (s)")
     p.add_argument(
