@@ -6,7 +6,8 @@ event loop and the interpreter lock; under steady traffic each of a recall's ~25
 reads waits for that lock twice (its reader thread starting, its result coming back), and
 recalls slow down several-fold although cores are idle (bench/bench_load.py). With
 `SPEAKERMEM_RECALL_PROCESSES=N` the bot starts N spawned processes; each opens the same
-store, embedder and LLM endpoint and runs whole recalls, one at a time, sent over a pipe.
+store, embedder and LLM endpoint and runs whole recalls sent over a pipe, several at once on
+its own event loop (the least busy child gets the next one).
 
 What a recall needs is in the store (rosters, channel switches, records), which several
 processes already share safely (PostgreSQL workers, the CLI beside the bot), and recall
@@ -14,14 +15,16 @@ only reads: its inline interaction-graph catch-up is off in the children because
 own background worker keeps the graph current. LLM calls made in a child are handed back
 with its answer and counted by the bot's own metrics and health.
 
-A child that dies (killed, out of memory) costs nothing but time: the recall it was running
-is answered in the bot process, and a new child replaces it.
+A child that dies (killed, out of memory) costs nothing but time: the recalls it was running
+are answered in the bot process, and a new child replaces it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import itertools
 import logging
 import multiprocessing
 import os
@@ -49,29 +52,31 @@ STOP_TIMEOUT_S = 10.0
 
 # ---------------------------------------------------------------- the child process
 
+_CALLS: contextvars.ContextVar[list[LLMCall]] = contextvars.ContextVar("recall_llm_calls")
+"""The LLM calls of the recall running in this task (a child runs several at once)."""
+
 
 @dataclass
 class _ChildState:
-    loop: asyncio.AbstractEventLoop
     engine: MemoryEngine
     pipeline: RecallPipeline
-    calls: list[LLMCall] = field(default_factory=list)
 
 
-def _open_child(settings: Settings, answer_llm: bool) -> _ChildState:
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
+async def _open_child(settings: Settings, answer_llm: bool) -> _ChildState:
     embedder = build_embedder(settings)
     load = getattr(embedder, "load", None)
     if load is not None:  # a local model: loaded before "ready", not in the first recall
         load()
-    engine = loop.run_until_complete(MemoryEngine.open(settings.memory_config(), embedder))
-    calls: list[LLMCall] = []
+    engine = await MemoryEngine.open(settings.memory_config(), embedder)
     llm = build_llm(settings) if answer_llm else None
-    metered = MeteredLLM(llm, None, role="answer", on_call=calls.append) if llm else None
+    metered = (
+        MeteredLLM(llm, None, role="answer", on_call=lambda call: _CALLS.get().append(call))
+        if llm
+        else None
+    )
     # the bot's background worker keeps the interaction graph: recall here only reads
     config = engine.config.recall.model_copy(update={"interaction_catchup": 0})
-    return _ChildState(loop, engine, RecallPipeline(engine, llm=metered, config=config), calls)
+    return _ChildState(engine, RecallPipeline(engine, llm=metered, config=config))
 
 
 def _picklable(exc: Exception) -> Exception:
@@ -83,56 +88,86 @@ def _picklable(exc: Exception) -> Exception:
 
 
 def serve(conn: Connection, settings: Settings, answer_llm: bool, log_level: str) -> None:
-    """A recall process's main: answer `(request, answer)` messages until None or EOF.
-
-    Replies are ("ok", RecallResult, calls) or ("error", exception, calls); the first
-    message is ("ready", pid) or ("failed", reason)."""
+    """A recall process's main. The first message it sends is ("ready", pid) or ("failed",
+    reason); then it answers each `(id, request, answer)` with `(id, "ok", RecallResult,
+    calls)` or `(id, "error", exception, calls)` until None or EOF, finishing the recalls
+    it has started before it exits."""
     # Ctrl-C reaches the whole process group; the bot decides when its children stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     configure_logging(log_level, settings.log_format)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     try:
-        state = _open_child(settings, answer_llm)
+        state = loop.run_until_complete(_open_child(settings, answer_llm))
     except Exception as exc:
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+        loop.close()
         return
     conn.send(("ready", os.getpid()))
     try:
-        while True:
-            try:
-                message = conn.recv()
-            except EOFError:  # the bot is gone
-                break
-            if message is None:
-                break
-            request, answer = message
-            state.calls.clear()
-            try:
-                result = state.loop.run_until_complete(state.pipeline.run(request, answer=answer))
-                reply: tuple[str, Any, list[LLMCall]] = ("ok", result, list(state.calls))
-            except Exception as exc:
-                reply = ("error", _picklable(exc), list(state.calls))
-            try:
-                conn.send(reply)
-            except (BrokenPipeError, EOFError, OSError):
-                break
+        loop.run_until_complete(_serve(conn, state))
     finally:
-        state.loop.run_until_complete(state.engine.close())
-        state.loop.close()
+        loop.run_until_complete(state.engine.close())
+        loop.close()
+
+
+async def _serve(conn: Connection, state: _ChildState) -> None:
+    loop = asyncio.get_running_loop()
+    closed = asyncio.Event()
+    running: set[asyncio.Task[None]] = set()
+
+    def readable() -> None:
+        try:
+            while conn.poll():
+                message = conn.recv()
+                if message is None:
+                    raise EOFError
+                task = loop.create_task(_answer(conn, state, *message))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        except (EOFError, OSError):  # stop asked, or the bot is gone
+            loop.remove_reader(conn.fileno())
+            closed.set()
+
+    loop.add_reader(conn.fileno(), readable)
+    await closed.wait()
+    while running:
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+async def _answer(
+    conn: Connection, state: _ChildState, rid: int, request: RecallRequest, answer: bool
+) -> None:
+    calls: list[LLMCall] = []
+    _CALLS.set(calls)  # this task's own context
+    try:
+        result = await state.pipeline.run(request, answer=answer)
+        reply: tuple[int, str, Any, list[LLMCall]] = (rid, "ok", result, calls)
+    except Exception as exc:
+        reply = (rid, "error", _picklable(exc), calls)
+    with contextlib.suppress(OSError):  # the bot is gone: nobody is waiting
+        conn.send(reply)
 
 
 # ---------------------------------------------------------------- the bot's side
+
+
+class ChildDied(RuntimeError):
+    """The recall process running a recall exited before answering it."""
 
 
 @dataclass(eq=False)
 class _Child:
     process: BaseProcess
     conn: Connection
+    pending: dict[int, asyncio.Future[tuple[str, Any, list[LLMCall]]]] = field(default_factory=dict)
+    reader: asyncio.Task[None] | None = None
 
 
 class RecallProcesses:
     """N recall processes behind the `Recaller` port; the Dispatcher cannot tell the
-    difference. Recalls queue for an idle child; with no child left (they could not start
-    again) they run in `fallback`, the bot's own pipeline."""
+    difference. Each recall goes to the child with the fewest running; with no child left
+    (they could not start again) recalls run in `fallback`, the bot's own pipeline."""
 
     def __init__(
         self,
@@ -154,11 +189,12 @@ class RecallProcesses:
         self.answer_llm = answer_llm
         self._ctx = multiprocessing.get_context("spawn")
         self._children: set[_Child] = set()
-        self._idle: asyncio.Queue[_Child | None] = asyncio.Queue()
+        self._ids = itertools.count(1)
         self._stopping = False
         self._respawns: set[asyncio.Task[None]] = set()
-        # one thread per child waits for its reply (not the loop's shared default pool)
-        self._waits = ThreadPoolExecutor(processes, thread_name_prefix="speakermem-recall")
+        # a thread per child waits for its replies (not the loop's shared default pool);
+        # a replaced child's thread ends with its pipe
+        self._waits = ThreadPoolExecutor(2 * processes, thread_name_prefix="speakermem-recall")
         self.replaced = 0
         """Children that died and were replaced (tests, logs)."""
 
@@ -175,8 +211,7 @@ class RecallProcesses:
         failed = [c for c in children if isinstance(c, BaseException)]
         for child in children:
             if isinstance(child, _Child):
-                self._children.add(child)
-                self._idle.put_nowait(child)
+                self._adopt(child)
         if failed:
             await self.stop()
             raise RuntimeError(f"a recall process could not start: {failed[0]}")
@@ -204,28 +239,44 @@ class RecallProcesses:
             raise RuntimeError(str(detail))
         return child
 
+    def _adopt(self, child: _Child) -> None:
+        self._children.add(child)
+        child.reader = asyncio.create_task(self._read(child), name="speakermem-recall-replies")
+
+    async def _read(self, child: _Child) -> None:
+        """Hand each reply to its waiting recall; on EOF the child is gone."""
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                rid, kind, payload, calls = await loop.run_in_executor(self._waits, child.conn.recv)
+            except (EOFError, OSError):
+                break
+            waiter = child.pending.pop(rid, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result((kind, payload, calls))
+        self._lost(child)
+
     async def run(self, req: RecallRequest, *, answer: bool = True) -> RecallResult:
-        child = await self._idle.get() if self._children and not self._stopping else None
+        child = self._pick()
         if child is None:
-            if self._stopping or not self._children:
-                self._idle.put_nowait(None)  # wake the next waiter too
             return await self.fallback.run(req, answer=answer)
+        rid = next(self._ids)
+        waiter = asyncio.get_running_loop().create_future()
+        child.pending[rid] = waiter
         async with self.engine.foreground.serving():  # the bot's background embedding yields
             try:
-                child.conn.send((req, answer))
-            except OSError:
-                return await self._died(child, req, answer)
-            loop = asyncio.get_running_loop()
-            reply = loop.run_in_executor(self._waits, child.conn.recv)
-            try:
-                kind, payload, calls = await asyncio.shield(reply)
-            except asyncio.CancelledError:
-                # the reply still comes: the child is idle again only once it is read
-                reply.add_done_callback(lambda f: self._release(child, f))
-                raise
-            except (EOFError, OSError):
-                return await self._died(child, req, answer)
-        self._idle.put_nowait(child)
+                child.conn.send((rid, req, answer))
+                kind, payload, calls = await waiter
+            except (ChildDied, OSError):
+                child.pending.pop(rid, None)
+                log.error(
+                    "recall process %s died during a recall; answering it here",
+                    child.process.pid,
+                )
+                self._lost(child)
+                return await self.fallback.run(req, answer=answer)
+            finally:
+                child.pending.pop(rid, None)
         if self.answer_llm is not None:
             for call in calls:
                 self.answer_llm.observe(call)
@@ -234,25 +285,24 @@ class RecallProcesses:
         result: RecallResult = payload
         return result
 
-    async def _died(self, child: _Child, req: RecallRequest, answer: bool) -> RecallResult:
-        log.error(
-            "recall process %s died during a recall; answering it here and starting a new one",
-            child.process.pid,
-        )
-        self._replace(child)
-        return await self.fallback.run(req, answer=answer)
+    def _pick(self) -> _Child | None:
+        if self._stopping or not self._children:
+            return None
+        return min(self._children, key=lambda c: len(c.pending))
 
-    def _release(self, child: _Child, reply: asyncio.Future[Any]) -> None:
-        if reply.cancelled() or reply.exception() is not None:
-            self._replace(child)
-        else:
-            self._idle.put_nowait(child)
-
-    def _replace(self, child: _Child) -> None:
+    def _lost(self, child: _Child) -> None:
+        """A child is gone (or its pipe broke): fail its recalls over and replace it."""
+        if child not in self._children:
+            return
         self._children.discard(child)
+        for waiter in child.pending.values():
+            if not waiter.done():
+                waiter.set_exception(ChildDied(f"recall process {child.process.pid} exited"))
+        child.pending.clear()
         self._kill(child)
         if self._stopping:
             return
+        log.error("recall process %s exited; starting a new one", child.process.pid)
         task = asyncio.create_task(self._respawn(), name="speakermem-recall-respawn")
         self._respawns.add(task)
         task.add_done_callback(self._respawns.discard)
@@ -262,17 +312,17 @@ class RecallProcesses:
             child = await self._spawn()
         except Exception as exc:
             log.error(
-                "a recall process could not be restarted (%s); %d left", exc, len(self._children)
+                "a recall process could not be restarted (%s); %d left%s",
+                exc,
+                len(self._children),
+                "" if self._children else ": recalls run in the bot process",
             )
-            if not self._children:
-                self._idle.put_nowait(None)  # recalls run in the bot process from now on
             return
         if self._stopping:
             self._kill(child)
             return
         self.replaced += 1
-        self._children.add(child)
-        self._idle.put_nowait(child)
+        self._adopt(child)
 
     @staticmethod
     def _kill(child: _Child) -> None:
@@ -283,26 +333,16 @@ class RecallProcesses:
         child.process.join(timeout=5)
 
     async def stop(self) -> None:
-        """Let running recalls finish (the adapters have stopped taking new ones), then ask
-        each child to close its store and exit; one that does not is killed."""
+        """Ask each child to finish the recalls it has and exit (the adapters have stopped
+        taking new ones); one that has not exited after STOP_TIMEOUT_S is killed."""
         self._stopping = True
         for task in list(self._respawns):
             task.cancel()
-        waiting: list[_Child] = []
-        deadline = asyncio.get_running_loop().time() + STOP_TIMEOUT_S
-        while len(waiting) < len(self._children):
-            left = deadline - asyncio.get_running_loop().time()
-            try:
-                child = await asyncio.wait_for(self._idle.get(), max(left, 0.0))
-            except TimeoutError:
-                break
-            if child is not None:
-                waiting.append(child)
-        for child in self._children:
+        children = list(self._children)
+        for child in children:
             with contextlib.suppress(OSError):
-                if child in waiting:
-                    child.conn.send(None)
-        await asyncio.gather(*(self._join(c) for c in self._children))
+                child.conn.send(None)
+        await asyncio.gather(*(self._join(c) for c in children))
         self._children.clear()
         self._waits.shutdown(wait=False, cancel_futures=True)
 
@@ -310,4 +350,10 @@ class RecallProcesses:
         await asyncio.to_thread(child.process.join, STOP_TIMEOUT_S)
         if child.process.is_alive():
             log.warning("recall process %s did not stop; killing it", child.process.pid)
+        if child.reader is not None:  # the last replies are in; EOF ends it
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(child.reader, 5)
+        for waiter in child.pending.values():
+            if not waiter.done():
+                waiter.set_exception(ChildDied(f"recall process {child.process.pid} stopped"))
         self._kill(child)

@@ -293,3 +293,94 @@ async def test_the_bot_answers_slack_recall_from_its_recall_process(tmp_path: Pa
     assert found, log
     with pytest.raises(ProcessLookupError):  # the child stopped with the bot
         os.kill(int(found[1]), 0)
+
+
+async def test_a_child_killed_mid_recall_answers_it_in_the_bot(
+    engine: MemoryEngine, tmp_path: Path, llm_server: LLMServer
+) -> None:
+    """The child dies while its recall waits on the LLM: the bot answers that recall itself
+    (here extractively) instead of failing it, and a new child takes over."""
+    arrived = asyncio.Event()
+
+    async def never_answers(body: dict[str, Any]) -> Reply:
+        arrived.set()
+        await asyncio.sleep(60)
+        return Reply(content="")
+
+    llm_server.default = Handler(never_answers)
+    settings = bot_settings(tmp_path, llm_base_url=llm_server.base_url, llm_max_retries=0)
+    client = OpenAICompatLLM(llm_server.base_url, "k", "test-model", 90.0, max_retries=0)
+    fallback = CountingPipeline(engine)  # no LLM: answers at once
+    procs = RecallProcesses(
+        settings,
+        engine,
+        processes=1,
+        fallback=fallback,
+        answer_llm=MeteredLLM(client, Metrics(), role="answer"),
+    )
+    await procs.start()
+    try:
+        [first] = procs.pids
+        recall = asyncio.create_task(
+            procs.run(RecallRequest("Who owns the database backup?", TEAM, asker="alice"))
+        )
+        await asyncio.wait_for(arrived.wait(), 60)
+        os.kill(first, signal.SIGKILL)
+        result = await asyncio.wait_for(recall, 30)
+        assert result.answer.citations and not result.answer.used_llm
+        assert fallback.calls == 1
+        for _ in range(600):
+            if procs.replaced:
+                break
+            await asyncio.sleep(0.05)
+        assert procs.replaced == 1 and procs.pids != [first]
+    finally:
+        await procs.stop()
+        await client.aclose()
+
+
+async def test_one_child_runs_several_recalls_at_once(
+    engine: MemoryEngine, tmp_path: Path, llm_server: LLMServer
+) -> None:
+    """The LLM holds each call until two are waiting: a child that ran one recall at a time
+    would never get there."""
+    both = asyncio.Event()
+    waiting = 0
+    alone: list[int] = []  # calls that waited in vain for a second one
+
+    async def held(body: dict[str, Any]) -> Reply:
+        nonlocal waiting
+        waiting += 1
+        if waiting >= 2:
+            both.set()
+        try:
+            await asyncio.wait_for(both.wait(), 10)
+        except TimeoutError:
+            alone.append(waiting)
+        return Reply(content="")
+
+    llm_server.default = Handler(held)
+    settings = bot_settings(tmp_path, llm_base_url=llm_server.base_url, llm_max_retries=0)
+    client = OpenAICompatLLM(llm_server.base_url, "k", "test-model", 60.0, max_retries=0)
+    fallback = CountingPipeline(engine)
+    procs = RecallProcesses(
+        settings,
+        engine,
+        processes=1,
+        fallback=fallback,
+        answer_llm=MeteredLLM(client, Metrics(), role="answer"),
+    )
+    await procs.start()
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                procs.run(RecallRequest("Who owns the database backup?", TEAM, asker="alice")),
+                procs.run(RecallRequest("When is the budget review?", TEAM, asker="bruno")),
+            ),
+            60,
+        )
+    finally:
+        await procs.stop()
+        await client.aclose()
+    assert both.is_set() and not alone and fallback.calls == 0
+    assert all(r.answer.citations for r in results)
