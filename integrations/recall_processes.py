@@ -6,8 +6,8 @@ event loop and the interpreter lock; under steady traffic each of a recall's ~25
 reads waits for that lock twice (its reader thread starting, its result coming back), and
 recalls slow down several-fold although cores are idle (bench/bench_load.py). With
 `SPEAKERMEM_RECALL_PROCESSES=N` the bot starts N spawned processes; each opens the same
-store, embedder and LLM endpoint and runs whole recalls sent over a pipe, several at once on
-its own event loop (the least busy child gets the next one).
+store, embedder and LLM endpoint and runs whole recalls sent over a pipe (the least busy
+child gets the next one): one computes at a time, others run while it waits on the LLM.
 
 What a recall needs is in the store (rosters, channel switches, records), which several
 processes already share safely (PostgreSQL workers, the CLI beside the bot), and recall
@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -38,9 +39,11 @@ from typing import Any
 
 from bot.settings import Settings
 from integrations.app import build_embedder, build_llm
+from integrations.ops.heap import trim_every
 from integrations.ops.logs import configure_logging
 from integrations.ops.metrics import LLMCall, MeteredLLM
 from memory.engine import MemoryEngine
+from memory.ports import LLM, ChatMessage, LLMResult
 from memory.query.pipeline import Recaller, RecallPipeline, RecallRequest, RecallResult
 
 log = logging.getLogger(__name__)
@@ -56,10 +59,76 @@ _CALLS: contextvars.ContextVar[list[LLMCall]] = contextvars.ContextVar("recall_l
 """The LLM calls of the recall running in this task (a child runs several at once)."""
 
 
+class _Turn:
+    """A child computes one recall at a time; one waiting on the LLM gives its turn away.
+
+    On a busy machine recalls are CPU-bound, and interleaving them in one interpreter only
+    made each slower (bench_load, MiniLM, two children: /recall p50 83 ms one at a time,
+    157 ms interleaved); but a recall waiting seconds for an answer model must not hold
+    the others up."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        async with self._lock:
+            yield
+
+    @contextlib.asynccontextmanager
+    async def given_away(self) -> AsyncIterator[None]:
+        """Inside `held`: let another recall compute meanwhile."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            await self._lock.acquire()
+
+
+class _TurnLLM:
+    """The answer LLM of a child: each call gives the recall's turn away while it waits."""
+
+    def __init__(self, inner: LLM, turn: _Turn) -> None:
+        self.inner = inner
+        self.turn = turn
+        self.model = inner.model
+
+    async def complete_json(
+        self,
+        messages: Sequence[ChatMessage],
+        schema: dict[str, Any],
+        *,
+        schema_name: str,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+    ) -> LLMResult:
+        async with self.turn.given_away():
+            return await self.inner.complete_json(
+                messages,
+                schema,
+                schema_name=schema_name,
+                max_tokens=max_tokens,
+                temperature=temperature,
+            )
+
+    async def complete_text(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int | None = None,
+        temperature: float = 0.0,
+    ) -> LLMResult:
+        async with self.turn.given_away():
+            return await self.inner.complete_text(
+                messages, max_tokens=max_tokens, temperature=temperature
+            )
+
+
 @dataclass
 class _ChildState:
     engine: MemoryEngine
     pipeline: RecallPipeline
+    turn: _Turn
 
 
 async def _open_child(settings: Settings, answer_llm: bool) -> _ChildState:
@@ -69,14 +138,18 @@ async def _open_child(settings: Settings, answer_llm: bool) -> _ChildState:
         load()
     engine = await MemoryEngine.open(settings.memory_config(), embedder)
     llm = build_llm(settings) if answer_llm else None
-    metered = (
-        MeteredLLM(llm, None, role="answer", on_call=lambda call: _CALLS.get().append(call))
+    turn = _Turn()
+    answers = (
+        _TurnLLM(
+            MeteredLLM(llm, None, role="answer", on_call=lambda call: _CALLS.get().append(call)),
+            turn,
+        )
         if llm
         else None
     )
     # the bot's background worker keeps the interaction graph: recall here only reads
     config = engine.config.recall.model_copy(update={"interaction_catchup": 0})
-    return _ChildState(engine, RecallPipeline(engine, llm=metered, config=config))
+    return _ChildState(engine, RecallPipeline(engine, llm=answers, config=config), turn)
 
 
 def _picklable(exc: Exception) -> Exception:
@@ -130,7 +203,9 @@ async def _serve(conn: Connection, state: _ChildState) -> None:
             closed.set()
 
     loop.add_reader(conn.fileno(), readable)
+    trimmer = asyncio.create_task(trim_every())
     await closed.wait()
+    trimmer.cancel()
     while running:
         await asyncio.gather(*running, return_exceptions=True)
 
@@ -141,7 +216,8 @@ async def _answer(
     calls: list[LLMCall] = []
     _CALLS.set(calls)  # this task's own context
     try:
-        result = await state.pipeline.run(request, answer=answer)
+        async with state.turn.held():
+            result = await state.pipeline.run(request, answer=answer)
         reply: tuple[int, str, Any, list[LLMCall]] = (rid, "ok", result, calls)
     except Exception as exc:
         reply = (rid, "error", _picklable(exc), calls)
