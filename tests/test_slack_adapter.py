@@ -220,6 +220,17 @@ async def seed(rig: Rig) -> None:
 # --- /recall -----------------------------------------------------------------------------
 
 
+async def test_web_api_calls_share_one_connection(rig: Rig) -> None:
+    """slack_sdk opens a session (and a connection) per call unless given one: permalink
+    lookups for every cited message would each pay for a new connection."""
+    before = len(rig.standin.peers)
+    for n in range(3):
+        await rig.adapter.client.chat_getPermalink(channel=GENERAL, message_ts=f"170000000{n}.0")
+    await rig.adapter.client.users_info(user="U1")
+    ports = {peer[1] for peer in rig.standin.peers[before:]}
+    assert len(rig.standin.peers) - before == 4 and len(ports) == 1, ports
+
+
 async def test_recall_acks_then_answers_with_permalink_citations(rig: Rig) -> None:
     await seed(rig)
     status, ack_body, posted = await rig.recall("U1", GENERAL, "when is the trip to Lisbon?")

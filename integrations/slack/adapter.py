@@ -36,6 +36,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Literal
 
+import aiohttp
 from aiohttp import WSMessage, web
 from pydantic import SecretStr
 from slack_bolt.adapter.aiohttp import to_aiohttp_response
@@ -236,6 +237,18 @@ class SlackAdapter:
 
     async def start(self) -> None:
         """Check the token (``auth.test``: also who the bot is), then serve or connect."""
+        # One HTTP session for every Web API call: without it slack_sdk opens (and closes) a
+        # session and a connection per call, a permalink lookup per cited message included.
+        self.client.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.client.timeout)
+        )
+        try:
+            await self._start()
+        except BaseException:
+            await self.client.session.close()
+            raise
+
+    async def _start(self) -> None:
         auth = await self.client.auth_test()
         self.bot_user_id = auth.get("user_id")
         self.bot_id = auth.get("bot_id")
@@ -323,6 +336,8 @@ class SlackAdapter:
         left = await self.inflight.drain(self.drain_timeout_s)
         if left:
             self.stats["drain_cancelled"] += left
+        if self.client.session is not None:
+            await self.client.session.close()
 
     async def connected(self) -> bool:
         """For /healthz: HTTP mode is up while it listens; Socket Mode while its session is."""

@@ -81,6 +81,8 @@ class SlackApiStandIn:
         self._history_ts = itertools.count(1)
         self._failures: dict[str, list[str]] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.peers: list[Any] = []
+        """The client's (host, port) of each Web API call, in order: one port = one connection."""
         self.posted: list[dict[str, Any]] = []
         self.responses: list[tuple[str, dict[str, Any]]] = []
         self.acks: list[dict[str, Any]] = []
@@ -158,6 +160,9 @@ class SlackApiStandIn:
         method = request.match_info["method"]
         args = await self._args(request)
         self.calls.append((method, args))
+        self.peers.append(
+            request.transport.get_extra_info("peername") if request.transport else None
+        )
         held = self._holds.get(method)
         if held is not None:
             held[0].set()
