@@ -18,6 +18,7 @@ import pytest
 from bot.health import HealthFacts, LLMHealth, decide
 from bot.settings import Settings
 from integrations.llm.openai_compat import OpenAICompatLLM
+from integrations.ops import server
 from integrations.ops.logs import JsonFormatter, StderrHandler, configure_logging
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
@@ -179,6 +180,44 @@ async def test_healthz_is_503_when_the_database_does_not_answer(tmp_path: Path) 
         assert "speakermem_db_up 0.0" in metrics
     finally:
         await ops.stop()
+
+
+async def test_a_slow_queue_count_is_not_a_database_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting a long queue under load can take longer than the probe: /healthz stays 200
+    and the gauges keep the last counts instead of dropping to 0."""
+    engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=tmp_path / "x.db")))
+    scope = Scope(platform="test", workspace="w", channel="c")
+    await engine.ingest_many([msg(scope, f"m{i}", "Ann", f"note {i}", i) for i in range(7)])
+
+    class Up:
+        async def connected(self) -> bool:
+            return True
+
+    ops = OpsServer(engine, Metrics(), {"slack": Up()})
+    await ops.start()
+    try:
+        _, metrics = await get(f"http://127.0.0.1:{ops.port}/metrics")
+        assert "speakermem_embed_queue_messages 7.0" in metrics
+        count = engine.store.messages.count_pending_embeddings
+        release = asyncio.Event()
+
+        async def slow_count() -> int:
+            await release.wait()  # longer than the probe's timeout
+            return await count()
+
+        monkeypatch.setattr(server, "PROBE_TIMEOUT_S", 0.2)
+        monkeypatch.setattr(engine.store.messages, "count_pending_embeddings", slow_count)
+        status, body = await get(f"http://127.0.0.1:{ops.port}/healthz")
+        assert status == 200 and json.loads(body)["facts"]["db_ok"] is True
+        _, metrics = await get(f"http://127.0.0.1:{ops.port}/metrics")
+        assert "speakermem_db_up 1.0" in metrics
+        assert "speakermem_embed_queue_messages 7.0" in metrics  # the last count, not 0
+    finally:
+        release.set()
+        await ops.stop()
+        await engine.close()
 
 
 async def test_metered_llm_counts_calls_and_tracks_failure(llm_server: LLMServer) -> None:

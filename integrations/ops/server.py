@@ -56,6 +56,8 @@ class OpsServer:
         self.port = port
         self.queue_warn = queue_warn
         self._runner: web.AppRunner | None = None
+        self._queues: tuple[WriterQueue, int] = (WriterQueue(), 0)
+        """The last Writer queue and embedding backlog measured."""
 
     async def start(self) -> None:
         app = web.Application()
@@ -77,17 +79,25 @@ class OpsServer:
 
     async def facts(self) -> HealthFacts:
         db_ok, db_error, latency = True, None, None
-        embed_pending = 0
-        queue = WriterQueue()
         started = time.perf_counter()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
                 await self.engine.store.db.read("SELECT 1")
-                latency = round((time.perf_counter() - started) * 1000, 1)
-                queue = await measure_writer_queue(self.engine.store)
-                embed_pending = await self.engine.store.messages.count_pending_embeddings()
+            latency = round((time.perf_counter() - started) * 1000, 1)
         except Exception as exc:  # any failure here means the store cannot serve
             db_ok, db_error = False, f"{type(exc).__name__}: {str(exc)[:120]}"
+        queue, embed_pending = self._queues
+        if db_ok:
+            # Counting a long queue under load can outlast the probe: that is a slow count,
+            # not a store that cannot serve, so the last counts stand until one finishes.
+            try:
+                async with asyncio.timeout(PROBE_TIMEOUT_S):
+                    queue = await measure_writer_queue(self.engine.store)
+                    embed_pending = await self.engine.store.messages.count_pending_embeddings()
+                self._queues = (queue, embed_pending)
+            except Exception as exc:
+                log.warning("queue depths not measured this time (%s)", type(exc).__name__)
+                queue, embed_pending = self._queues
         platforms: dict[str, bool] = {}
         for name, adapter in self.adapters.items():
             try:
