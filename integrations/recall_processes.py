@@ -30,7 +30,7 @@ import multiprocessing
 import os
 import pickle
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -43,7 +43,7 @@ from integrations.ops.heap import trim_every
 from integrations.ops.logs import configure_logging
 from integrations.ops.metrics import LLMCall, MeteredLLM
 from memory.engine import MemoryEngine
-from memory.ports import LLM, ChatMessage, LLMResult
+from memory.ports import LLM, LLMResult
 from memory.query.pipeline import Recaller, RecallPipeline, RecallRequest, RecallResult
 
 log = logging.getLogger(__name__)
@@ -85,43 +85,17 @@ class _Turn:
             await self._lock.acquire()
 
 
-class _TurnLLM:
-    """The answer LLM of a child: each call gives the recall's turn away while it waits."""
+class _TurnLLM(MeteredLLM):
+    """A child's answer LLM: metered, and each call gives the recall's turn away while it
+    waits (the turn is held by `_answer` around the whole recall)."""
 
     def __init__(self, inner: LLM, turn: _Turn) -> None:
-        self.inner = inner
+        super().__init__(inner, None, role="answer", on_call=lambda c: _CALLS.get().append(c))
         self.turn = turn
-        self.model = inner.model
 
-    async def complete_json(
-        self,
-        messages: Sequence[ChatMessage],
-        schema: dict[str, Any],
-        *,
-        schema_name: str,
-        max_tokens: int | None = None,
-        temperature: float = 0.0,
-    ) -> LLMResult:
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> LLMResult:
         async with self.turn.given_away():
-            return await self.inner.complete_json(
-                messages,
-                schema,
-                schema_name=schema_name,
-                max_tokens=max_tokens,
-                temperature=temperature,
-            )
-
-    async def complete_text(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        max_tokens: int | None = None,
-        temperature: float = 0.0,
-    ) -> LLMResult:
-        async with self.turn.given_away():
-            return await self.inner.complete_text(
-                messages, max_tokens=max_tokens, temperature=temperature
-            )
+            return await super()._call(fn, *args, **kwargs)
 
 
 @dataclass
@@ -139,14 +113,7 @@ async def _open_child(settings: Settings, answer_llm: bool) -> _ChildState:
     engine = await MemoryEngine.open(settings.memory_config(), embedder)
     llm = build_llm(settings) if answer_llm else None
     turn = _Turn()
-    answers = (
-        _TurnLLM(
-            MeteredLLM(llm, None, role="answer", on_call=lambda call: _CALLS.get().append(call)),
-            turn,
-        )
-        if llm
-        else None
-    )
+    answers = _TurnLLM(llm, turn) if llm else None
     # the bot's background worker keeps the interaction graph: recall here only reads
     config = engine.config.recall.model_copy(update={"interaction_catchup": 0})
     return _ChildState(engine, RecallPipeline(engine, llm=answers, config=config), turn)
@@ -221,8 +188,14 @@ async def _answer(
         reply: tuple[int, str, Any, list[LLMCall]] = (rid, "ok", result, calls)
     except Exception as exc:
         reply = (rid, "error", _picklable(exc), calls)
-    with contextlib.suppress(OSError):  # the bot is gone: nobody is waiting
-        conn.send(reply)
+    try:
+        conn.send(reply)  # pickled whole before a byte is written
+    except OSError:  # the bot is gone: nobody is waiting
+        return
+    except Exception as exc:  # the answer would not pickle: the asker still gets a reply
+        failed = RuntimeError(f"the recall's result could not be sent: {type(exc).__name__}")
+        with contextlib.suppress(OSError):
+            conn.send((rid, "error", failed, calls))
 
 
 # ---------------------------------------------------------------- the bot's side

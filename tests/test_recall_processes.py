@@ -5,11 +5,11 @@ the shutdown must be those of the bot's own pipeline."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest, R
 from tests.conftest import msg
 from tests.llm_server import Handler, LLMServer, Reply
 from tests.standins.slack_api import SlackApiStandIn, signed_headers
-from tests.test_run import ROOT, SECRET, free_port, wait_for_port
+from tests.test_run import SECRET, free_port, start_bot, wait_for_port
 
 TEAM = Scope(platform="test", workspace="w1", channel="team")
 QUESTIONS = (
@@ -60,6 +60,28 @@ class CountingPipeline(RecallPipeline):
 
 def bot_settings(tmp_path: Path, **extra: Any) -> Settings:
     return Settings(_env_file=None, db_path=tmp_path / "bot.db", embedder="none", **extra)  # type: ignore[call-arg]
+
+
+@contextlib.asynccontextmanager
+async def llm_children(
+    engine: MemoryEngine,
+    tmp_path: Path,
+    server: LLMServer,
+    fallback: CountingPipeline,
+    metrics: Metrics | None = None,
+) -> AsyncIterator[RecallProcesses]:
+    """One recall process whose answers come from `server`; its LLM calls are counted on
+    a metered client in this process, as the bot's runtime wires it."""
+    settings = bot_settings(tmp_path, llm_base_url=server.base_url, llm_max_retries=0)
+    client = OpenAICompatLLM(server.base_url, "k", "test-model", 60.0, max_retries=0)
+    answer_llm = MeteredLLM(client, metrics or Metrics(), role="answer")
+    procs = RecallProcesses(settings, engine, processes=1, fallback=fallback, answer_llm=answer_llm)
+    await procs.start()
+    try:
+        yield procs
+    finally:
+        await procs.stop()
+        await client.aclose()
 
 
 @pytest.fixture
@@ -162,28 +184,16 @@ async def test_llm_calls_in_children_count_in_the_bots_metrics_and_stop_waits_fo
         return Reply(content="The budget review is on Thursday at ten [1].")
 
     llm_server.default = Handler(slow_answer)
-    settings = bot_settings(tmp_path, llm_base_url=llm_server.base_url, llm_max_retries=0)
-    client = OpenAICompatLLM(llm_server.base_url, "k", "test-model", 5.0, max_retries=0)
     metrics = Metrics()
-    answer_llm = MeteredLLM(client, metrics, role="answer")
-    procs = RecallProcesses(
-        settings,
-        engine,
-        processes=1,
-        fallback=RecallPipeline(engine, llm=answer_llm),
-        answer_llm=answer_llm,
-    )
-    await procs.start()
-    try:
+    async with llm_children(
+        engine, tmp_path, llm_server, CountingPipeline(engine), metrics
+    ) as procs:
         recall = asyncio.create_task(
             procs.run(RecallRequest("When is the budget review?", TEAM, asker="alice"))
         )
         await asyncio.wait_for(arrived.wait(), 60)  # the child waits on the LLM: in flight
         await procs.stop()  # must let it finish
         result = await recall
-    finally:
-        await procs.stop()
-        await client.aclose()
     assert result.answer.used_llm
     calls = len(llm_server.requests)
     ok = metrics.llm_calls.labels("answer", "ok")._value.get()
@@ -200,29 +210,7 @@ async def test_the_bot_answers_slack_recall_from_its_recall_process(tmp_path: Pa
         members={"C1": ["U1"]},
     ).start()
     port = free_port()
-    env = {
-        **os.environ,
-        "SPEAKERMEM_DB_PATH": str(tmp_path / "run.db"),
-        "SPEAKERMEM_SLACK_BOT_TOKEN": "xoxb-test-token-do-not-log",
-        "SPEAKERMEM_SLACK_SIGNING_SECRET": SECRET,
-        "SPEAKERMEM_SLACK_MODE": "http",
-        "SPEAKERMEM_SLACK_HTTP_HOST": "127.0.0.1",
-        "SPEAKERMEM_SLACK_HTTP_PORT": str(port),
-        "SPEAKERMEM_SLACK_API_URL": api.base_url,
-        "SPEAKERMEM_EMBEDDER": "none",
-        "SPEAKERMEM_LLM_BASE_URL": "",
-        "SPEAKERMEM_RECALL_PROCESSES": "1",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "integrations.cli.main",
-        "run",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=str(ROOT),
-    )
+    proc = await start_bot(tmp_path / "run.db", api, port, recall_processes="1")
     url = f"http://127.0.0.1:{port}/slack/events"
     try:
         await wait_for_port(port, proc, limit_s=60)
@@ -308,18 +296,8 @@ async def test_a_child_killed_mid_recall_answers_it_in_the_bot(
         return Reply(content="")
 
     llm_server.default = Handler(never_answers)
-    settings = bot_settings(tmp_path, llm_base_url=llm_server.base_url, llm_max_retries=0)
-    client = OpenAICompatLLM(llm_server.base_url, "k", "test-model", 90.0, max_retries=0)
     fallback = CountingPipeline(engine)  # no LLM: answers at once
-    procs = RecallProcesses(
-        settings,
-        engine,
-        processes=1,
-        fallback=fallback,
-        answer_llm=MeteredLLM(client, Metrics(), role="answer"),
-    )
-    await procs.start()
-    try:
+    async with llm_children(engine, tmp_path, llm_server, fallback) as procs:
         [first] = procs.pids
         recall = asyncio.create_task(
             procs.run(RecallRequest("Who owns the database backup?", TEAM, asker="alice"))
@@ -334,16 +312,13 @@ async def test_a_child_killed_mid_recall_answers_it_in_the_bot(
                 break
             await asyncio.sleep(0.05)
         assert procs.replaced == 1 and procs.pids != [first]
-    finally:
-        await procs.stop()
-        await client.aclose()
 
 
 async def test_one_child_runs_several_recalls_at_once(
     engine: MemoryEngine, tmp_path: Path, llm_server: LLMServer
 ) -> None:
-    """The LLM holds each call until two are waiting: a child that ran one recall at a time
-    would never get there."""
+    """The LLM holds each call until two are waiting: a child whose recall kept its turn
+    while waiting on the LLM would never get there."""
     both = asyncio.Event()
     waiting = 0
     alone: list[int] = []  # calls that waited in vain for a second one
@@ -360,18 +335,8 @@ async def test_one_child_runs_several_recalls_at_once(
         return Reply(content="")
 
     llm_server.default = Handler(held)
-    settings = bot_settings(tmp_path, llm_base_url=llm_server.base_url, llm_max_retries=0)
-    client = OpenAICompatLLM(llm_server.base_url, "k", "test-model", 60.0, max_retries=0)
     fallback = CountingPipeline(engine)
-    procs = RecallProcesses(
-        settings,
-        engine,
-        processes=1,
-        fallback=fallback,
-        answer_llm=MeteredLLM(client, Metrics(), role="answer"),
-    )
-    await procs.start()
-    try:
+    async with llm_children(engine, tmp_path, llm_server, fallback) as procs:
         results = await asyncio.wait_for(
             asyncio.gather(
                 procs.run(RecallRequest("Who owns the database backup?", TEAM, asker="alice")),
@@ -379,8 +344,5 @@ async def test_one_child_runs_several_recalls_at_once(
             ),
             60,
         )
-    finally:
-        await procs.stop()
-        await client.aclose()
     assert both.is_set() and not alone and fallback.calls == 0
     assert all(r.answer.citations for r in results)

@@ -43,15 +43,11 @@ async def wait_for_port(port: int, proc: asyncio.subprocess.Process, limit_s: fl
     raise AssertionError("speakermem run did not start listening")
 
 
-async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
-    api = await SlackApiStandIn(
-        users={"U1": {"id": "U1", "name": "alice", "real_name": "Alice"}},
-        members={"C1": ["U1"]},
-    ).start()
-    # the event's roster sync blocks at the stand-in, so SIGTERM lands while it is in flight
-    entered, release = api.hold("conversations.members")
-    port = free_port()
-    db = tmp_path / "run.db"
+async def start_bot(
+    db: Path, api: SlackApiStandIn, port: int, **settings: str
+) -> asyncio.subprocess.Process:
+    """`speakermem run` as a subprocess: Slack over HTTP on `port` against the stand-in, no
+    embedder, no LLM; `settings` adds SPEAKERMEM_<NAME> variables."""
     env = {
         **os.environ,
         "SPEAKERMEM_DB_PATH": str(db),
@@ -63,8 +59,9 @@ async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
         "SPEAKERMEM_SLACK_API_URL": api.base_url,
         "SPEAKERMEM_EMBEDDER": "none",
         "SPEAKERMEM_LLM_BASE_URL": "",
+        **{f"SPEAKERMEM_{name.upper()}": value for name, value in settings.items()},
     }
-    proc = await asyncio.create_subprocess_exec(
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "integrations.cli.main",
@@ -74,6 +71,18 @@ async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
         stderr=asyncio.subprocess.STDOUT,
         cwd=str(ROOT),
     )
+
+
+async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
+    api = await SlackApiStandIn(
+        users={"U1": {"id": "U1", "name": "alice", "real_name": "Alice"}},
+        members={"C1": ["U1"]},
+    ).start()
+    # the event's roster sync blocks at the stand-in, so SIGTERM lands while it is in flight
+    entered, release = api.hold("conversations.members")
+    port = free_port()
+    db = tmp_path / "run.db"
+    proc = await start_bot(db, api, port)
     try:
         await wait_for_port(port, proc, limit_s=30)
         body = json.dumps(
