@@ -21,8 +21,10 @@ Targets: recall p95 <= 200 ms, loop lag p99 <= 100 ms, no RSS growth trend over 
 3 minutes (|slope| <= 1 MB/min), 0 lost, 0 duplicated.
 
 Usage (from the repository root):
-    python bench/bench_load.py --rate 200 --seconds 300 --channels 50     # the README run
+    python bench/bench_load.py --rate 200 --seconds 300 --channels 50 --recall-processes 2
     python bench/bench_load.py --seconds 30 --embedder none               # quick
+`--recall-processes N` runs /recall in N worker processes (SPEAKERMEM_RECALL_PROCESSES);
+RSS and cores then count the bot and them.
 """
 
 from __future__ import annotations
@@ -77,37 +79,32 @@ async def bot_main(cfg: dict[str, Any]) -> int:
     stage_rows: list[dict[str, float]] = []
     recall_llm = cfg["recall_llm"]
 
-    class MeasuredRecall(runtime.RecallPipeline):
-        """The runtime's pipeline, recording each run's stage timings (the pipeline's own
-        time, apart from Slack transport and the wait for the event loop) to a file. Without
-        --recall-llm it gets no LLM (the issue's "recall with no LLM"): the runtime builds
-        one client for the Writer and for answers; only the recall pipeline is given none."""
+    class Timed:
+        """Records each recall's stage timings (the pipeline's own time, apart from Slack
+        transport and the wait for the event loop) to a file."""
+
+        async def run(self, req: Any, *, answer: bool = True) -> Any:
+            started = time.perf_counter()
+            result = await super().run(req, answer=answer)  # type: ignore[misc]
+            stage_rows.append(
+                {"total": (time.perf_counter() - started) * 1000, **result.trace.latency_ms}
+            )
+            return result
+
+    class MeasuredRecall(Timed, runtime.RecallPipeline):
+        """The runtime's pipeline, timed. Without --recall-llm it gets no LLM (the issue's
+        "recall with no LLM"): the runtime builds one client for the Writer and for
+        answers; only the recall pipeline is given none."""
 
         def __init__(self, engine: Any, *, llm: Any = None, **kw: Any) -> None:
             super().__init__(engine, llm=llm if recall_llm else None, **kw)
 
-        async def run(self, req: Any, *, answer: bool = True) -> Any:
-            started = time.perf_counter()
-            result = await super().run(req, answer=answer)
-            stage_rows.append(
-                {"total": (time.perf_counter() - started) * 1000, **result.trace.latency_ms}
-            )
-            return result
-
-    class MeasuredProcesses(runtime.RecallProcesses):
+    class MeasuredProcesses(Timed, runtime.RecallProcesses):
         """The same for recalls in worker processes (--recall-processes): the children get
-        an LLM only with --recall-llm, and their stage timings come back in the trace."""
+        an LLM only with --recall-llm; their stage timings come back in the trace."""
 
         def __init__(self, *a: Any, answer_llm: Any = None, **kw: Any) -> None:
             super().__init__(*a, answer_llm=answer_llm if recall_llm else None, **kw)
-
-        async def run(self, req: Any, *, answer: bool = True) -> Any:
-            started = time.perf_counter()
-            result = await super().run(req, answer=answer)
-            stage_rows.append(
-                {"total": (time.perf_counter() - started) * 1000, **result.trace.latency_ms}
-            )
-            return result
 
     runtime.RecallPipeline = MeasuredRecall  # type: ignore[misc]
     runtime.RecallProcesses = MeasuredProcesses  # type: ignore[misc]
@@ -154,7 +151,7 @@ async def bot_main(cfg: dict[str, Any]) -> int:
         for st in stats:
             lines.append(f"{st.size_diff / 1e6:+8.2f} MB {st.count_diff:+8d} blocks")
             lines.extend(f"      {frame}" for frame in st.traceback.format())
-        Path(trace_to).write_text("\n".join(lines) + "\n")
+        Path(str(trace_to)).write_text("\n".join(lines) + "\n")
 
     async def flusher() -> None:
         while True:
