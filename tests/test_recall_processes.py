@@ -28,7 +28,7 @@ from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest, R
 from tests.conftest import msg
 from tests.llm_server import Handler, LLMServer, Reply
 from tests.standins.slack_api import SlackApiStandIn, signed_headers
-from tests.test_run import SECRET, free_port, start_bot, wait_for_port
+from tests.test_run import LAUNCH_EVENT, SECRET, free_port, start_bot, wait_for_port
 
 TEAM = Scope(platform="test", workspace="w1", channel="team")
 QUESTIONS = (
@@ -214,21 +214,7 @@ async def test_the_bot_answers_slack_recall_from_its_recall_process(tmp_path: Pa
     url = f"http://127.0.0.1:{port}/slack/events"
     try:
         await wait_for_port(port, proc, limit_s=60)
-        event = json.dumps(
-            {
-                "type": "event_callback",
-                "team_id": "T0STANDIN",
-                "event_id": "Ev1",
-                "event": {
-                    "type": "message",
-                    "channel": "C1",
-                    "user": "U1",
-                    "text": "the launch moved to friday",
-                    "ts": "1700000000.000100",
-                    "channel_type": "channel",
-                },
-            }
-        )
+        event = LAUNCH_EVENT
         command = urlencode(
             {
                 "command": "/recall",

@@ -43,6 +43,24 @@ async def wait_for_port(port: int, proc: asyncio.subprocess.Process, limit_s: fl
     raise AssertionError("speakermem run did not start listening")
 
 
+LAUNCH_EVENT = json.dumps(
+    {
+        "type": "event_callback",
+        "team_id": "T0STANDIN",
+        "event_id": "Ev1",
+        "event": {
+            "type": "message",
+            "channel": "C1",
+            "user": "U1",
+            "text": "the launch moved to friday",
+            "ts": "1700000000.000100",
+            "channel_type": "channel",
+        },
+    }
+)
+"""U1's message in C1, as Slack's Events API posts it."""
+
+
 async def start_bot(
     db: Path, api: SlackApiStandIn, port: int, **settings: str
 ) -> asyncio.subprocess.Process:
@@ -85,21 +103,7 @@ async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
     proc = await start_bot(db, api, port)
     try:
         await wait_for_port(port, proc, limit_s=30)
-        body = json.dumps(
-            {
-                "type": "event_callback",
-                "team_id": "T0STANDIN",
-                "event_id": "Ev1",
-                "event": {
-                    "type": "message",
-                    "channel": "C1",
-                    "user": "U1",
-                    "text": "the launch moved to friday",
-                    "ts": "1700000000.000100",
-                    "channel_type": "channel",
-                },
-            }
-        )
+        body = LAUNCH_EVENT
         async with aiohttp.ClientSession() as http:
             resp = await http.post(
                 f"http://127.0.0.1:{port}/slack/events",
