@@ -63,7 +63,7 @@ class _Turn:
     """A child computes one recall at a time; one waiting on the LLM gives its turn away.
 
     On a busy machine recalls are CPU-bound, and interleaving them in one interpreter only
-    made each slower (bench_load, MiniLM, two children: /recall p50 83 ms one at a time,
+    made each slower (bench_load, MiniLM, two children: /recall p50 129 ms one at a time,
     157 ms interleaved); but a recall waiting seconds for an answer model must not hold
     the others up."""
 
