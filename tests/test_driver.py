@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from memory.engine import MemoryEngine
 from memory.models import Scope
 from memory.store import DriverUnavailable, pick_driver, stdlib_can_load_extensions
 from memory.store import driver as driver_mod
+from memory.store.database import StoreError
 from tests.conftest import msg
 
 
@@ -73,3 +75,15 @@ async def test_page_cache_follows_the_setting_on_every_connection(tmp_path: Path
         assert [r[0][0] for r in readers] == [-3 * 1024] * db.config.readers
     finally:
         await engine.close()
+
+
+async def test_a_failed_open_leaves_no_worker_thread(tmp_path: Path) -> None:
+    """aiosqlite's worker thread outlived a failed connect and could hand its last result to
+    a closed loop (an exception in a thread, seen in CI after the doctor's failing open)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(StoreError):
+        await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=blocker / "x.db")))
+    workers = [t for t in threading.enumerate() if "_connection_worker_thread" in t.name]
+    assert not [t.name for t in workers if t.ident not in before and t.is_alive()]

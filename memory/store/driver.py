@@ -9,6 +9,7 @@ connector that returns a DB-API connection.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 from dataclasses import dataclass
@@ -114,5 +115,14 @@ async def open_async(
         return conn
 
     conn = aiosqlite.Connection(connector, iter_chunk_size=64)
-    await conn
+    try:
+        await conn
+    except BaseException:
+        # After a failed connect aiosqlite stops its worker thread, which then hands one
+        # last result back to this loop: wait for it here, or it lands on a loop that may
+        # be closed by then (an exception in that thread).
+        thread = getattr(conn, "_thread", None)
+        if thread is not None:
+            await asyncio.to_thread(thread.join, 5.0)
+        raise
     return conn
