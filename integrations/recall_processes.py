@@ -317,7 +317,6 @@ class RecallProcesses:
                 child.conn.send((rid, req, answer))
                 kind, payload, calls = await waiter
             except (ChildDied, OSError):
-                child.pending.pop(rid, None)
                 log.error(
                     "recall process %s died during a recall; answering it here",
                     child.process.pid,

@@ -12,10 +12,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
-import logging
 from functools import cache
-
-log = logging.getLogger(__name__)
 
 TRIM_EVERY_S = 60.0
 
