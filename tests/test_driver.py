@@ -73,8 +73,57 @@ async def test_page_cache_follows_the_setting_on_every_connection(tmp_path: Path
         readers = [await db.read("PRAGMA cache_size") for _ in range(db.config.readers)]
         assert writer[0] == -3 * 1024
         assert [r[0][0] for r in readers] == [-3 * 1024] * db.config.readers
+        assert (await db.read("PRAGMA soft_heap_limit"))[0][0] == 3 * 1024 * 1024
     finally:
         await engine.close()
+
+
+READ_EVERY_READER = """
+import asyncio, sys
+from pathlib import Path
+from memory.config import StoreConfig
+from memory.store.database import Database
+
+def rss_mb():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+
+async def main():
+    db = Database(StoreConfig(db_path=Path(sys.argv[1]), readers=4, cache_mib=8))
+    await db.open()
+    before = rss_mb()
+    # all four readers at once, so each connection fills its own cache with the table
+    await asyncio.gather(*(db.read("SELECT sum(length(b)) FROM blobs") for _ in range(4)))
+    print(rss_mb() - before)
+    await db.close()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
+def test_the_cache_budget_bounds_the_whole_process_not_each_connection(tmp_path: Path) -> None:
+    """Four readers scanning a 48 MB table: per-connection caches of 8 MiB would keep
+    32 MiB; one budget of 8 MiB for the process keeps about that, whatever the readers."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "big.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE blobs (id INTEGER PRIMARY KEY, b BLOB)")
+    conn.executemany("INSERT INTO blobs (b) VALUES (randomblob(1000))", [()] * 48_000)
+    conn.commit()
+    conn.close()
+    out = subprocess.run(
+        [sys.executable, "-c", READ_EVERY_READER, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    grew_mb = float(out.stdout.strip().splitlines()[-1])
+    assert grew_mb < 16, f"reading grew RSS by {grew_mb:.1f} MB"
 
 
 async def test_a_failed_open_leaves_no_worker_thread(tmp_path: Path) -> None:

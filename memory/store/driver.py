@@ -99,10 +99,17 @@ def connect_sync(path: Path | str, driver: Driver) -> Any:
 async def open_async(
     path: Path | str, driver: Driver, *, busy_timeout_ms: int, cache_mib: int
 ) -> aiosqlite.Connection:
-    """Open an aiosqlite connection over the chosen driver, in WAL mode, with a page cache
-    of `cache_mib` (SQLite keeps every page it touched up to that size, so memory grows
-    with the database until the cache is full: a small cache keeps a busy bot's memory
-    flat, and the OS page cache still serves re-reads)."""
+    """Open an aiosqlite connection over the chosen driver, in WAL mode, within a memory
+    budget of `cache_mib` for the whole process.
+
+    SQLite keeps every page a connection touched up to its cache size, so memory grows with
+    the database until the caches are full, and a writer plus N readers per process (the
+    bot and each recall process) multiply that. Each connection may use the whole budget
+    for its cache, and SQLite's process-wide soft heap limit (set to the same budget; one
+    value per process, so every open sets the same) makes the caches recycle pages instead
+    of allocating once the process's SQLite memory reaches it: memory levels off early, and
+    the OS page cache still serves re-reads.
+    """
 
     def connector() -> Any:
         conn = connect_sync(path, driver)
@@ -112,6 +119,7 @@ async def open_async(
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute(f"PRAGMA cache_size = -{int(cache_mib) * 1024}")
+        conn.execute(f"PRAGMA soft_heap_limit = {int(cache_mib) * 1024 * 1024}")
         return conn
 
     conn = aiosqlite.Connection(connector, iter_chunk_size=64)
