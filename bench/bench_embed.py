@@ -1,7 +1,8 @@
 """Throughput of the offline MiniLM embedder on realistic short chat messages.
 
 Reads LoCoMo dialogue turns (not copied into the repo) and prints messages/s for each
-combination of precision, intra-op threads and batch size, plus the int8 cosine to fp32.
+combination of precision, background threads (the bot's `embed()` path) and batch size,
+plus the int8 cosine to fp32.
 
     python bench/bench_embed.py --n 2000 --threads 1 2 --batch 32 64 128
 """
@@ -9,6 +10,7 @@ combination of precision, intra-op threads and batch size, plus the int8 cosine 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import statistics
@@ -74,7 +76,7 @@ def main() -> None:
                         cache_dir=args.cache_dir,
                         quantize=precision == "int8",
                         fused=graph == "fused",
-                        intra_op_num_threads=threads,
+                        threads=threads,
                         batch_size=batch,
                     )
                     emb.embed_sync(texts[:batch])  # load + warm up
@@ -82,7 +84,7 @@ def main() -> None:
                     vecs = np.empty(0)
                     for _ in range(args.repeat):
                         t0 = time.perf_counter()
-                        vecs = emb.embed_sync(texts)
+                        vecs = asyncio.run(emb.embed(texts))
                         best = min(best, time.perf_counter() - t0)
                     emb.close()
                     if reference is None and precision == "fp32":

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import inspect
 import json
 import os
 import platform
@@ -414,20 +413,9 @@ def make_minilm(args: argparse.Namespace) -> Any:
     except Exception as exc:
         print(f"  [skip] MiniLM embedder not importable: {exc!r}", flush=True)
         return None
-    params = inspect.signature(MiniLMEmbedder).parameters
-    kwargs: dict[str, Any] = {}
-    if "quantize" in params:
-        kwargs["quantize"] = args.embed_int8
-    for name in ("intra_op_num_threads", "threads"):
-        if name in params:
-            kwargs[name] = args.embed_threads
-            break
     try:
-        emb = MiniLMEmbedder(**kwargs)
-        if hasattr(emb, "load"):
-            emb.load()
-        else:
-            asyncio.run(emb.embed(["warm up"]))
+        emb = MiniLMEmbedder(quantize=args.embed_int8, threads=args.embed_threads)
+        emb.load()
     except Exception as exc:
         print(f"  [skip] MiniLM embedder not usable: {exc!r}", flush=True)
         return None
@@ -809,7 +797,7 @@ async def run_scale(
             t0 = time.perf_counter()
             vec_list = []
             for s in range(0, len(items), 512):
-                vec_list.append(emb.embed_sync([t for _, _, t in items[s : s + 512]]))
+                vec_list.append(await emb.embed([t for _, _, t in items[s : s + 512]]))
             vecs_all = np.concatenate(vec_list)
             embed_s = time.perf_counter() - t0
             t1 = time.perf_counter()

@@ -36,7 +36,7 @@ def build_embedder(settings: Settings) -> Embedder | None:
     return MiniLMEmbedder(
         cache_dir=settings.model_cache_dir,
         quantize=settings.embed_quantize,
-        intra_op_num_threads=settings.embed_threads,
+        threads=settings.embed_threads,
     )
 
 

@@ -66,8 +66,14 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def embedder(cache_dir: Path) -> Iterator[MiniLMEmbedder]:
-    """The default configuration, as the bot builds it."""
-    emb = MiniLMEmbedder(cache_dir=cache_dir)
+    """The default configuration, as the bot builds it (background batches split over two
+    threads, so parity below also checks the slices come back in order)."""
+    from bot.settings import Settings
+
+    emb = MiniLMEmbedder(
+        cache_dir=cache_dir, threads=Settings.model_fields["embed_threads"].default
+    )
+    assert emb.threads == 2
     yield emb
     emb.close()
 
@@ -205,6 +211,27 @@ async def test_concurrent_calls_queue_and_stay_correct(embedder: MiniLMEmbedder)
     results = await asyncio.gather(*(embedder.embed(g) for g in groups))
     for g, res in zip(groups, results, strict=True):
         np.testing.assert_allclose(res, embedder.embed_sync(g), atol=1e-5)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+async def test_background_threads_run_nicer_than_questions(embedder: MiniLMEmbedder) -> None:
+    """Background batches give the cores to /recall and ingestion when the machine is busy;
+    the question thread keeps the process's priority. (Needs no model: priority is set
+    when a worker thread starts.)"""
+    import os
+    import threading
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    loop = asyncio.get_running_loop()
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    background = await asyncio.gather(
+        *(loop.run_in_executor(embedder._executor, nice) for _ in range(4))
+    )
+    question = await loop.run_in_executor(embedder._query_executor, nice)
+    assert set(background) == {min(19, process + minilm.BACKGROUND_NICE)}
+    assert question == process
 
 
 @needs_model

@@ -131,17 +131,18 @@ async def test_minilm_question_does_not_queue_behind_a_batch() -> None:
     emb = minilm.MiniLMEmbedder()
     emb.load()
     release = threading.Event()
-    # occupy the batch thread as a long background batch would
-    busy = asyncio.get_running_loop().run_in_executor(emb._executor, release.wait, 60.0)
+    # occupy every background thread as long background batches would
+    loop = asyncio.get_running_loop()
+    busy = [loop.run_in_executor(emb._executor, release.wait, 60.0) for _ in range(emb.threads)]
     try:
         async with asyncio.timeout(30.0):
             vec = await emb.embed_query("when is the launch review?")
         assert vec.shape == (384,)
         assert abs(float(np.linalg.norm(vec)) - 1.0) < 1e-4
-        assert not busy.done()  # the batch thread was taken all along
+        assert not any(b.done() for b in busy)  # the batch threads were taken all along
     finally:
         release.set()
-        await busy
+        await asyncio.gather(*busy)
         emb.close()
 
 
