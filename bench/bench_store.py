@@ -1370,7 +1370,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--embed-threads",
         type=int,
         default=2,
-        help="MiniLM intra-op threads (the bot's default is 2)",
+        help="MiniLM background embedding threads (the bot's default is 2)",
     )
     p.add_argument(
         "--real-100k",

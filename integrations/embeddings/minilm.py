@@ -45,9 +45,9 @@ DEFAULT_CACHE_DIR = Path("~/.cache/speakermem/models")
 
 BACKGROUND_NICE = 10
 """How much nicer than the process the background embedding threads run (Linux): on a busy
-machine the scheduler
-gives a /recall, ingestion and the event loop the cores first, and background embedding the
-rest (about a tenth of a core's share against a normal thread, when the cores are full)."""
+machine the scheduler gives a /recall, ingestion and the event loop the cores first, and
+background embedding the rest (about a tenth of a normal thread's share while the cores are
+full)."""
 
 # Incremented whenever a graph is actually built (not loaded from cache); tests read it.
 build_count = 0
@@ -525,7 +525,6 @@ class MiniLMEmbedder:
             opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
             opts.log_severity_level = 3
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
             session = ort.InferenceSession(
                 str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"]
             )
