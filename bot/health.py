@@ -9,7 +9,6 @@ degrades it (200, /recall answers extractively and the Writer catches up later).
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Literal
 
@@ -40,23 +39,18 @@ class WriterQueue(BaseModel):
     """Seconds until the earliest deferred segment is due again (0 when one is due now)."""
 
 
-async def measure_writer_queue(
-    store: Store, *, now: float | None = None, limit: int = 20_000
-) -> WriterQueue:
-    """Read the queue from the store (pending segments, oldest first, up to `limit`)."""
+async def measure_writer_queue(store: Store, *, now: float | None = None) -> WriterQueue:
+    """Read the queue from the store (one aggregate over the pending segments)."""
     now = time.time() if now is None else now
-    pending = (await store.segments.counts()).get("segments_pending", 0)
-    if not pending:
+    b = await store.segments.backlog()
+    if not b.pending:
         return WriterQueue()
-    # `due` at an infinite "now" lists every pending segment, deferred or not
-    segments = await store.segments.due(limit=limit, now=math.inf)
-    retries = [s.next_attempt_at.timestamp() for s in segments if s.next_attempt_at is not None]
-    oldest = min((s.opened_at.timestamp() for s in segments), default=None)
+    oldest, retry = b.oldest_opened_at, b.earliest_retry_at
     return WriterQueue(
-        pending=pending,
-        deferred=sum(1 for s in segments if s.attempts > 0),
+        pending=b.pending,
+        deferred=b.deferred,
         oldest_pending_age_s=None if oldest is None else round(max(0.0, now - oldest), 1),
-        next_attempt_in_s=round(max(0.0, min(retries) - now), 1) if retries else None,
+        next_attempt_in_s=None if retry is None else round(max(0.0, retry - now), 1),
     )
 
 

@@ -252,6 +252,25 @@ async def test_segments_close_at_window_and_idle(tmp_path: Path, scope: Scope) -
         await eng.close()
 
 
+async def test_segment_backlog_sums_up_the_pending_ones(tmp_path: Path, scope: Scope) -> None:
+    eng = await MemoryEngine.open(make_config(tmp_path, segment_window=5))
+    try:
+        assert await eng.store.segments.backlog() == (0, 0, None, None)
+        other = Scope(platform="test", workspace="w1", channel="other")
+        await eng.ingest_many([msg(scope, f"m{i}", "Al", f"t{i}", i) for i in range(12)])
+        await eng.ingest_many([msg(other, f"o{i}", "Bo", f"t{i}", 100 + i) for i in range(5)])
+        due = await eng.store.segments.due(limit=10)
+        assert len(due) == 3  # two in `scope`, one in `other`; `scope`'s third is open
+        await eng.store.segments.defer(due[1].id, "endpoint down", 60, now=1_000.0)
+        await eng.store.segments.defer(due[2].id, "endpoint down", 30, now=1_000.0)
+        backlog = await eng.store.segments.backlog()
+        assert backlog.pending == 3 and backlog.deferred == 2
+        assert backlog.oldest_opened_at == pytest.approx(due[0].opened_at.timestamp(), abs=1e-3)
+        assert backlog.earliest_retry_at == 1_030.0
+    finally:
+        await eng.close()
+
+
 def _record(content: str, owner: str = "alice", **kw: object) -> NewRecord:
     base: dict[str, object] = dict(
         layer=Layer.CORE,
