@@ -426,6 +426,15 @@ ALTER TABLE segments ADD COLUMN lease_until REAL;
 """
 
 
+PENDING_SEGMENT_INDEXES = """
+CREATE INDEX segments_pending ON segments (id) WHERE state = 'pending';
+CREATE INDEX segments_channel_pending ON segments (channel_pk, id) WHERE state = 'pending';
+"""
+"""The Writer's queue in order, and each channel's earlier pending segments: without them
+finding the due segments checked every pending segment against every other (51,000 pending
+after an outage: 308 s for one `due()`, 4 s with the channel index, 0.1 ms with both)."""
+
+
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [
@@ -438,4 +447,7 @@ def migrations(chunk_size: int) -> list[Migration]:
             6, "reliability: edits and deletes that arrive before their message", EARLY_CHANGES
         ),
         Migration(7, "workers: segment claims with a lease", SEGMENT_CLAIMS),
+        Migration(
+            8, "writer: pending segments indexed in order and by channel", PENDING_SEGMENT_INDEXES
+        ),
     ]

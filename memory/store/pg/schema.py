@@ -28,7 +28,7 @@ from memory.store.pg.messages_schema import (
     messages_unembedded_sql,
 )
 from memory.store.pg.records_schema import records_search_sql, segment_claims_sql
-from memory.store.schema import EMBED_DIM, Migration
+from memory.store.schema import EMBED_DIM, PENDING_SEGMENT_INDEXES, Migration
 
 T = 'TEXT COLLATE "C"'
 """Text compared bytewise, as SQLite does."""
@@ -420,6 +420,9 @@ def migrations(config: StoreConfig) -> list[Migration]:
         ),
         Migration(
             9, "messages: the pending set without a foreign key", messages_unembedded_nofk_sql()
+        ),
+        Migration(
+            10, "writer: pending segments indexed in order and by channel", PENDING_SEGMENT_INDEXES
         ),
     ]
 
