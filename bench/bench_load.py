@@ -66,6 +66,14 @@ QUESTIONS = (
 log = logging.getLogger("bench_load")
 
 
+def bot_default(field: str) -> Any:
+    """What the bot would use for a setting (its environment, else bot/settings.py's
+    default), so the benchmark's defaults are the bot's and defined there once."""
+    from bot.settings import Settings
+
+    return getattr(Settings(_env_file=None), field)  # type: ignore[call-arg]
+
+
 # ---------------------------------------------------------------- the bot (subprocess)
 
 
@@ -766,8 +774,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--embedder",
         choices=["minilm", "none"],
-        default=os.environ.get("SPEAKERMEM_EMBEDDER", "minilm"),
-        help="as the bot (default: SPEAKERMEM_EMBEDDER, else minilm)",
+        default=bot_default("embedder"),
+        help="as the bot (default: the bot's own, SPEAKERMEM_EMBEDDER or its default)",
     )
     p.add_argument(
         "--recall-llm",
@@ -777,9 +785,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--recall-processes",
         type=int,
-        default=int(os.environ.get("SPEAKERMEM_RECALL_PROCESSES", "0")),
-        help="SPEAKERMEM_RECALL_PROCESSES of the bot (default: that variable, else 0: recall "
-        "in the bot process); RSS and cores then count the bot and its recall processes",
+        default=bot_default("recall_processes"),
+        help="SPEAKERMEM_RECALL_PROCESSES of the bot (default: the bot's own, that variable "
+        "or its default); RSS and cores then count the bot and its recall processes",
     )
     p.add_argument("--sample", type=float, default=15.0, help="RSS/queue sample interval (s)")
     p.add_argument(

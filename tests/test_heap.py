@@ -60,3 +60,48 @@ def test_trim_hands_back_what_threads_freed() -> None:
     kept, after_trim = run_probe()
     assert kept >= 20, kept  # glibc kept the freed blocks resident...
     assert after_trim < kept / 2, (kept, after_trim)  # ...until the trim
+
+
+# Eight threads hold blocks at once, then glibc lists its arenas (malloc_stats, on stderr).
+ARENAS_PROBE = textwrap.dedent(
+    """
+    import sys, threading
+    from integrations.ops import heap
+    if sys.argv[1] == "cap":
+        assert heap.limit_arenas(2)
+    together = threading.Barrier(8)
+    def hold():
+        keep = [bytes(600) for _ in range(1_000)]
+        together.wait()
+        del keep
+    threads = [threading.Thread(target=hold) for _ in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    heap._glibc().malloc_stats()
+    """
+)
+
+
+def count_arenas(mode: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    env["PYTHONPATH"] = str(ROOT)
+    err = subprocess.run(
+        [sys.executable, "-c", ARENAS_PROBE, mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stderr
+    return sum(line.startswith("Arena ") for line in err.splitlines())
+
+
+def test_limit_arenas_caps_the_arenas_of_threads_started_after_it() -> None:
+    assert count_arenas("free") >= 5  # each thread got its own
+    assert 1 <= count_arenas("cap") <= 2
+
+
+def test_an_operators_malloc_arena_max_wins_over_the_cap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert heap.limit_arenas(2) is False

@@ -1,10 +1,18 @@
-"""Hand the heap's free pages back to the system once a minute (glibc's `malloc_trim`).
+"""Keep glibc's heap small: hand free pages back once a minute (`malloc_trim`), and few
+arenas in the recall processes (`mallopt(M_ARENA_MAX)`).
 
 glibc keeps memory freed by the bot's threads (SQLite readers, ONNX Runtime, executors) in
 their malloc arenas, resident. Under steady traffic (bench/bench_load.py) each minute's trim
-gave back 7-8 MB of the bot process's RSS that it would otherwise have kept. A no-op off
-glibc (musl, macOS). Capping the arenas instead (MALLOC_ARENA_MAX=2) was tried: RSS rose
-less, but /recall p50 was 110 ms against 83 under that load, so it is left to operators.
+gave back 7-8 MB of the bot process's RSS that it would otherwise have kept.
+
+glibc also gives each new thread its own arena (up to 8 per core), and a recall process's
+SQLite reader threads each grow one as the channels they read grow. A recall process runs
+one recall at a time, so its threads hardly contend for two arenas: capped at
+`RECALL_ARENAS`, each recall process kept ~6 MB less and stopped rising sooner (bench_load,
+MiniLM, two recall processes, 5 minutes). The bot process is not capped: its ingestion,
+embedding and recall threads do contend, and capping it raised /recall p50 from 83 to 110
+ms when recalls ran there. An operator's own MALLOC_ARENA_MAX wins over the cap. All of it
+is a no-op off glibc (musl, macOS).
 """
 
 from __future__ import annotations
@@ -12,9 +20,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import os
 from functools import cache
 
 TRIM_EVERY_S = 60.0
+RECALL_ARENAS = 2
+M_ARENA_MAX = -8
+"""mallopt's parameter number for the arena cap (glibc's malloc.h)."""
 
 
 @cache
@@ -34,6 +46,16 @@ def trim() -> bool:
     """Hand free heap pages back to the system (`malloc_trim(0)`). True if any were."""
     libc = _glibc()
     return bool(libc is not None and libc.malloc_trim(0))
+
+
+def limit_arenas(arenas: int) -> bool:
+    """Let threads started from now on share at most `arenas` malloc arenas; call it
+    before the process starts its threads. False off glibc, or when the environment's
+    MALLOC_ARENA_MAX already chose."""
+    libc = _glibc()
+    if libc is None or os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    return bool(libc.mallopt(M_ARENA_MAX, arenas))
 
 
 async def trim_every(seconds: float = TRIM_EVERY_S) -> None:
