@@ -66,12 +66,12 @@ QUESTIONS = (
 log = logging.getLogger("bench_load")
 
 
-def bot_default(field: str) -> Any:
-    """What the bot would use for a setting (its environment, else bot/settings.py's
-    default), so the benchmark's defaults are the bot's and defined there once."""
+def bot_settings() -> Any:
+    """What the bot would use (its environment, else bot/settings.py's defaults), so the
+    benchmark's defaults are the bot's and defined there once."""
     from bot.settings import Settings
 
-    return getattr(Settings(_env_file=None), field)  # type: ignore[call-arg]
+    return Settings(_env_file=None)  # type: ignore[call-arg]
 
 
 # ---------------------------------------------------------------- the bot (subprocess)
@@ -765,6 +765,7 @@ def report(r: dict[str, Any]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Load benchmark of the running bot (issue 9).")
+    bot = bot_settings()
     p.add_argument("--rate", type=float, default=200.0, help="messages per second, in all")
     p.add_argument("--seconds", type=float, default=300.0)
     p.add_argument("--channels", type=int, default=50, help="half Slack, half Discord")
@@ -774,7 +775,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--embedder",
         choices=["minilm", "none"],
-        default=bot_default("embedder"),
+        default=bot.embedder,
         help="as the bot (default: the bot's own, SPEAKERMEM_EMBEDDER or its default)",
     )
     p.add_argument(
@@ -785,7 +786,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--recall-processes",
         type=int,
-        default=bot_default("recall_processes"),
+        default=bot.recall_processes,
         help="SPEAKERMEM_RECALL_PROCESSES of the bot (default: the bot's own, that variable "
         "or its default); RSS and cores then count the bot and its recall processes",
     )

@@ -43,16 +43,21 @@ PROBE = textwrap.dedent(
 )
 
 
-def run_probe() -> tuple[int, int]:
+def fresh_process(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a new interpreter whose glibc has no MALLOC_ARENA_MAX from us."""
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE],
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
         env=env,
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.split()
+    )
+
+
+def run_probe() -> tuple[int, int]:
+    out = fresh_process(PROBE).stdout.split()
     return int(out[0]), int(out[1])
 
 
@@ -83,15 +88,7 @@ ARENAS_PROBE = textwrap.dedent(
 
 
 def count_arenas(mode: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
-    env["PYTHONPATH"] = str(ROOT)
-    err = subprocess.run(
-        [sys.executable, "-c", ARENAS_PROBE, mode],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stderr
+    err = fresh_process(ARENAS_PROBE, mode).stderr
     return sum(line.startswith("Arena ") for line in err.splitlines())
 
 
