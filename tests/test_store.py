@@ -405,6 +405,33 @@ async def test_dense_search_ranks_by_exact_cosine(engine: MemoryEngine, scope: S
     assert vec.shape == (384,) and abs(float(np.linalg.norm(vec)) - 1) < 1e-4
 
 
+@pytest.mark.sqlite_only("the sign-bit cache is the SQLite store's")
+async def test_sign_bits_are_cached_only_for_large_partitions_and_never_stale(
+    engine: MemoryEngine, scope: Scope
+) -> None:
+    texts = [f"topic{i} alpha beta" for i in range(150)]  # three vec0 chunks of 64
+    await engine.ingest_many([msg(scope, f"m{i}", "Al", t, i) for i, t in enumerate(texts)])
+    await engine.embed_pending()
+    repo = engine.store.messages
+
+    async def top(question: str) -> list[str]:
+        hits = await engine.search(question, [scope], mode="dense", limit=5)
+        return [h.message.message_id for h in hits]
+
+    repo.bits_cache_min_rows = 151  # a larger partition than this one: read every time
+    uncached = await top("topic7 alpha beta")
+    assert not repo._bits_cache
+    repo.bits_cache_min_rows = 150
+    assert await top("topic7 alpha beta") == uncached
+    assert len(repo._bits_cache) == 1
+    assert await top("topic7 alpha beta") == uncached  # served from the cache
+
+    # a new row in the cached partition: the entry is stale and must not hide it
+    await engine.ingest_many([msg(scope, "new", "Bo", "gardening tomatoes basil", 200)])
+    await engine.embed_pending()
+    assert (await top("tomatoes basil gardening"))[0] == "new"
+
+
 @pytest.mark.sqlite_only("reads sqlite_master and PRAGMA table_info")
 async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
     """SPEC §3: every row carries platform/workspace/channel (users are per workspace)."""

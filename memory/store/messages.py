@@ -37,6 +37,7 @@ from memory.store.governance import GovernanceRepo
 from memory.store.rows import MESSAGE_COLUMNS, message_from_row, to_ts
 from memory.store.vectors import (
     BITS_CACHE_BYTES,
+    BITS_CACHE_MIN_ROWS,
     PackedBits,
     hamming_top_k,
     pack_chunks,
@@ -98,6 +99,7 @@ class MessageRepo:
         self.window = window
         self._shadow_knn = True  # see _coarse_knn
         self._bits_cache: OrderedDict[int, tuple[bytes, PackedBits]] = OrderedDict()
+        self.bits_cache_min_rows = BITS_CACHE_MIN_ROWS
         self.last_receipt: Receipt | None = None
         """What the latest platform delete removed (logs and tests read it)."""
 
@@ -733,36 +735,38 @@ class MessageRepo:
     async def _packed_partition(self, conn: Any, pk: int, nbytes: int) -> PackedBits | None:
         """The partition's sign bits, from a per-process cache when still current.
 
-        Currency is checked against the partition's chunk ids, validity bitmaps and rowids
-        (about a sixth of the bytes of the vectors): any insert, edit or delete by any
-        process changes them, so a stale entry is never used.
+        Only partitions of `BITS_CACHE_MIN_ROWS` rows or more are cached: below that,
+        reading the bits costs about as much as checking the cache, and caching every small
+        channel would only grow memory with the data. Currency is checked against the
+        partition's chunk ids, validity bitmaps and rowids (about a sixth of the bytes of
+        the vectors): any insert, edit or delete by any process changes them, so a stale
+        entry is never used.
         """
         try:
-            meta = await conn.execute_fetchall(
-                "SELECT chunk_id, validity, rowids FROM messages_vec_chunks"
-                " WHERE partition00 = ? ORDER BY chunk_id",
-                (pk,),
-            )
-            stamp = b"".join(
-                int(r[0]).to_bytes(8, "little", signed=True) + r[1] + r[2] for r in meta
-            )
-            cached = self._bits_cache.get(pk)
-            if cached is not None and cached[0] == stamp:
-                self._bits_cache.move_to_end(pk)
-                return cached[1]
+            if pk in self._bits_cache:
+                meta = await conn.execute_fetchall(
+                    "SELECT chunk_id, validity, rowids FROM messages_vec_chunks"
+                    " WHERE partition00 = ? ORDER BY chunk_id",
+                    (pk,),
+                )
+                stamp, packed = self._bits_cache[pk]
+                if stamp == _chunks_stamp(meta):
+                    self._bits_cache.move_to_end(pk)
+                    return packed
+                del self._bits_cache[pk]
             rows = await conn.execute_fetchall(
                 # CROSS JOIN keeps the small chunk table as the outer loop; the vector
                 # chunk is found by its real rowid, as vec0's own blob reads do.
-                "SELECT c.validity, c.rowids, v.vectors FROM messages_vec_chunks AS c"
+                "SELECT c.chunk_id, c.validity, c.rowids, v.vectors FROM messages_vec_chunks AS c"
                 " CROSS JOIN messages_vec_vector_chunks00 AS v ON v._rowid_ = c.chunk_id"
                 " WHERE c.partition00 = ? ORDER BY c.chunk_id",
                 (pk,),
             )
         except self.db.driver.error:
             return None
-        packed = pack_chunks(rows, nbytes)
-        if packed is not None:
-            self._remember(pk, stamp, packed)
+        packed = pack_chunks([r[1:] for r in rows], nbytes)
+        if packed is not None and packed.valid.size >= self.bits_cache_min_rows:
+            self._remember(pk, _chunks_stamp(rows), packed)
         return packed
 
     def _remember(self, pk: int, stamp: bytes, packed: PackedBits) -> None:
@@ -944,6 +948,11 @@ class MessageRepo:
 
 
 _NAME_TOKEN = re.compile(r"[^\W_]", re.UNICODE)
+
+
+def _chunks_stamp(rows: Sequence[Any]) -> bytes:
+    """What identifies a partition's content: (chunk_id, validity, rowids, ...) rows."""
+    return b"".join(int(r[0]).to_bytes(8, "little", signed=True) + r[1] + r[2] for r in rows)
 
 
 def speaker_phrase(name: str) -> str:
