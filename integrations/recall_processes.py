@@ -39,7 +39,7 @@ from typing import Any
 
 from bot.settings import Settings
 from integrations.app import build_embedder, build_llm
-from integrations.ops.heap import RECALL_ARENAS, limit_arenas, trim_every
+from integrations.ops.heap import RECALL_ARENAS, fix_mmap_threshold, limit_arenas, trim_every
 from integrations.ops.logs import configure_logging
 from integrations.ops.metrics import LLMCall, MeteredLLM
 from memory.engine import MemoryEngine
@@ -135,6 +135,7 @@ def serve(conn: Connection, settings: Settings, answer_llm: bool, log_level: str
     # Ctrl-C reaches the whole process group; the bot decides when its children stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     limit_arenas(RECALL_ARENAS)  # before the store's and the embedder's threads
+    fix_mmap_threshold()
     configure_logging(log_level, settings.log_format)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)

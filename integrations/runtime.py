@@ -20,7 +20,7 @@ from bot.scheduler import WriterScheduler
 from bot.settings import Settings
 from bot.spill import Spill
 from integrations.app import build_llm, llm_probe, open_engine
-from integrations.ops.heap import trim_every
+from integrations.ops.heap import fix_mmap_threshold, trim_every
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
 from integrations.recall_processes import RecallProcesses
@@ -163,7 +163,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
         scheduler.start()
         await dispatcher.replay_spill()  # what a full disk left behind last run
         replayer = asyncio.create_task(dispatcher.replay_spill_every(SPILL_RETRY_S))
-        # freed heap back to the system each minute: integrations/ops/heap.py
+        # large blocks by mmap, freed heap back to the system each minute: ops/heap.py
+        fix_mmap_threshold()
         trimmer = asyncio.create_task(trim_every(), name="speakermem-heap-trim")
         adapters = build_adapters(settings, dispatcher, engine)
         named = dict(zip(platforms, adapters, strict=True))

@@ -44,8 +44,12 @@ PROBE = textwrap.dedent(
 
 
 def fresh_process(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run `code` in a new interpreter whose glibc has no MALLOC_ARENA_MAX from us."""
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    """Run `code` in a new interpreter whose glibc has no malloc settings from us."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_")
+    }
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.run(
         [sys.executable, "-c", code, *args],
@@ -102,3 +106,41 @@ def test_an_operators_malloc_arena_max_wins_over_the_cap(
 ) -> None:
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert heap.limit_arenas(2) is False
+
+
+# A large block is freed (glibc then raises its mmap threshold to that size); then 16 blocks
+# of 512 KiB are allocated, and glibc counts how many of them it mapped on their own.
+MMAP_PROBE = textwrap.dedent(
+    """
+    import ctypes, sys
+    from integrations.ops import heap
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    libc = heap._glibc()
+    libc.mallinfo2.restype = Info
+    if sys.argv[1] == "fixed":
+        assert heap.fix_mmap_threshold()
+    big = bytearray(4 << 20)
+    del big
+    before = libc.mallinfo2().hblks
+    keep = [bytearray(512 << 10) for _ in range(16)]
+    print(libc.mallinfo2().hblks - before)
+    """
+)
+
+
+def mapped_blocks(mode: str) -> int:
+    return int(fresh_process(MMAP_PROBE, mode).stdout)
+
+
+@pytest.mark.skipif(not hasattr(heap._glibc(), "mallinfo2"), reason="needs glibc 2.33+ (mallinfo2)")
+def test_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap() -> None:
+    assert mapped_blocks("free") == 0  # the freed 4 MiB block raised glibc's threshold
+    assert mapped_blocks("fixed") == 16
+
+
+def test_an_operators_mmap_threshold_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert heap.fix_mmap_threshold() is False

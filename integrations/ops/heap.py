@@ -1,5 +1,6 @@
-"""Keep glibc's heap small: hand free pages back once a minute (`malloc_trim`), and few
-arenas in the recall processes (`mallopt(M_ARENA_MAX)`).
+"""Keep glibc's heap small: hand free pages back once a minute (`malloc_trim`), keep large
+blocks out of the heap (`mallopt(M_MMAP_THRESHOLD)`), and few arenas in the recall
+processes (`mallopt(M_ARENA_MAX)`).
 
 glibc keeps memory freed by the bot's threads (SQLite readers, ONNX Runtime, executors) in
 their malloc arenas, resident. Under steady traffic (bench/bench_load.py) each minute's trim
@@ -11,8 +12,16 @@ one recall at a time, so its threads hardly contend for two arenas: capped at
 `RECALL_ARENAS`, each recall process kept ~6 MB less and stopped rising sooner (bench_load,
 MiniLM, two recall processes, 5 minutes). The bot process is not capped: its ingestion,
 embedding and recall threads do contend, and capping it raised /recall p50 from 83 to 110
-ms when recalls ran there. An operator's own MALLOC_ARENA_MAX wins over the cap. All of it
-is a no-op off glibc (musl, macOS).
+ms when recalls ran there. An operator's own MALLOC_ARENA_MAX wins over the cap.
+
+glibc serves a block of 128 KiB or more with its own mmap, returned to the system when
+freed, but each such free raises that threshold to the freed size (up to 32 MiB). After the
+embedder's and numpy's first large temporaries, they come from the heap instead, where
+they leave holes that later small blocks pin: under steady traffic (bench_load, MiniLM)
+the bot's heap grew 129 -> 135 MB over minutes 2-5 while what it held rose 0.7 MB (glibc's
+mallinfo2). With the threshold fixed at its initial value: 49.1 -> 49.5 MB. An operator's
+MALLOC_MMAP_THRESHOLD_ wins.
+All of it is a no-op off glibc (musl, macOS).
 """
 
 from __future__ import annotations
@@ -25,8 +34,11 @@ from functools import cache
 
 TRIM_EVERY_S = 60.0
 RECALL_ARENAS = 2
+MMAP_THRESHOLD = 128 * 1024
+"""glibc's initial threshold, kept (see the module's docstring)."""
 M_ARENA_MAX = -8
-"""mallopt's parameter number for the arena cap (glibc's malloc.h)."""
+M_MMAP_THRESHOLD = -3
+"""mallopt's parameter numbers (glibc's malloc.h)."""
 
 
 @cache
@@ -56,6 +68,15 @@ def limit_arenas(arenas: int) -> bool:
     if libc is None or os.environ.get("MALLOC_ARENA_MAX"):
         return False
     return bool(libc.mallopt(M_ARENA_MAX, arenas))
+
+
+def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
+    """Serve blocks of `nbytes` or more by mmap from now on, whatever is freed later. False
+    off glibc, or when the environment's MALLOC_MMAP_THRESHOLD_ already chose."""
+    libc = _glibc()
+    if libc is None or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, nbytes))
 
 
 async def trim_every(seconds: float = TRIM_EVERY_S) -> None:
