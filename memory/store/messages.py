@@ -749,10 +749,10 @@ class MessageRepo:
                     " WHERE partition00 = ? ORDER BY chunk_id",
                     (pk,),
                 )
-                stamp, packed = self._bits_cache[pk]
+                stamp, cached = self._bits_cache[pk]
                 if stamp == _chunks_stamp(meta):
                     self._bits_cache.move_to_end(pk)
-                    return packed
+                    return cached
                 del self._bits_cache[pk]
             rows = await conn.execute_fetchall(
                 # CROSS JOIN keeps the small chunk table as the outer loop; the vector
