@@ -54,6 +54,15 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
+def _mallopt(param: int, value: int, *, unless: str) -> bool:
+    """Set a glibc malloc parameter, unless the operator's environment variable `unless`
+    (glibc's own name for it) already chose. False off glibc or when not set."""
+    libc = _glibc()
+    if libc is None or os.environ.get(unless):
+        return False
+    return bool(libc.mallopt(param, value))
+
+
 def trim() -> bool:
     """Hand free heap pages back to the system (`malloc_trim(0)`). True if any were."""
     libc = _glibc()
@@ -64,19 +73,13 @@ def limit_arenas(arenas: int) -> bool:
     """Let threads started from now on share at most `arenas` malloc arenas; call it
     before the process starts its threads. False off glibc, or when the environment's
     MALLOC_ARENA_MAX already chose."""
-    libc = _glibc()
-    if libc is None or os.environ.get("MALLOC_ARENA_MAX"):
-        return False
-    return bool(libc.mallopt(M_ARENA_MAX, arenas))
+    return _mallopt(M_ARENA_MAX, arenas, unless="MALLOC_ARENA_MAX")
 
 
 def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
     """Serve blocks of `nbytes` or more by mmap from now on, whatever is freed later. False
     off glibc, or when the environment's MALLOC_MMAP_THRESHOLD_ already chose."""
-    libc = _glibc()
-    if libc is None or os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-        return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, nbytes))
+    return _mallopt(M_MMAP_THRESHOLD, nbytes, unless="MALLOC_MMAP_THRESHOLD_")
 
 
 async def trim_every(seconds: float = TRIM_EVERY_S) -> None:
