@@ -459,3 +459,41 @@ async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
             else {"platform", "workspace", "channel"}
         )
         assert needed <= cols, table
+
+
+@pytest.mark.sqlite_only("SQLite's IN lists (PostgreSQL's reads bind arrays: one text already)")
+async def test_in_lists_of_any_length_share_a_few_statement_texts(
+    engine: MemoryEngine, scope: Scope, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each connection caches prepared statements by their text: lists of every length
+    must not each make a new one (memory.store.inlists), and padding must not change what
+    the reads return."""
+    fruit = ["apples" if i % 3 == 0 else "pears" for i in range(70)]
+    events = [msg(scope, f"m{i}", f"P{i % 40}", f"note {i} about {fruit[i]}", i) for i in range(70)]
+    await engine.ingest_many(events)
+    stored = await engine.store.messages.by_ids(scope, [e.message_id for e in events])
+    pks = [stored[e.message_id].pk for e in events]
+    speakers = [f"p{i}" for i in range(40)]
+    (channel_pk,) = await engine.channel_pks([scope])
+
+    texts: dict[str, set[str]] = {}
+    real_read = engine.store.db.read
+    label = ""
+
+    async def spy(sql: str, params: tuple | list = ()) -> list:
+        texts.setdefault(label, set()).add(sql)
+        return await real_read(sql, params)
+
+    monkeypatch.setattr(engine.store.db, "read", spy)
+    label = "get_many"
+    for n in range(1, 71):
+        assert set(await engine.store.messages.get_many(pks[:n])) == set(pks[:n])
+    label = "lexical"
+    for k in range(1, 41):
+        hits = await engine.store.messages.lexical(
+            "apples", [channel_pk], 100, speakers=speakers[:k]
+        )
+        wanted = {pks[i] for i in range(70) if i % 40 < k and fruit[i] == "apples"}
+        assert {pk for pk, _ in hits} == wanted
+    assert len(texts["get_many"]) <= 8  # 1, 2, 4, ..., 128 values
+    assert len(texts["lexical"]) <= 7  # 1, 2, 4, ..., 32, 64 values

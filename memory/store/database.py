@@ -20,13 +20,15 @@ import aiosqlite
 
 from memory.config import StoreConfig
 from memory.store.driver import Driver, open_async, pick_driver
+from memory.store.inlists import in_list
 from memory.store.schema import migrations
 
 log = logging.getLogger(__name__)
 
 
-IN_CHUNK = 500
-"""Values per IN (...) list: well under SQLite's default 32,766 bound variables."""
+IN_CHUNK = 512
+"""Values per IN (...) list: well under SQLite's default 32,766 bound variables, and a
+power of two, so a full chunk needs no padding (memory.store.inlists)."""
 
 
 class StoreError(RuntimeError):
@@ -232,8 +234,7 @@ class Database:
         rows: list[Any] = []
         values = list(values)
         for start in range(0, len(values), chunk):
-            part = values[start : start + chunk]
-            marks = ",".join("?" * len(part))
+            marks, part = in_list(values[start : start + chunk])
             rows.extend(await self.read(sql.format(marks=marks), (*before, *part)))
         return rows
 

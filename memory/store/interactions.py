@@ -16,6 +16,7 @@ import numpy as np
 from memory.interactions import WINDOW, NameIndex, Turn, infer
 from memory.models import Scope
 from memory.store.database import Database
+from memory.store.inlists import in_list
 from memory.store.vectors import rescore
 
 _COLUMNS = "id, speaker_id, text, ts, session_id, message_id, reply_to, addressees, deleted_at"
@@ -165,16 +166,17 @@ class InteractionRepo:
         """
         if not channel_pks:
             return []
-        cm = ",".join("?" * len(channel_pks))
+        cm, channels = in_list(channel_pks)
         sql = (
             "SELECT m.id FROM message_addressees a JOIN messages m ON m.id = a.message_pk"
             f" WHERE a.addressee = ? AND m.channel_pk IN ({cm}) AND m.deleted_at IS NULL"
         )
-        params: list[object] = [addressee, *channel_pks]
+        params: list[object] = [addressee, *channels]
         speakers = [s for s in speakers if s != addressee]
         if speakers:
-            sql += f" AND m.speaker_id IN ({','.join('?' * len(speakers))})"
-            params.extend(speakers)
+            sm, padded = in_list(speakers)
+            sql += f" AND m.speaker_id IN ({sm})"
+            params.extend(padded)
         sql += " LIMIT ?"
         params.append(max_messages + 1)
         told = [r[0] for r in await self.db.read(sql, params)]

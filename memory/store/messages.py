@@ -32,8 +32,9 @@ from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope, StoredMes
 from memory.search.fts_query import quote
 from memory.sessions import ChannelCursor, place_message
 from memory.store.channels import ChannelRepo
-from memory.store.database import Database, Transaction
+from memory.store.database import IN_CHUNK, Database, Transaction
 from memory.store.governance import GovernanceRepo
+from memory.store.inlists import in_list
 from memory.store.rows import MESSAGE_COLUMNS, message_from_row, to_ts
 from memory.store.vectors import (
     BITS_CACHE_BYTES,
@@ -66,7 +67,6 @@ class IngestOutcome:
     pk: int | None = None
 
 
-_CHUNK = 500
 EARLY_EDIT_TTL_S = 86_400.0
 """How long the text of an edit whose message never arrived is kept: reordering by retries
 and reconnects spans minutes, and catch-up and imports fetch the edited text anyway. Early
@@ -369,9 +369,8 @@ class MessageRepo:
         """Each channel's cursor and open segment: pk -> (last_ts, session, next turn,
         open segment id or None, its message count)."""
         out: dict[int, tuple[Any, int, int, int | None, int]] = {}
-        for start in range(0, len(pks), _CHUNK):
-            chunk = pks[start : start + _CHUNK]
-            marks = ",".join("?" * len(chunk))
+        for start in range(0, len(pks), IN_CHUNK):
+            marks, chunk = in_list(pks[start : start + IN_CHUNK])
             for r in await tx.fetchall(
                 "SELECT c.id, c.last_ts, c.session_id, c.next_turn, s.id, s.n_messages"
                 " FROM channels c LEFT JOIN segments s ON s.channel_pk = c.id"
@@ -509,9 +508,8 @@ class MessageRepo:
         async with self.db.transaction() as tx:
             ids = [pk for pk, _, _ in items]
             current: dict[int, str] = {}
-            for start in range(0, len(ids), _CHUNK):
-                chunk = ids[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
+            for start in range(0, len(ids), IN_CHUNK):
+                marks, chunk = in_list(ids[start : start + IN_CHUNK])
                 for r in await tx.fetchall(
                     f"SELECT id, speaker_name, text FROM messages WHERE id IN ({marks})"
                     " AND embedded = 0 AND deleted_at IS NULL",
@@ -580,11 +578,11 @@ class MessageRepo:
         pk = await self.channels.lookup(scope)
         if pk is None or not session_ids:
             return {}
-        marks = ",".join("?" * len(session_ids))
+        marks, ids = in_list(session_ids)
         rows = await self.db.read(
             f"SELECT session_id, started_at FROM sessions WHERE channel_pk = ?"
             f" AND session_id IN ({marks})",
-            (pk, *session_ids),
+            (pk, *ids),
         )
         return {r[0]: r[1] for r in rows}
 
@@ -632,8 +630,9 @@ class MessageRepo:
         )
         params: list[object] = [full_match]
         if speakers:
-            sql += f" AND m.speaker_id IN ({','.join('?' * len(speakers))})"
-            params.extend(speakers)
+            marks, padded = in_list(speakers)
+            sql += f" AND m.speaker_id IN ({marks})"
+            params.extend(padded)
         if since is not None:
             sql += " AND m.ts >= ?"
             params.append(since)
@@ -654,6 +653,7 @@ class MessageRepo:
             return {}
         tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
         full_match = f"{{text speaker_name}} : ({match}) AND channel_tag : ({tags})"
+        marks, padded = in_list(speakers)
         # the inner LIMIT keeps SQLite from flattening bm25() into the window's ORDER BY
         sql = (
             "SELECT id, speaker_id FROM (SELECT id, speaker_id, row_number() OVER"
@@ -662,11 +662,11 @@ class MessageRepo:
             " bm25(messages_fts, 1.0, 0.5, 0.0) AS score FROM messages_fts"
             " JOIN messages m ON m.id = messages_fts.rowid"
             " WHERE messages_fts MATCH ? AND m.deleted_at IS NULL"
-            f" AND m.speaker_id IN ({','.join('?' * len(speakers))}) LIMIT -1))"
+            f" AND m.speaker_id IN ({marks}) LIMIT -1))"
             " WHERE rn <= ? ORDER BY speaker_id, rn"
         )
         out: dict[str, list[int]] = {}
-        for pk, speaker in await self.db.read(sql, [full_match, *speakers, per_speaker]):
+        for pk, speaker in await self.db.read(sql, [full_match, *padded, per_speaker]):
             out.setdefault(speaker, []).append(pk)
         return out
 
@@ -698,9 +698,8 @@ class MessageRepo:
             if not candidates:
                 return []
             blobs: list[tuple[int, bytes]] = []
-            for start in range(0, len(candidates), _CHUNK):
-                chunk = candidates[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
+            for start in range(0, len(candidates), IN_CHUNK):
+                marks, chunk = in_list(candidates[start : start + IN_CHUNK])
                 rows = await conn.execute_fetchall(
                     f"SELECT id, embedding FROM message_vectors WHERE id IN ({marks})", chunk
                 )
@@ -835,21 +834,21 @@ class MessageRepo:
         """
         if not channel_pks or not speakers:
             return []
-        cm = ",".join("?" * len(channel_pks))
-        sm = ",".join("?" * len(speakers))
+        cm, channels = in_list(channel_pks)
+        sm, padded = in_list(speakers)
         rows = await self.db.read(
             f"SELECT speaker_id, count(*) FROM messages WHERE channel_pk IN ({cm})"
             f" AND speaker_id IN ({sm}) AND deleted_at IS NULL GROUP BY speaker_id",
-            (*channel_pks, *speakers),
+            (*channels, *padded),
         )
         rare = [r[0] for r in rows if r[1] <= max_messages]
         if not rare:
             return []
-        rm = ",".join("?" * len(rare))
+        rm, rare = in_list(rare)
         blobs = await self.db.read(
             f"SELECT v.id, v.embedding FROM messages m JOIN message_vectors v ON v.id = m.id"
             f" WHERE m.channel_pk IN ({cm}) AND m.speaker_id IN ({rm}) AND m.deleted_at IS NULL",
-            (*channel_pks, *rare),
+            (*channels, *rare),
         )
         if not blobs:
             return []
@@ -893,10 +892,10 @@ class MessageRepo:
         """How many sessions the channels hold (the N of session-level IDF)."""
         if not channel_pks:
             return 0
-        marks = ",".join("?" * len(channel_pks))
+        marks, channels = in_list(channel_pks)
         rows = await self.db.read(
             f"SELECT coalesce(sum(session_id), 0) FROM channels WHERE id IN ({marks})",
-            list(channel_pks),
+            channels,
         )
         return int(rows[0][0])
 
@@ -913,9 +912,8 @@ class MessageRepo:
         for channel_pk, session_id in dict.fromkeys(sessions):
             by_channel.setdefault(channel_pk, []).append(session_id)
         for channel_pk, ids in by_channel.items():
-            for start in range(0, len(ids), _CHUNK):
-                chunk = ids[start : start + _CHUNK]
-                marks = ",".join("?" * len(chunk))
+            for start in range(0, len(ids), IN_CHUNK):
+                marks, chunk = in_list(ids[start : start + IN_CHUNK])
                 rows = await self.db.read(
                     "SELECT session_id, count(*) FROM messages WHERE channel_pk = ?"
                     f" AND session_id IN ({marks}) GROUP BY session_id",
@@ -927,9 +925,9 @@ class MessageRepo:
     async def latest_ts(self, channel_pks: Sequence[int]) -> float | None:
         if not channel_pks:
             return None
-        marks = ",".join("?" * len(channel_pks))
+        marks, channels = in_list(channel_pks)
         rows = await self.db.read(
-            f"SELECT max(last_ts) FROM channels WHERE id IN ({marks})", list(channel_pks)
+            f"SELECT max(last_ts) FROM channels WHERE id IN ({marks})", channels
         )
         return None if rows[0][0] is None else float(rows[0][0])
 

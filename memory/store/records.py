@@ -12,6 +12,7 @@ import numpy as np
 from memory.models import DerivedRecord, NewRecord, Scope
 from memory.store.channels import ChannelRepo
 from memory.store.database import Database, StoreError, Transaction
+from memory.store.inlists import in_list
 from memory.store.rows import RECORD_COLUMNS, record_from_row, to_ts
 from memory.store.segments import LeaseLost, holds_claim
 
@@ -163,20 +164,22 @@ class RecordRepo:
                     "UPDATE records SET state = 'superseded', superseded_by = ? WHERE id = ?",
                     (rid, rec.supersedes),
                 )
-            await tx.execute(self._link_sources_sql(len(rec.from_ids)), (rid, pk, *rec.from_ids))
+            if rec.from_ids:
+                marks, from_ids = in_list(rec.from_ids)
+                await tx.execute(self._link_sources_sql(marks), (rid, pk, *from_ids))
             if vectors is not None:
                 await self._index_vector(tx, rid, pk, vectors[i])
             ids.append(rid)
         return ids
 
     @staticmethod
-    def _link_sources_sql(n: int) -> str:
+    def _link_sources_sql(marks: str) -> str:
         """record_sources rows for the record (1st parameter) and the channel's (2nd) stored
-        messages among `n` message ids; ones already linked are skipped."""
+        messages among the message ids bound to `marks`; ones already linked are skipped."""
         return (
             "INSERT OR IGNORE INTO record_sources (record_id, message_pk, platform,"
             " workspace, channel) SELECT ?, id, platform, workspace, channel FROM messages"
-            f" WHERE channel_pk = ? AND message_id IN ({','.join('?' * n)})"
+            f" WHERE channel_pk = ? AND message_id IN ({marks})"
         )
 
     async def _index_vector(
@@ -244,19 +247,18 @@ class RecordRepo:
         """Active records of the channels, optionally owned by or sourced from some people."""
         if not channel_pks:
             return []
-        marks = ",".join("?" * len(channel_pks))
+        marks, channels = in_list(channel_pks)
         sql = (
             f"SELECT {RECORD_COLUMNS} FROM records WHERE channel_pk IN ({marks})"
             " AND state = 'active'"
         )
-        params: list[object] = list(channel_pks)
+        params: list[object] = list(channels)
         filters = []
-        if owners:
-            filters.append(f"owner IN ({','.join('?' * len(owners))})")
-            params.extend(owners)
-        if sources:
-            filters.append(f"source IN ({','.join('?' * len(sources))})")
-            params.extend(sources)
+        for column, values in (("owner", owners), ("source", sources)):
+            if values:
+                value_marks, padded = in_list(values)
+                filters.append(f"{column} IN ({value_marks})")
+                params.extend(padded)
         if filters:
             sql += " AND (" + " OR ".join(filters) + ")"
         sql += " ORDER BY time DESC, id DESC"
@@ -274,10 +276,10 @@ class RecordRepo:
     async def channel_of(self, record_ids: Sequence[int]) -> dict[int, tuple[str, str, str]]:
         if not record_ids:
             return {}
-        marks = ",".join("?" * len(record_ids))
+        marks, ids = in_list(record_ids)
         rows = await self.db.read(
             f"SELECT id, platform, workspace, channel FROM records WHERE id IN ({marks})",
-            list(record_ids),
+            ids,
         )
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
@@ -295,13 +297,13 @@ class RecordRepo:
         """FTS5 BM25 over records of the channels, optionally one owner's or one source's."""
         if not match or not channel_pks:
             return []
-        marks = ",".join("?" * len(channel_pks))
+        marks, channels = in_list(channel_pks)
         sql = (
             "SELECT r.id, bm25(records_fts) AS score FROM records_fts"
             " JOIN records r ON r.id = records_fts.rowid"
             f" WHERE records_fts MATCH ? AND r.channel_pk IN ({marks})"
         )
-        params: list[object] = [match, *channel_pks]
+        params: list[object] = [match, *channels]
         if active_only:
             sql += " AND r.state = 'active'"
         if owner is not None:
@@ -347,8 +349,8 @@ class RecordRepo:
         keys = list(dict.fromkeys(keys))
         if not match or not channel_pks or not keys or per_key <= 0:
             return {}
-        pk_marks = ",".join("?" * len(channel_pks))
-        key_marks = ",".join("?" * len(keys))
+        pk_marks, channels = in_list(channel_pks)
+        key_marks, padded = in_list(keys)
         # FTS5 first, then the owner/source filter: measured on 20k records, handing FTS5 the
         # people's record ids instead (rowid IN ...) made it test each id alone, 40x slower.
         # The inner LIMIT keeps SQLite from flattening bm25() into the window's ORDER BY.
@@ -363,7 +365,7 @@ class RecordRepo:
             + " LIMIT -1)) WHERE rn <= ? ORDER BY grp, rn"
         )
         out: dict[str, list[int]] = {}
-        for rid, grp in await self.db.read(sql, [match, *channel_pks, *keys, per_key]):
+        for rid, grp in await self.db.read(sql, [match, *channels, *padded, per_key]):
             out.setdefault(grp, []).append(rid)
         return out
 
@@ -375,13 +377,14 @@ class RecordRepo:
         owners = list(dict.fromkeys(owners))
         if not owners or not channel_pks or per_owner <= 0:
             return []
-        pk_marks = ",".join("?" * len(channel_pks))
+        pk_marks, channels = in_list(channel_pks)
+        owner_marks, padded = in_list(owners)
         rows = await self.db.read(
             "SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY owner"
             " ORDER BY time DESC, id DESC) AS rn FROM records"
-            f" WHERE channel_pk IN ({pk_marks}) AND owner IN ({','.join('?' * len(owners))})"
+            f" WHERE channel_pk IN ({pk_marks}) AND owner IN ({owner_marks})"
             " AND state = 'active') AS latest WHERE rn <= ?",
-            [*channel_pks, *owners, per_owner],
+            [*channels, *padded, per_owner],
         )
         return [r[0] for r in rows]
 
@@ -418,14 +421,14 @@ class RecordRepo:
         """Owners (people, not GROUP) of the best `limit` active matches, best first."""
         if not match or not channel_pks or limit <= 0:
             return []
-        marks = ",".join("?" * len(channel_pks))
+        marks, channels = in_list(channel_pks)
         rows = await self.db.read(
             "SELECT r.owner, bm25(records_fts) AS score FROM records_fts"
             " JOIN records r ON r.id = records_fts.rowid"
             f" WHERE records_fts MATCH ? AND r.channel_pk IN ({marks})"
             " AND r.state = 'active' AND r.record_scope = 'PERSON'"
             " ORDER BY score LIMIT ?",
-            [match, *channel_pks, limit],
+            [match, *channels, limit],
         )
         return list(dict.fromkeys(r[0] for r in rows))
 

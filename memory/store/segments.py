@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from memory.models import Scope, Segment
 from memory.store.database import Database, StoreError
+from memory.store.inlists import in_list
 from memory.store.rows import SEGMENT_COLUMNS, segment_from_row
 
 
@@ -191,10 +192,10 @@ class SegmentRepo:
             )
             segments = [segment_from_row(r) for r in rows]
             if segments:
+                marks, ids = in_list([s.id for s in segments])
                 await tx.execute(
-                    "UPDATE segments SET claimed_by = ?, lease_until = ?"
-                    f" WHERE id IN ({','.join('?' * len(segments))})",
-                    (worker_id, now + lease_s, *(s.id for s in segments)),
+                    f"UPDATE segments SET claimed_by = ?, lease_until = ? WHERE id IN ({marks})",
+                    (worker_id, now + lease_s, *ids),
                 )
         return segments
 

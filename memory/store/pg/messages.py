@@ -37,9 +37,9 @@ from psycopg.pq import Format
 from psycopg.types import TypeInfo
 
 from memory.models import MessageEvent
-from memory.store.database import StoreError, Transaction
+from memory.store.database import IN_CHUNK, StoreError, Transaction
 from memory.store.governance import GovernanceRepo
-from memory.store.messages import _CHUNK, MessageRepo, _Early, embed_text, speaker_phrase
+from memory.store.messages import MessageRepo, _Early, embed_text, speaker_phrase
 from memory.store.pg.database import translate
 from memory.store.pg.messages_schema import TS_CONFIG, fts_input
 from memory.store.vectors import rescore
@@ -203,12 +203,12 @@ class PgMessageRepo(MessageRepo):
         async with self.db.transaction() as tx:
             ids = [pk for pk, _, _ in items]
             current: dict[int, str] = {}
-            for start in range(0, len(ids), _CHUNK):
+            for start in range(0, len(ids), IN_CHUNK):
                 for r in await tx.fetchall(
                     "SELECT m.id, m.speaker_name, m.text FROM messages_unembedded u"
                     " JOIN messages m ON m.id = u.id WHERE u.id = ANY(?)"
                     " AND m.deleted_at IS NULL",
-                    (ids[start : start + _CHUNK],),
+                    (ids[start : start + IN_CHUNK],),
                 ):
                     current[r[0]] = embed_text(r[1], r[2])
             keep = [i for i, (pk, _, text) in enumerate(items) if current.get(pk) == text]

@@ -91,11 +91,11 @@ class PgRecordRepo(RecordRepo):
     )
 
     @staticmethod
-    def _link_sources_sql(n: int) -> str:
+    def _link_sources_sql(marks: str) -> str:
         return (
             "INSERT INTO record_sources (record_id, message_pk, platform, workspace, channel)"
             " SELECT ?, id, platform, workspace, channel FROM messages"
-            f" WHERE channel_pk = ? AND message_id IN ({','.join('?' * n)})"
+            f" WHERE channel_pk = ? AND message_id IN ({marks})"
             " ON CONFLICT DO NOTHING"
         )
 
