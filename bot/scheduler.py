@@ -174,12 +174,13 @@ class WriterScheduler:
                         await self._write_run()
             finally:
                 self._writing = False
-            self._wake_at(time.time() if self._again else self.writer.next_wake())
+            more = self._again or self.writer.more_due  # a full run: the next starts at once
+            self._wake_at(time.time() if more else self.writer.next_wake())
 
     async def _write_run(self) -> None:
         assert self.writer is not None
         try:
-            await self.writer.flush_due()
+            await self.writer.flush_due(limit=self.writer.run_limit)
         except Exception:  # a failed run must not kill the job; segments stay pending
             log.exception("writer run failed; pending segments will be retried")
         try:

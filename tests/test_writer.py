@@ -590,6 +590,48 @@ async def test_scheduler_flushes_on_kick_closes_idle_and_drains(
         assert sched.runs["write"] >= 3 and sched.runs["close-idle"] >= 1
 
 
+async def test_scheduled_runs_take_a_few_segments_each_and_follow_on_at_once(
+    live_engine: MemoryEngine, llm_server: LLMServer
+) -> None:
+    """Behind a backlog a scheduled run takes `run_limit` due segments (what a run holds and
+    how long it runs stay bounded), and the next run starts at once, not an interval later."""
+    engine = live_engine
+    llm_server.default = Reply(content=NOOP_JSON)
+    async with llm_for(llm_server) as llm:
+        writer = Writer(engine, llm, FAST)
+        backlog = 2 * writer.run_limit + 3
+        for c in range(backlog):  # one full window (5 messages) per channel
+            where = Scope(platform="test", workspace="w1", channel=f"c{c}")
+            await engine.ingest_many(
+                [msg(where, f"m{i}", "Alice", f"hi {i}", i / 1000) for i in range(5)]
+            )
+        assert len(await engine.store.segments.due(limit=1000)) == backlog
+        sizes: list[int] = []
+        flush_due = writer.flush_due
+
+        async def counted(**kw: Any) -> list[Any]:
+            outcomes = await flush_due(**kw)
+            sizes.append(len(outcomes))
+            return outcomes
+
+        writer.flush_due = counted  # type: ignore[method-assign]
+        sched = WriterScheduler(
+            engine, writer, idle_seconds=3600, write_interval_s=3600, idle_check_s=3600
+        )
+        sched.start()
+
+        async def all_done() -> bool:
+            return (await engine.store.segments.counts())["segments_done"] == backlog
+
+        try:  # the interval is an hour: only runs that follow on at once get there
+            await wait_for(all_done, within_s=20.0)
+        finally:
+            await sched.shutdown()
+    assert sum(sizes) == backlog
+    assert max(sizes) == writer.run_limit
+    assert len(sizes) >= 3
+
+
 # ---------------------------------------------------------------- replay writer
 
 

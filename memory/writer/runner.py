@@ -50,6 +50,9 @@ from memory.writer.validate import (
 
 log = logging.getLogger(__name__)
 
+RUN_SEGMENTS_PER_SLOT = 4
+"""Due segments a scheduled write run takes per concurrency slot (`Writer.run_limit`)."""
+
 
 @dataclass
 class FlushOutcome:
@@ -126,11 +129,22 @@ class Writer:
         """Set by request_stop(): runs end after the segments already being written."""
         self._retries: dict[int, float] = {}
         """When each item this Writer deferred becomes due (segment id; rederive: -id)."""
+        self.more_due = False
+        """The last `flush_due` found as many due segments as its limit: more may wait."""
 
     def request_stop(self) -> None:
         """Finish only what is in flight: a shutdown must not wait for a whole backlog (at
         one LLM call per segment that can take minutes; the rest stays pending)."""
         self._stopping = True
+
+    @property
+    def run_limit(self) -> int:
+        """Due segments one scheduled run takes: a few per slot. Behind a backlog (a slow
+        endpoint, 1 s a call, under 200 messages/s) a run of the 1,000 oldest held them
+        all in memory and ran for minutes, so a channel that became due meanwhile waited
+        for its end; short runs back to back keep the oldest-first order and end within
+        seconds."""
+        return self.cfg.concurrency * RUN_SEGMENTS_PER_SLOT
 
     @property
     def paused(self) -> bool:
@@ -499,11 +513,13 @@ class Writer:
         limit: int = 1000,
         on_progress: Callable[[FlushOutcome], None] | None = None,
     ) -> list[FlushOutcome]:
-        """Write every due segment: channels in parallel, each channel's segments in order.
+        """Write the due segments (the `limit` oldest): channels in parallel, each channel's
+        segments in order.
 
         While the breaker is open (the endpoint failed recently) nothing is attempted: the
         segments stay pending, their attempt counts untouched, until the pause ends.
         """
+        self.more_due = False
         if self.paused or self._stopping:
             return []
         now = time.time()  # what was due by now is attempted in this run (or deferred again)
@@ -530,4 +546,6 @@ class Writer:
                         break  # keep the channel's order: later segments wait too
 
         await asyncio.gather(*(channel_worker(segs) for segs in by_channel.values()))
+        # only a run that went through says so: a failing one must not be retried at once
+        self.more_due = len(due) >= limit
         return outcomes
