@@ -27,13 +27,15 @@ class StoreConfig(BaseModel):
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = "auto"
     readers: int = Field(default=4, ge=1, le=16)
     """Reader connections: /recall runs its rankings concurrently, one per connection."""
-    cache_mib: int = Field(default=8, ge=1, le=4096)
+    cache_mib: int = Field(default=4, ge=1, le=4096)
     """SQLite memory of one process (its writer and readers together), in MiB: the page
-    caches share it, so memory levels off once it is used. Per-connection caches (8 MiB
-    each, five per process) let a bot under steady traffic grow for five minutes, three
-    processes filling 120 MiB of them; 16 MiB per process grew 10.3 MB/min over the last
-    three minutes of that run, 8 grew 3.6 (and 4 no less: the rest is not SQLite's), with
-    /recall no slower (bench/bench_load.py with MiniLM and two recall processes)."""
+    caches share it, so memory levels off once it is used (the OS page cache still serves
+    re-reads). Per-connection caches (8 MiB each, five per process) let a bot under steady
+    traffic grow for five minutes, three processes filling 120 MiB of them. At 8 MiB a
+    recall process, which reads only the channels it is asked about, still filled its
+    budget until ~2½ minutes into bench/bench_load.py (+2.7 MB each over the last three);
+    at 4 it is full by the second and /recall was no slower (p95 150-183 ms against
+    171-184, MiniLM, two recall processes)."""
     busy_timeout_ms: int = Field(default=5_000, ge=0)
     lock_wait_s: float = Field(default=60.0, gt=0, le=3600)
     """How long a write waits for another process's write lock (a backup, a CLI import)
