@@ -130,6 +130,12 @@ async def test_running_bot_serves_healthz_and_metrics(tmp_path: Path) -> None:
                 }
                 async with http.post(url, data=body, headers=headers) as resp:
                     assert resp.status == 200
+            # bolt acks an event before its listener stores it: wait for the three stores
+            stored = 'speakermem_events_handled_total{outcome="message_stored"} 3.0'
+            for _ in range(200):
+                if stored in (await get(f"{base}/metrics"))[1]:
+                    break
+                await asyncio.sleep(0.05)
             form = (
                 "command=%2Frecall&text=release+note&user_id=U1&user_name=alice&channel_id=C1"
                 f"&team_id={TEAM_ID}&response_url={api.response_url('m')}&trigger_id=1.2"
@@ -146,7 +152,7 @@ async def test_running_bot_serves_healthz_and_metrics(tmp_path: Path) -> None:
             await asyncio.sleep(0.05)
         status, text = await get(f"{base}/metrics")
         assert status == 200
-        assert 'speakermem_events_handled_total{outcome="message_stored"} 3.0' in text
+        assert stored in text
         assert 'speakermem_recall_seconds_count{outcome="answered"} 1.0' in text
         assert "speakermem_writer_queue_segments 0.0" in text
         assert 'speakermem_platform_connected{platform="slack"} 1.0' in text
