@@ -235,6 +235,16 @@ async def test_background_threads_run_nicer_than_questions(embedder: MiniLMEmbed
 
 
 @needs_model
+def test_session_keeps_no_memory_pattern_per_shape(embedder: MiniLMEmbedder) -> None:
+    """Dynamic padding makes a new input shape for many batches; a memory pattern kept for
+    each would grow a long-running bot's memory (minilm.py, `load`)."""
+    embedder.embed_sync(["a short one", "and a somewhat longer text to pad the batch to"])
+    options = embedder._session.get_session_options()
+    assert options.enable_mem_pattern is False
+    assert options.intra_op_num_threads == 1
+
+
+@needs_model
 def test_cache_is_reused(cache_dir: Path, embedder: MiniLMEmbedder) -> None:
     embedder.load()
     assert embedder.onnx_path is not None and embedder.onnx_path.parent == cache_dir
