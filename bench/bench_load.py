@@ -164,12 +164,16 @@ async def bot_main(cfg: dict[str, Any]) -> int:
             lines.extend(f"      {frame}" for frame in st.traceback.format())
         Path(str(trace_to)).write_text("\n".join(lines) + "\n")
 
+    heap_to = cfg.get("heap_log")
+
     async def flusher() -> None:
         while True:
             await asyncio.sleep(5.0)
             flush()
             if trace_to:
                 trace_growth()
+            if heap_to:
+                await asyncio.to_thread(heap_sample, time.monotonic() - started, Path(heap_to))
 
     task = asyncio.create_task(flusher())
     try:
@@ -178,6 +182,63 @@ async def bot_main(cfg: dict[str, Any]) -> int:
         task.cancel()
         await ticker.stop()
         flush()
+
+
+def heap_sample(t: float, to: Path) -> None:
+    """--heap-log: append where the bot's anonymous memory is, for finding what grows:
+    glibc's counters (`mallinfo2`, KB), Python's live blocks, the threads, and each anonymous
+    mapping's resident KB keyed `start:size KB[:name]` (those under 512 KB summed), and
+    SQLite's own memory."""
+    import ctypes
+    import ctypes.util
+    import threading
+
+    fields = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
+    fields += ("uordblks", "fordblks", "keepcost")
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in fields]
+
+    row: dict[str, Any] = {"t": round(t, 1), "py_blocks": sys.getallocatedblocks()}
+    row["py_threads"] = threading.active_count()
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name) if libc_name else None
+    if libc is not None and hasattr(libc, "mallinfo2"):
+        libc.mallinfo2.restype = MallInfo2
+        info = libc.mallinfo2()
+        row.update({f: getattr(info, f) >> 10 for f in ("arena", "hblkhd", "uordblks", "fordblks")})
+    with contextlib.suppress(ImportError, OSError, AttributeError):
+        from sqlean import _sqlite3  # the store's SQLite (bundled), not the system's
+
+        sqlite = ctypes.CDLL(_sqlite3.__file__)
+        sqlite.sqlite3_memory_used.restype = ctypes.c_int64
+        row["sqlite_kb"] = sqlite.sqlite3_memory_used() >> 10
+    maps: dict[str, int] = {}
+    small = 0
+    key, anon = "", False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            if line[0].isupper():  # a field of the current mapping
+                if anon and line.startswith("Rss:"):
+                    kb = int(line.split()[1])
+                    if kb >= 512:
+                        maps[key] = kb
+                    else:
+                        small += kb
+                continue
+            parts = line.split()  # a mapping: start-end perms offset dev inode [path]
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            name = parts[5] if len(parts) > 5 else ""
+            anon = name in ("", "[heap]", "[stack]")
+            key = f"{lo:x}:{(hi - lo) >> 10}" + (f":{name}" if name else "")
+    row["maps"] = maps
+    row["small_anon_kb"] = small
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(("RssAnon", "Threads")):
+                row[line.split(":")[0]] = int(line.split()[1])
+    with to.open("a") as out:
+        out.write(json.dumps(row) + "\n")
 
 
 # ---------------------------------------------------------------- the Slack sender (subprocess)
@@ -423,6 +484,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "recall_llm": args.recall_llm,
                 "profile": str(args.profile.resolve()) if args.profile else None,
                 "tracemalloc": str(args.tracemalloc.resolve()) if args.tracemalloc else None,
+                "heap_log": str(args.heap_log.resolve()) if args.heap_log else None,
             }
         )
     )
@@ -843,6 +905,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="trace the bot's Python allocations; what grew after the first minute, by call"
         " site, to this file (slows the bot: for finding growth, not for the figures)",
+    )
+    p.add_argument(
+        "--heap-log",
+        type=Path,
+        help="every 5 s append where the bot's anonymous memory is (glibc's counters, Python's"
+        " blocks, each anonymous mapping) to this file, as JSON lines",
     )
     p.add_argument("--role", choices=["measure", "bot", "sender"], default="measure")
     p.add_argument("--bot-config", type=Path, help=argparse.SUPPRESS)
