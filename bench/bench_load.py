@@ -24,6 +24,7 @@ Usage (from the repository root):
     python bench/bench_load.py --rate 200 --seconds 300 --channels 50 --recall-processes 2
     python bench/bench_load.py --warmup 120 --recall-processes 2   # measured after 2 minutes
     python bench/bench_load.py --seconds 30 --embedder none               # quick
+    python bench/bench_load.py --recall-processes 0 --heap-log heap.jsonl  # where RSS goes
 `--recall-processes N` runs /recall in N worker processes (SPEAKERMEM_RECALL_PROCESSES);
 RSS and cores then count the bot and them. `--warmup S` runs the same traffic for S seconds
 first: the RSS slope then describes a bot that has been running, while its caches and heaps
