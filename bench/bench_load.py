@@ -910,8 +910,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--heap-log",
         type=Path,
-        help="every 5 s append where the bot's anonymous memory is (glibc's counters, Python's"
-        " blocks, each anonymous mapping) to this file, as JSON lines",
+        help="every 5 s append where the bot's anonymous memory is (glibc's counters, SQLite's,"
+        " Python's blocks, each anonymous mapping) to this file, as JSON lines",
     )
     p.add_argument("--role", choices=["measure", "bot", "sender"], default="measure")
     p.add_argument("--bot-config", type=Path, help=argparse.SUPPRESS)
