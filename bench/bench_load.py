@@ -191,23 +191,15 @@ def heap_sample(t: float, to: Path) -> None:
     mapping's resident KB keyed `start:size KB[:name]` (those under 512 KB summed), and
     SQLite's own memory."""
     import ctypes
-    import ctypes.util
     import threading
 
-    fields = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks")
-    fields += ("uordblks", "fordblks", "keepcost")
-
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in fields]
+    from integrations.ops.heap import mallinfo
 
     row: dict[str, Any] = {"t": round(t, 1), "py_blocks": sys.getallocatedblocks()}
     row["py_threads"] = threading.active_count()
-    libc_name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(libc_name) if libc_name else None
-    if libc is not None and hasattr(libc, "mallinfo2"):
-        libc.mallinfo2.restype = MallInfo2
-        info = libc.mallinfo2()
-        row.update({f: getattr(info, f) >> 10 for f in ("arena", "hblkhd", "uordblks", "fordblks")})
+    info = mallinfo()
+    if info is not None:
+        row.update({f: info[f] >> 10 for f in ("arena", "hblkhd", "uordblks", "fordblks")})
     with contextlib.suppress(ImportError, OSError, AttributeError):
         from sqlean import _sqlite3  # the store's SQLite (bundled), not the system's
 

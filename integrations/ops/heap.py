@@ -63,6 +63,28 @@ def _mallopt(param: int, value: int, *, unless: str) -> bool:
     return bool(libc.mallopt(param, value))
 
 
+MALLINFO2_FIELDS = (
+    *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
+    *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),
+)
+"""glibc's `struct mallinfo2` (2.33+), in order: ten size_t counters."""
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS]
+
+
+def mallinfo() -> dict[str, int] | None:
+    """glibc's heap counters (`mallinfo2`) in bytes, by glibc's field names; None off glibc
+    or before 2.33. For measuring the heap (bench_load --heap-log, tests)."""
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallinfo2"):
+        return None
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return {name: getattr(info, name) for name in MALLINFO2_FIELDS}
+
+
 def trim() -> bool:
     """Hand free heap pages back to the system (`malloc_trim(0)`). True if any were."""
     libc = _glibc()
