@@ -444,7 +444,7 @@ async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
             # message_vectors is the float payload of a messages row, keyed by its id; the
             # interaction graph's rows are likewise keyed by message (or channel) pk
             " AND name NOT IN ('schema_migrations', 'message_vectors', 'message_addressees',"
-            " 'message_links', 'interaction_cursor')"
+            " 'message_links', 'interaction_cursor', 'store_secrets')"  # the database's key
         )
     ]
     assert {"messages", "records", "record_sources", "roster", "segments", "writer_runs"} <= set(
@@ -454,8 +454,19 @@ async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
         cols = {r[1] for r in await engine.store.db.read(f"PRAGMA table_info({table})")}
         needed = (
             {"platform", "workspace"}
-            # per-workspace tables: people, their preferences, workspace policy, admin audit
-            if table in ("users", "user_aliases", "user_prefs", "workspace_policy", "audit_log")
+            # per-workspace tables: people, their preferences and tombstones, workspace
+            # policy, admin audit, forgets in progress
+            if table
+            in (
+                "users",
+                "user_aliases",
+                "user_prefs",
+                "workspace_policy",
+                "audit_log",
+                "forgotten_people",
+                "forgotten_names",
+                "forget_jobs",
+            )
             else {"platform", "workspace", "channel"}
         )
         assert needed <= cols, table

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from pydantic import BaseModel, Field
+
+from memory.models import DeleteEvent, EditEvent, MessageEvent, RosterEvent
 
 DAY_S = 86_400.0
 
@@ -20,6 +23,9 @@ class Receipt(BaseModel):
     target: str = ""
     counts: dict[str, int] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
+    complete: bool = True
+    """False while part of the work failed: the forget is recorded and resumed, and the
+    receipt says so instead of claiming it is done."""
 
     def add(self, table: str, n: int) -> None:
         if n:
@@ -29,6 +35,7 @@ class Receipt(BaseModel):
         for table, n in other.counts.items():
             self.add(table, n)
         self.notes.extend(n for n in other.notes if n not in self.notes)
+        self.complete = self.complete and other.complete
 
     @property
     def total(self) -> int:
@@ -36,9 +43,68 @@ class Receipt(BaseModel):
 
     def summary(self) -> str:
         """One line for a chat reply: 'messages 3, records 1, ...' or 'nothing changed'."""
-        if not self.counts:
-            return "nothing changed"
-        return ", ".join(f"{table} {n}" for table, n in sorted(self.counts.items()))
+        done = (
+            ", ".join(f"{table} {n}" for table, n in sorted(self.counts.items()))
+            if self.counts
+            else "nothing changed"
+        )
+        if not self.complete:
+            done += " (INCOMPLETE: the rest is retried automatically; see the audit log)"
+        return done
+
+
+class Refusal(StrEnum):
+    """Why the admission gate turned a message (or an edit's text) away."""
+
+    BOT = "bot"
+    CHANNEL_OFF = "channel_off"
+    FORGOTTEN = "forgotten"
+    """Its author was forgotten (a tombstone) and has not opted in since."""
+    OPTED_OUT = "opted_out"
+
+
+def admission(*, is_bot: bool, channel_on: bool, author: Refusal | None = None) -> Refusal | None:
+    """The one admission decision every entry path shares: None admits the message.
+    `author` is what the author's tombstone or opt-out says (None: nothing against them)."""
+    if is_bot:
+        return Refusal.BOT
+    if not channel_on:
+        return Refusal.CHANNEL_OFF
+    return author
+
+
+COMMIT_CITES_GONE = "commit_cites_forgotten"
+COMMIT_PERSON = "commit_forgotten_person"
+COMMIT_OPTED_OUT = "commit_opted_out_person"
+COMMIT_NAMES = "commit_names_forgotten"
+COMMIT_TARGET_GONE = "commit_target_withdrawn"
+"""Reasons the commit-time check drops a Writer record (counted in the Writer run log)."""
+
+
+def commit_refusal(
+    *,
+    from_ids: Sequence[str],
+    live: set[str],
+    people: Iterable[Refusal | None],
+    names_forgotten: bool,
+    target_present: bool,
+) -> str | None:
+    """Whether a Writer record may still be committed, decided inside the commit: every
+    message it cites is live, neither its owner nor its source was forgotten or opted out,
+    its text names no forgotten person, and the record it updates was not withdrawn
+    meanwhile. None commits it; otherwise the reason it is dropped."""
+    if any(mid not in live for mid in from_ids):
+        return COMMIT_CITES_GONE
+    refusals = set(people)
+    if Refusal.FORGOTTEN in refusals:
+        return COMMIT_PERSON
+    if Refusal.OPTED_OUT in refusals:
+        return COMMIT_OPTED_OUT
+    if names_forgotten:
+        return COMMIT_NAMES
+    if not target_present:
+        return COMMIT_TARGET_GONE
+    return None
 
 
 def channel_enabled(explicit: bool | None, default: bool) -> bool:
@@ -108,3 +174,43 @@ def visible_records(sources: Mapping[int, set[int]], readable_channel_pks: set[i
     A record with no known source is not shown: access fails closed.
     """
     return {rid for rid, chans in sources.items() if chans and chans <= readable_channel_pks}
+
+
+@dataclass(frozen=True)
+class Forgotten:
+    """What one forget covered, for copies outside the store (the bot's spill): a person
+    (every message, edit and roster event of theirs), some messages of a channel, or a
+    whole channel (a purge). Holds ids only."""
+
+    platform: str
+    workspace: str
+    user_id: str | None = None
+    channel: str | None = None
+    message_ids: tuple[str, ...] = ()
+
+    def covers(self, event: object) -> bool:
+        """Whether an event carries words this forget removed (a delete carries none)."""
+        scope = getattr(event, "scope", None)
+        if scope is None or (scope.platform, scope.workspace) != (self.platform, self.workspace):
+            return False
+        if isinstance(event, DeleteEvent):
+            return False
+        if self.user_id is not None:
+            author = (
+                event.speaker_id
+                if isinstance(event, MessageEvent)
+                else event.author_id
+                if isinstance(event, EditEvent)
+                else event.user_id
+                if isinstance(event, RosterEvent)
+                else None
+            )
+            if author == self.user_id:
+                return True
+        if self.channel is None or scope.channel != self.channel:
+            return False
+        if isinstance(event, RosterEvent):
+            return False
+        if not self.message_ids:
+            return True
+        return getattr(event, "message_id", None) in self.message_ids

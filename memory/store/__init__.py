@@ -7,12 +7,14 @@ from memory.store.catchup import CatchupRepo
 from memory.store.channels import ChannelRepo
 from memory.store.database import Database, StoreBusy, StoreError
 from memory.store.driver import DriverUnavailable, pick_driver, stdlib_can_load_extensions
+from memory.store.forget_jobs import ForgetJob, ForgetJobRepo
 from memory.store.governance import AuditEntry, ChannelPolicy, GovernanceRepo, RederiveItem
 from memory.store.interactions import InteractionRepo
 from memory.store.locks import JobLocks
 from memory.store.messages import ChangeStatus, IngestOutcome, IngestStatus, MessageRepo
 from memory.store.records import ChainConflict, RecordRepo, WriterRunLog
 from memory.store.segments import SegmentRepo
+from memory.store.tombstones import TombstoneRepo
 
 __all__ = [
     "AuditEntry",
@@ -20,6 +22,7 @@ __all__ = [
     "ChangeStatus",
     "ChannelPolicy",
     "DriverUnavailable",
+    "ForgetJob",
     "GovernanceRepo",
     "IngestOutcome",
     "IngestStatus",
@@ -47,6 +50,8 @@ class Store:
         self.interactions = InteractionRepo(self.db)
         self.catchup = CatchupRepo(self.db)
         self.locks = JobLocks()
+        self.tombstones = TombstoneRepo(self.db, self.channels)
+        self.forget_jobs = ForgetJobRepo(self.db)
 
     @property
     def driver_name(self) -> str:

@@ -32,12 +32,13 @@ class CatchupRepo:
     async def newest(
         self, platform: str, workspace: str | None = None
     ) -> dict[Scope, tuple[str, float, str | None]]:
-        """Each enabled channel's newest stored message: (id, ts, channel name). Deleted
-        messages count too: their ids still mark how far the channel was seen."""
+        """Each channel's newest stored message: (id, ts, channel name). Deleted messages
+        count too: their ids still mark how far the channel was seen. Whether memory is on
+        is the governance policy's to say (bot.catchup asks it)."""
         sql = (
             "SELECT c.platform, c.workspace, c.channel, m.message_id, m.ts, c.name FROM channels c"
             " JOIN messages m ON m.id = (SELECT m2.id FROM messages m2 WHERE m2.channel_pk = c.id"
-            " ORDER BY m2.ts DESC, m2.id DESC LIMIT 1) WHERE c.platform = ? AND c.enabled = 1"
+            " ORDER BY m2.ts DESC, m2.id DESC LIMIT 1) WHERE c.platform = ?"
         )
         params: list[object] = [platform]
         if workspace is not None:

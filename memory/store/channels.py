@@ -7,8 +7,10 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from memory.governance.policy import Refusal
 from memory.models import RosterAction, RosterEvent, RosterMember, Scope
 from memory.store.database import Database, Transaction
+from memory.store.policy import PolicyRepo
 from memory.store.rows import from_ts, to_ts
 
 WORKSPACE_WIDE = "*"
@@ -26,6 +28,8 @@ class ChannelRepo:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.policy = PolicyRepo(db)
+        """Switches, opt-outs and tombstones, shared by every repository (each has `channels`)."""
         self._pk_cache: dict[tuple[str, str, str], int] = {}
         self._members: OrderedDict[tuple[int, bool], tuple[int, list[RosterMember]]] = OrderedDict()
         """(channel pk, include_left) -> (roster revision, members): see `members`."""
@@ -67,7 +71,7 @@ class ChannelRepo:
 
     async def all(self) -> list[dict[str, Any]]:
         rows = await self.db.read(
-            "SELECT c.id, c.platform, c.workspace, c.channel, c.name, c.is_private, c.enabled,"
+            "SELECT c.id, c.platform, c.workspace, c.channel, c.name, c.is_private,"
             " (SELECT count(*) FROM messages m WHERE m.channel_pk = c.id AND m.deleted_at IS NULL),"
             " (SELECT count(*) FROM roster r WHERE r.channel_pk = c.id AND r.left_at IS NULL),"
             " c.session_id"
@@ -79,10 +83,9 @@ class ChannelRepo:
                 "scope": Scope(platform=r[1], workspace=r[2], channel=r[3]),
                 "name": r[4],
                 "is_private": bool(r[5]),
-                "enabled": bool(r[6]),
-                "messages": r[7],
-                "members": r[8],
-                "sessions": r[9],
+                "messages": r[6],
+                "members": r[7],
+                "sessions": r[8],
             }
             for r in rows
         ]
@@ -154,6 +157,13 @@ class ChannelRepo:
             rows,
         )
 
+    async def _forgotten(self, tx: Transaction, scope: Scope, user_id: str) -> bool:
+        """Whether `user_id` is a forgotten person: their names are not written back (their
+        roster membership still is: it is access, not memory)."""
+        await tx.policy_lock(shared=True)
+        found = await self.policy.exclusions(scope.platform, scope.workspace, tx)
+        return found.reason(user_id) is Refusal.FORGOTTEN
+
     async def apply(self, event: RosterEvent) -> None:
         scope = event.scope
         at = to_ts(event.at)
@@ -162,10 +172,11 @@ class ChannelRepo:
             return
         async with self.db.transaction() as tx:
             pk = await self.ensure(tx, scope)
+            named = not await self._forgotten(tx, scope, event.user_id)
             if event.action is RosterAction.JOIN:
-                if event.name:
+                if named and event.name:
                     await self.upsert_users(tx, scope, [(event.user_id, event.name, event.is_bot)])
-                else:
+                elif named:
                     await tx.execute(
                         "INSERT INTO users (platform, workspace, user_id, display_name, is_bot,"
                         " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
@@ -193,11 +204,13 @@ class ChannelRepo:
             elif event.action is RosterAction.RENAME:
                 if not event.name:
                     raise ValueError("a rename needs the new display name")
-                await self.upsert_users(tx, scope, [(event.user_id, event.name, event.is_bot)])
+                if named:
+                    await self.upsert_users(tx, scope, [(event.user_id, event.name, event.is_bot)])
             elif event.action is RosterAction.ALIAS:
                 if not event.name:
                     raise ValueError("an alias event needs the alias")
-                await self._add_alias(tx, scope, event.user_id, event.name)
+                if named:
+                    await self._add_alias(tx, scope, event.user_id, event.name)
 
     @staticmethod
     async def _add_alias(tx: Transaction, scope: Scope, user_id: str, alias: str) -> None:
@@ -211,6 +224,9 @@ class ChannelRepo:
         """Renames and aliases are per user; a workspace leave leaves every channel."""
         scope = event.scope
         async with self.db.transaction() as tx:
+            named = not await self._forgotten(tx, scope, event.user_id)
+            if not named and event.action is not RosterAction.LEAVE:
+                return
             if event.action in (RosterAction.RENAME, RosterAction.JOIN) and event.name:
                 await self.upsert_users(tx, scope, [(event.user_id, event.name, event.is_bot)])
             elif event.action is RosterAction.ALIAS and event.name:
@@ -232,6 +248,8 @@ class ChannelRepo:
         at = time.time() if at is None else at
         async with self.db.transaction() as tx:
             pk = await self.ensure(tx, scope)
+            await tx.policy_lock(shared=True)
+            exclusions = await self.policy.exclusions(scope.platform, scope.workspace, tx)
             have = {
                 r[0]: r[1]
                 for r in await tx.fetchall(
@@ -246,13 +264,25 @@ class ChannelRepo:
                 for uid, name, bot in listed
                 if uid not in have or (name is not None and have[uid] != name)
             ]
-            named = [(uid, name, bot) for uid, name, bot in changed if name is not None and name]
+            # a forgotten person's name is not written back (their membership is)
+            forgotten = {
+                uid for uid, _, _ in changed if exclusions.reason(uid) is Refusal.FORGOTTEN
+            }
+            named = [
+                (uid, name, bot)
+                for uid, name, bot in changed
+                if name is not None and name and uid not in forgotten
+            ]
             if named:
                 await self.upsert_users(tx, scope, named)
             await tx.executemany(
                 "INSERT INTO users (platform, workspace, user_id, display_name, is_bot,"
                 " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                [(*scope.key()[:2], uid, uid, int(bot), at) for uid, nm, bot in changed if not nm],
+                [
+                    (*scope.key()[:2], uid, uid, int(bot), at)
+                    for uid, nm, bot in changed
+                    if not nm and uid not in forgotten
+                ],
             )
             await tx.executemany(
                 "INSERT INTO roster (channel_pk, platform, workspace, channel, user_id,"

@@ -245,6 +245,11 @@ class Transaction:
     def __init__(self, conn: aiosqlite.Connection) -> None:
         self.conn = conn
 
+    async def policy_lock(self, *, shared: bool) -> None:
+        """Order this transaction against the policy writes (switches, opt-outs, tombstones):
+        those take it exclusive, the writes they govern (ingest, Writer commits) shared.
+        Nothing to do on SQLite: its one writer already runs transactions one at a time."""
+
     async def execute(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
         return await self.conn.execute(sql, params)
 

@@ -73,6 +73,10 @@ TABLES: tuple[str, ...] = (
     "message_addressees",
     "message_links",
     "interaction_cursor",
+    "store_secrets",
+    "forgotten_people",
+    "forgotten_names",
+    "forget_jobs",
 )
 """Plain tables in foreign-key order (a table after every table it refers to)."""
 
@@ -87,6 +91,7 @@ IDENTITY_TABLES: tuple[str, ...] = (
     "writer_runs",
     "audit_log",
     "rederive_queue",
+    "forget_jobs",
 )
 """Tables whose `id` PostgreSQL generates (an identity): their sequences move past the copy."""
 

@@ -435,6 +435,61 @@ finding the due segments checked every pending segment against every other (51,0
 after an outage: 308 s for one `due()`, 4 s with the channel index, 0.1 ms with both)."""
 
 
+FORGETTING = """
+-- One switch per channel: channels.enabled (kept in step with channel_policy until now)
+-- folds into channel_policy, where a channel switched off only there stays off.
+INSERT INTO channel_policy (platform, workspace, channel, enabled, updated_at, updated_by)
+    SELECT platform, workspace, channel, 0, (julianday('now') - 2440587.5) * 86400.0,
+        'migration' FROM channels WHERE enabled = 0
+    ON CONFLICT (platform, workspace, channel) DO UPDATE SET enabled = 0
+    WHERE channel_policy.enabled IS NULL;
+ALTER TABLE channels DROP COLUMN enabled;
+
+-- The key of the keyed hashes below (memory.governance.tombstones), one per database.
+CREATE TABLE store_secrets (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+INSERT INTO store_secrets (name, value) VALUES ('tombstone_key', lower(hex(randomblob(32))));
+
+-- Forgotten people stay out until they opt in or an admin lifts it: a keyed hash of the
+-- person and of each of their names, never the id or the name itself.
+CREATE TABLE forgotten_people (
+    platform     TEXT NOT NULL,
+    workspace    TEXT NOT NULL,
+    person_key   TEXT NOT NULL,
+    forgotten_at REAL NOT NULL,
+    PRIMARY KEY (platform, workspace, person_key)
+) WITHOUT ROWID;
+CREATE TABLE forgotten_names (
+    platform   TEXT NOT NULL,
+    workspace  TEXT NOT NULL,
+    name_key   TEXT NOT NULL,
+    person_key TEXT NOT NULL,
+    PRIMARY KEY (platform, workspace, name_key, person_key)
+) WITHOUT ROWID;
+
+-- Who wrote an early edit (when the platform says), so an opt-out or a forget drops its text.
+ALTER TABLE early_changes ADD COLUMN author_id TEXT;
+
+-- Forgets in progress: a forget that fails part-way stays open and is resumed until done.
+CREATE TABLE forget_jobs (
+    id         INTEGER PRIMARY KEY,
+    platform   TEXT NOT NULL,
+    workspace  TEXT NOT NULL,
+    action     TEXT NOT NULL,
+    target     TEXT NOT NULL,
+    actor      TEXT NOT NULL,
+    args       TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(args)),
+    started_at REAL NOT NULL,
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    done_at    REAL
+);
+CREATE INDEX forget_jobs_open ON forget_jobs (id) WHERE done_at IS NULL;
+"""
+
+
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [
@@ -450,4 +505,5 @@ def migrations(chunk_size: int) -> list[Migration]:
         Migration(
             8, "writer: pending segments indexed in order and by channel", PENDING_SEGMENT_INDEXES
         ),
+        Migration(9, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
     ]

@@ -51,6 +51,7 @@ from memory.store.schema import Migration
 log = logging.getLogger(__name__)
 
 MIGRATION_LOCK = 0x53504D454D  # "SPMEM": the advisory lock id that serialises migrations
+POLICY_LOCK = 0x53504D50  # "SPMP": the advisory lock id of `PgTransaction.policy_lock`
 
 DRIVER = Driver(cast(DriverName, "postgres"), psycopg)
 """What `Store.driver_name` reports, and `db.driver.error` (psycopg.Error) for callers that
@@ -368,6 +369,13 @@ class PgTransaction(Transaction):
     def __init__(self, conn: AsyncConnection[Any]) -> None:
         self.conn = conn  # type: ignore[assignment]
         self.pg = conn
+
+    async def policy_lock(self, *, shared: bool) -> None:
+        """A transaction-scoped advisory lock: processes that write policy (a forget, an
+        opt-out, a switch) wait for ingests and Writer commits in flight, and those that
+        start later read the new policy."""
+        fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+        await self.execute(f"SELECT {fn}(?)", (POLICY_LOCK,))
 
     async def execute(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
         cur = self.pg.cursor()

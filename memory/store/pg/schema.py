@@ -398,6 +398,59 @@ CREATE TRIGGER roster_rev_aliases AFTER INSERT OR DELETE ON user_aliases
 """
 
 
+FORGETTING = f"""
+INSERT INTO channel_policy (platform, workspace, channel, enabled, updated_at, updated_by)
+    SELECT platform, workspace, channel, 0, extract(epoch FROM now()), 'migration'
+    FROM channels WHERE enabled = 0
+    ON CONFLICT (platform, workspace, channel) DO UPDATE SET enabled = 0
+    WHERE channel_policy.enabled IS NULL;
+ALTER TABLE channels DROP COLUMN enabled;
+
+CREATE TABLE store_secrets (
+    name  {T} PRIMARY KEY,
+    value {T} NOT NULL
+);
+INSERT INTO store_secrets (name, value) VALUES (
+    'tombstone_key',
+    replace(gen_random_uuid()::text || gen_random_uuid()::text, '-', '')
+);
+
+CREATE TABLE forgotten_people (
+    platform     {T} NOT NULL,
+    workspace    {T} NOT NULL,
+    person_key   {T} NOT NULL,
+    forgotten_at {REAL} NOT NULL,
+    PRIMARY KEY (platform, workspace, person_key)
+);
+CREATE TABLE forgotten_names (
+    platform   {T} NOT NULL,
+    workspace  {T} NOT NULL,
+    name_key   {T} NOT NULL,
+    person_key {T} NOT NULL,
+    PRIMARY KEY (platform, workspace, name_key, person_key)
+);
+
+ALTER TABLE early_changes ADD COLUMN author_id {T};
+
+CREATE TABLE forget_jobs (
+    id         {ID},
+    platform   {T} NOT NULL,
+    workspace  {T} NOT NULL,
+    action     {T} NOT NULL,
+    target     {T} NOT NULL,
+    actor      {T} NOT NULL,
+    args       {T} NOT NULL DEFAULT '{{}}' CHECK (json_valid(args)),
+    started_at {REAL} NOT NULL,
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    last_error {T},
+    done_at    {REAL}
+);
+CREATE INDEX forget_jobs_open ON forget_jobs (id) WHERE done_at IS NULL;
+"""
+"""The SQLite migration 9 (memory/store/schema.py FORGETTING) for PostgreSQL; the key is
+two random UUIDs' hex (244 random bits), as pgcrypto is not assumed."""
+
+
 def migrations(config: StoreConfig) -> list[Migration]:
     """All PostgreSQL migrations in order (versions are this backend's own)."""
     del config  # the chunk size of SQLite's vec0 has no counterpart here
@@ -424,6 +477,7 @@ def migrations(config: StoreConfig) -> list[Migration]:
         Migration(
             10, "writer: pending segments indexed in order and by channel", PENDING_SEGMENT_INDEXES
         ),
+        Migration(11, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
     ]
 
 

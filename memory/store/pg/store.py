@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memory.config import StoreConfig
 from memory.store import Store
+from memory.store.forget_jobs import ForgetJobRepo
 from memory.store.pg.catchup import PgCatchupRepo
 from memory.store.pg.channels import PgChannelRepo
 from memory.store.pg.database import PgDatabase
@@ -13,6 +14,7 @@ from memory.store.pg.locks import PgJobLocks
 from memory.store.pg.messages import PgMessageRepo
 from memory.store.pg.records import PgRecordRepo
 from memory.store.pg.segments import PgSegmentRepo
+from memory.store.tombstones import TombstoneRepo
 
 
 class PgStore(Store):
@@ -33,6 +35,8 @@ class PgStore(Store):
         self.interactions = PgInteractionRepo(self.db)
         self.catchup = PgCatchupRepo(self.db)
         self.locks = PgJobLocks(self.db)
+        self.tombstones = TombstoneRepo(self.db, self.channels)
+        self.forget_jobs = ForgetJobRepo(self.db)
 
     @property
     def driver_name(self) -> str:
