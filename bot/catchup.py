@@ -98,6 +98,10 @@ def _ts(event: MessageEvent) -> float:
     return event.ts.timestamp()
 
 
+class CatchUpStalled(RuntimeError):
+    """An event could be neither stored nor kept in the spill: the cursor stays before it."""
+
+
 class CatchUp:
     """Runs catch-up (or a backfill, `kind="backfill"`) for one history source."""
 
@@ -120,8 +124,11 @@ class CatchUp:
         self._lock = asyncio.Lock()
 
     async def snapshot(self, workspace: str | None = None) -> dict[Scope, Start]:
-        """Where each channel stands now; take it before live events can move it."""
+        """Where each channel whose memory is on stands now (the switch's one source, the
+        governance policy); take it before live events can move it."""
         newest = await self.repo.newest(self.source.platform, workspace)
+        on = await self.dispatcher.governance.channels_enabled(list(newest))
+        newest = {scope: v for scope, v in newest.items() if on[scope]}
         self._names.update({s: name for s, (_id, _ts, name) in newest.items() if name})
         return {scope: (mid, ts) for scope, (mid, ts, _name) in newest.items()}
 
@@ -153,26 +160,15 @@ class CatchUp:
         )
         try:
             async for page in self.source.pages(scope, after_id=after_id, after_ts=after_ts):
-                for event in page:
-                    await self.dispatcher.handle(event)
-                if not page:
-                    continue
-                last = max(page, key=_ts)
-                prog.fetched += len(page)
-                if prog.newest_ts is None or _ts(last) >= prog.newest_ts:
-                    prog.newest_ts = _ts(last)
-                    after_id = last.message_id
-                await self.repo.save(
-                    scope,
-                    self.kind,
-                    cursor_id=after_id,
-                    cursor_ts=prog.newest_ts,
-                    fetched=prog.fetched,
-                    finished=False,
-                )
-                if self.on_page is not None:
-                    self.on_page(prog, len(page))
-                log.info("%s", prog.line())
+                handled = 0
+                for event in page:  # oldest first: stop at one neither stored nor kept
+                    if not await self.dispatcher.handle(event):
+                        break
+                    handled += 1
+                if handled:
+                    after_id = await self._advance(scope, page[:handled], prog, after_id)
+                if handled < len(page):  # the cursor stays before it: the next run retries
+                    raise CatchUpStalled("an event could be neither stored nor kept")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a channel that fails does not stop the others
@@ -190,6 +186,28 @@ class CatchUp:
         )
         log.info("%s", prog.line())
         return prog
+
+    async def _advance(
+        self, scope: Scope, page: list[MessageEvent], prog: ChannelProgress, after_id: str | None
+    ) -> str | None:
+        """Save the cursor past `page` (events all stored or kept); returns the new one."""
+        last = max(page, key=_ts)
+        prog.fetched += len(page)
+        if prog.newest_ts is None or _ts(last) >= prog.newest_ts:
+            prog.newest_ts = _ts(last)
+            after_id = last.message_id
+        await self.repo.save(
+            scope,
+            self.kind,
+            cursor_id=after_id,
+            cursor_ts=prog.newest_ts,
+            fetched=prog.fetched,
+            finished=False,
+        )
+        if self.on_page is not None:
+            self.on_page(prog, len(page))
+        log.info("%s", prog.line())
+        return after_id
 
     def lines(self) -> list[str]:
         return [p.line() for p in self.progress.values()]

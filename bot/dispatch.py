@@ -3,11 +3,18 @@
 Adapters ack first, then hand events here. A bad event is logged and skipped; it never
 takes the bot down and never leaves a partial row (each store write is one transaction).
 
-When the database or its disk is full (`StoreFull`), an event already acked upstream is
-kept in the spill (`bot.spill`) and replayed, in order, once space returns: on start,
+Policy (bots, the channel switch, opt-outs, tombstones) is not applied here: the memory
+engine's admission gate decides for every entry path, and this module only counts what it
+reports.
+
+When the store cannot take a write (its disk is full, it stays locked, the connection is
+lost: any `StoreError`, or an OS error), an event already acked upstream is kept in the
+spill (`bot.spill`) and replayed, in order, once the store takes writes again: on start,
 every `spill_retry_s` and on the next event. While the spill holds events, new ones queue
 behind them. A full spill refuses the event with an error in the log and the
-`spill_refused` error count; nothing is dropped silently.
+`spill_refused` error count; nothing is dropped silently. `handle` says whether an event
+was accounted for (applied, turned away by the gate, or kept), so catch-up never moves its
+cursor past one that was not. A forget removes the forgotten events from the spill.
 """
 
 from __future__ import annotations
@@ -31,12 +38,13 @@ from bot.governance import CommandReply, PendingActions
 from bot.governance_commands import run_confirmed, run_memory_command
 from bot.spill import Spill, SpillFull, StorableEvent
 from memory.engine import MemoryEngine
+from memory.governance.policy import Forgotten
 from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
 from memory.query.pipeline import AccessDenied, Recaller, RecallRequest
 from memory.store import IngestOutcome, IngestStatus
-from memory.store.database import StoreFull
+from memory.store.database import StoreError, StoreFull
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +52,8 @@ MAX_QUESTION_CHARS = 4000
 _STORABLE = (MessageEvent, EditEvent, DeleteEvent, RosterEvent)
 GROUP_MAX = 200
 """Most new messages written in one group-commit transaction (`Dispatcher.handle_grouped`)."""
+REFUSED_AS = {"bot": "bot_message"}
+"""Counter names of the gate's refusals where they differ from the reason."""
 
 Notifier = Callable[[Scope, str], Awaitable[None]]
 """Posts a plain message in a channel (the one-time memory notice)."""
@@ -99,29 +109,44 @@ class Dispatcher:
         self._last_replay = float("-inf")
         self._group: list[tuple[MessageEvent, asyncio.Future[None]]] = []
         self._group_task: asyncio.Task[None] | None = None
+        if spill is not None:
+            self.governance.forget_hooks.append(self._forget_in_spill)
 
-    async def handle(self, event: Event) -> None:
-        """Apply one event; errors are logged and counted, never raised (the funnel)."""
+    def _transient(self, exc: BaseException) -> bool:
+        """A store failure the same write survives later (full, locked, connection lost):
+        the event is kept for then. Anything else is a bad event or a bug."""
+        driver = self.engine.store.db.driver
+        return isinstance(exc, StoreError | OSError | driver.operational_error)
+
+    async def handle(self, event: Event) -> bool:
+        """Apply one event; errors are logged and counted, never raised (the funnel).
+
+        Returns whether the event is accounted for: applied (stored, or turned away by the
+        admission gate) or kept in the spill. False: it could be neither (logged as an
+        error); a caller that tracks a position (catch-up) must not move past it."""
         kind = type(event).__name__
         try:
             if self.spill is not None and isinstance(event, _STORABLE) and self.spill.count:
                 if time.monotonic() - self._last_replay >= self.spill_retry_s:
                     await self.replay_spill()
                 if self.spill.count:  # earlier events still wait: this one goes behind them
-                    await self._keep(event, "earlier events wait in the spill")
-                    return
+                    return await self._keep(event, "earlier events wait in the spill")
             await self._apply(event)
-        except StoreFull as exc:
+            return True
+        except Exception as exc:
+            if not self._transient(exc):
+                self.stats.errors[kind] += 1
+                log.exception(
+                    "failed to apply %s in %s; skipped", kind, getattr(event, "scope", "?")
+                )
+                return False
             if self.spill is None or not isinstance(event, _STORABLE):
                 self.stats.errors[kind] += 1
                 log.error("failed to apply %s: %s", kind, exc)
-                return
-            self.stats.errors["store_full"] += 1
+                return False
+            self.stats.errors["store_full" if isinstance(exc, StoreFull) else "store_error"] += 1
             self._last_replay = time.monotonic()  # a write just failed: retry after a pause
-            await self._keep(event, str(exc))
-        except Exception:
-            self.stats.errors[kind] += 1
-            log.exception("failed to apply %s in %s; skipped", kind, getattr(event, "scope", "?"))
+            return await self._keep(event, str(exc))
 
     async def handle_grouped(self, event: MessageEvent) -> None:
         """Apply a new message, sharing one store transaction with the messages that other
@@ -150,64 +175,28 @@ class Dispatcher:
 
     async def handle_many(self, events: Sequence[MessageEvent]) -> None:
         """Apply a burst of new messages (consecutive, from one adapter) in one store
-        transaction instead of one each: the same filters, outcomes and spill as `handle`
+        transaction instead of one each: the same gate, outcomes and spill as `handle`
         one by one. Anything unusual (a spill waiting, a full store, an error) falls back to
         `handle` per message, whose writes are idempotent."""
         if len(events) < 2 or (self.spill is not None and self.spill.count):
             for event in events:
                 await self.handle(event)
             return
-        enabled, opted_out = await self._burst_filters(events)
-        kept = [e for e in events if await self._admitted(e, enabled, opted_out)]
-        if not kept:
-            return
         try:
-            outcomes = await self.engine.ingest_many(kept, batch_size=len(kept))
+            outcomes = await self.engine.ingest_many(events, batch_size=len(events))
         except Exception:  # the batch rolled back: one by one, through every fallback
-            log.warning("a batch of %d messages failed; applying them one by one", len(kept))
-            for event in kept:
+            log.warning("a batch of %d messages failed; applying them one by one", len(events))
+            for event in events:
                 await self.handle(event)
             return
-        for event, outcome in zip(kept, outcomes, strict=True):
+        for event, outcome in zip(events, outcomes, strict=True):
             self._ingested(event, outcome)
 
-    async def _burst_filters(
-        self, events: Sequence[MessageEvent]
-    ) -> tuple[dict[Scope, bool], dict[tuple[str, str, str], bool]]:
-        """The channel switches and opt-outs a burst needs, read in one query each per
-        workspace instead of one per channel and one per author."""
-        enabled = await self.governance.channels_enabled([e.scope for e in events])
-        opted_out = await self.governance.authors_opted_out(
-            [(e.scope.platform, e.scope.workspace, e.speaker_id) for e in events]
-        )
-        return enabled, opted_out
-
-    async def _admitted(
-        self,
-        event: MessageEvent,
-        enabled: dict[Scope, bool],
-        opted_out: dict[tuple[str, str, str], bool],
-    ) -> bool:
-        """Whether a new message is stored at all: not a bot's, memory on in its channel, its
-        author not opted out. Counts what it turns away; `enabled` and `opted_out` remember
-        the answers (across a burst)."""
-        if event.speaker_is_bot:
-            self.stats.ignored["bot_message"] += 1
-            return False
-        if event.scope not in enabled:
-            enabled[event.scope] = await self.governance.channel_enabled(event.scope)
-        if not enabled[event.scope]:
-            self.stats.ignored["channel_off"] += 1
-            return False
-        who = (event.scope.platform, event.scope.workspace, event.speaker_id)
-        if who not in opted_out:
-            opted_out[who] = await self.governance.is_opted_out(*who)
-        if opted_out[who]:
-            self.stats.ignored["opted_out"] += 1
-            return False
-        return True
-
     def _ingested(self, event: MessageEvent, outcome: IngestOutcome) -> None:
+        """Count what the engine's admission gate and the store reported."""
+        if outcome.status.refused:
+            self.stats.ignored[REFUSED_AS.get(outcome.status.value, outcome.status.value)] += 1
+            return
         self.stats.handled[f"message_{outcome.status.value}"] += 1
         if outcome.status is IngestStatus.STORED:
             self._kick()
@@ -215,16 +204,26 @@ class Dispatcher:
 
     # ---- the spill ----------------------------------------------------------------------
 
-    async def _keep(self, event: StorableEvent, why: str) -> None:
-        """Put an event the store could not take in the spill, or refuse it loudly."""
+    async def _keep(self, event: StorableEvent, why: str) -> bool:
+        """Put an event the store could not take in the spill, or refuse it loudly. A
+        delete first removes the words of its message waiting there (a forget)."""
         assert self.spill is not None
         what = f"{type(event).__name__} {getattr(event, 'message_id', '')} in {event.scope}"
         try:
+            if isinstance(event, DeleteEvent):
+                await self._forget_in_spill(
+                    Forgotten(
+                        event.scope.platform,
+                        event.scope.workspace,
+                        channel=event.scope.channel,
+                        message_ids=(event.message_id,),
+                    )
+                )
             await asyncio.to_thread(self.spill.append, event)
         except (SpillFull, OSError) as exc:
             self.stats.errors["spill_refused"] += 1
             log.error("NOT STORED, refused: %s (%s; %s)", what, why, exc)
-            return
+            return False
         self.stats.handled["spilled"] += 1
         log.warning(
             "kept %s in the spill %s (%d events, %d bytes): %s",
@@ -234,10 +233,23 @@ class Dispatcher:
             self.spill.size_bytes,
             why,
         )
+        return True
+
+    async def _forget_in_spill(self, forgotten: Forgotten) -> int:
+        """Remove a forget's events from the spill (a governance forget hook)."""
+        if self.spill is None:
+            return 0
+        async with self._spill_lock:
+            removed = await asyncio.to_thread(self.spill.forget, forgotten)
+        if removed:
+            self.stats.handled["spill_forgotten"] += removed
+            log.info("removed %d forgotten event(s) from the spill", removed)
+        return removed
 
     async def replay_spill(self) -> int:
-        """Apply the spill's events to the store, oldest first, and drop them from it; stops
-        at the first that still finds the store full. Returns how many left the spill."""
+        """Apply the spill's events to the store (through the same admission gate), oldest
+        first, and drop them from it; stops at the first that the store still cannot take.
+        Returns how many left the spill."""
         if self.spill is None or not self.spill.count:
             return 0
         async with self._spill_lock:
@@ -250,12 +262,17 @@ class Dispatcher:
                     if event is not None:
                         try:
                             await self._apply(event)
-                        except StoreFull:
-                            full = True
-                            break
-                        except Exception:
+                        except Exception as exc:
+                            if self._transient(exc):  # kept: retried at the next replay
+                                full = True
+                                break
                             self.stats.errors[type(event).__name__] += 1
-                            log.exception("failed to apply a spilled %s; skipped", event)
+                            log.exception(
+                                "failed to apply a spilled %s %s in %s; skipped",
+                                type(event).__name__,
+                                getattr(event, "message_id", ""),
+                                event.scope,
+                            )
                     done += 1
                 # Applied events leave the spill; a crash before this line replays them,
                 # which the store's idempotent writes absorb.
@@ -283,17 +300,13 @@ class Dispatcher:
 
     async def _apply(self, event: Event) -> None:
         if isinstance(event, MessageEvent):
-            if await self._admitted(event, {}, {}):
-                self._ingested(event, await self.engine.ingest(event))
+            self._ingested(event, await self.engine.ingest(event))
         elif isinstance(event, EditEvent):
-            if (
-                not await self.governance.channel_enabled(event.scope)
-                and await self.engine.store.messages.get(event.scope, event.message_id) is None
-            ):  # memory is off here: keep no text of a message it never stored
-                self.stats.ignored["channel_off"] += 1
-                return
             status, _receipt = await self.governance.apply_edit(event)
-            self.stats.handled[f"edit_{status.value}"] += 1
+            if status.refused:  # the gate kept no text of it
+                self.stats.ignored[status.value] += 1
+            else:
+                self.stats.handled[f"edit_{status.value}"] += 1
         elif isinstance(event, DeleteEvent):
             status = await self.engine.delete(event)
             self.stats.handled[f"delete_{status.value}"] += 1

@@ -31,7 +31,7 @@ from memory.models import (
 from memory.ports import Embedder, QueryEmbedder
 from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
-from memory.store import ChangeStatus, IngestOutcome, Store, make_store
+from memory.store import ChangeStatus, IngestOutcome, IngestStatus, Store, make_store
 from memory.store.diagnostics import location, schema_version
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,18 @@ class MemoryEngine:
 
     # ---- ingestion ----------------------------------------------------------------------
 
+    @property
+    def channel_default(self) -> bool:
+        """Memory in a channel nobody switched on or off (the admission gate's default)."""
+        return self.config.governance.channel_default_enabled
+
     async def ingest(self, event: MessageEvent) -> IngestOutcome:
-        (outcome,) = await self.store.messages.ingest([event])
-        self._embedding.wake()
-        self._graph_changed([event.scope])
+        """Store one message through the admission gate (the store's ingest transaction):
+        the outcome says whether it was stored, known already, or turned away and why."""
+        (outcome,) = await self.store.messages.ingest([event], channel_default=self.channel_default)
+        if outcome.status is IngestStatus.STORED:
+            self._embedding.wake()
+            self._graph_changed([event.scope])
         return outcome
 
     async def ingest_many(
@@ -100,7 +108,8 @@ class MemoryEngine:
         batch_size: int = 2_000,
         on_progress: Progress | None = None,
     ) -> list[IngestOutcome]:
-        """Ingest in batches of one transaction each (imports, backfills)."""
+        """Ingest in batches of one transaction each (imports, backfills), through the same
+        admission gate as `ingest`."""
         outcomes: list[IngestOutcome] = []
         batch: list[MessageEvent] = []
         scopes: set[Scope] = set()
@@ -108,12 +117,16 @@ class MemoryEngine:
             batch.append(event)
             scopes.add(event.scope)
             if len(batch) >= batch_size:
-                outcomes.extend(await self.store.messages.ingest(batch))
+                outcomes.extend(
+                    await self.store.messages.ingest(batch, channel_default=self.channel_default)
+                )
                 if on_progress:
                     on_progress(len(batch))
                 batch = []
         if batch:
-            outcomes.extend(await self.store.messages.ingest(batch))
+            outcomes.extend(
+                await self.store.messages.ingest(batch, channel_default=self.channel_default)
+            )
             if on_progress:
                 on_progress(len(batch))
         self._embedding.wake()
@@ -121,7 +134,9 @@ class MemoryEngine:
         return outcomes
 
     async def edit(self, event: EditEvent) -> ChangeStatus:
-        status = await self.store.messages.edit(event)
+        """Apply an edit through the admission gate (no text of opted-out or forgotten
+        authors, nor of unknown messages in a channel whose memory is off)."""
+        status = await self.store.messages.edit(event, channel_default=self.channel_default)
         if status is ChangeStatus.APPLIED:
             self._embedding.wake()
         return status

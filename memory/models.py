@@ -83,6 +83,9 @@ class EditEvent(BaseModel):
     message_id: NonEmptyId
     text: Text
     edited_at: UtcDatetime
+    author_id: str | None = None
+    """Who wrote the message, when the platform says: the admission gate keeps no text of
+    an edit by a member who opted out or was forgotten, even before the message arrives."""
 
 
 class DeleteEvent(BaseModel):

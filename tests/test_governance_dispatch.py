@@ -165,8 +165,12 @@ def inv(
 
 
 def dispatcher(engine: MemoryEngine, **cfg: object) -> Dispatcher:
-    gov = Governance(engine, config=GovernanceConfig(**cfg))  # type: ignore[arg-type]
-    return Dispatcher(engine, RecallPipeline(engine), governance=gov)
+    """The governance settings go to the engine: its admission gate is the one that decides
+    (the service reads the same config)."""
+    engine.config = engine.config.model_copy(
+        update={"governance": GovernanceConfig(**cfg)}  # type: ignore[arg-type]
+    )
+    return Dispatcher(engine, RecallPipeline(engine), governance=Governance(engine))
 
 
 async def stored(engine: MemoryEngine) -> set[str]:

@@ -82,9 +82,14 @@ async def run_sequence(
     dispatcher: Dispatcher, engine: MemoryEngine, scope: Scope, seq: Sequence[str]
 ) -> None:
     evs = events(scope)
-    await engine.store.records.add_records(scope, [citing_record()], None)
+    cited = False
     for name in seq:
         await dispatcher.handle(evs[name])
+        if name == "C" and not cited:
+            # records cite stored messages (the commit-time check drops any other): one
+            # derived from the message as soon as it is there, forgotten with it after a D
+            await engine.store.records.add_records(scope, [citing_record()], None)
+            cited = True
         await engine.embed_pending()
 
 

@@ -280,7 +280,7 @@ async def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     err_console.print(
         f"stored {handled['message_stored']:,} new messages, "
         f"{handled['message_duplicate']:,} already present, {skipped:,} skipped "
-        f"(bots, opted out); embedded {embedded:,}",
+        f"(bots, opted-out or forgotten members); embedded {embedded:,}",
         markup=False,
         highlight=False,
     )

@@ -7,6 +7,7 @@ these commands costs `speakermem --help` nothing.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,20 +63,15 @@ async def cmd_discord_sync(settings: Settings, args: argparse.Namespace) -> int:
 # --- platform exports -----------------------------------------------------------------------
 
 
-def _split(
-    events: Iterator[Any], roster: list[RosterEvent], skipped: dict[str, int]
-) -> Iterator[MessageEvent]:
+def _split(events: Iterator[Any], roster: list[RosterEvent]) -> Iterator[MessageEvent]:
     """Messages stream on to ingestion; roster events are kept (in order) for afterwards.
 
-    Bot messages are dropped, as the live dispatcher drops them.
-    """
+    Bot messages, disabled channels, opted-out and forgotten members are the engine's
+    admission gate's to turn away (as for live events); their outcomes are counted."""
     from memory.models import MessageEvent, RosterEvent
 
     for event in events:
         if isinstance(event, MessageEvent):
-            if event.speaker_is_bot:
-                skipped["bot"] += 1
-                continue
             yield event
         elif isinstance(event, RosterEvent):
             roster.append(event)
@@ -87,16 +83,13 @@ async def _ingest(
     total: int,
     label: str,
     roster: list[RosterEvent],
-    skipped: dict[str, int],
-) -> tuple[int, int]:
-    from memory.store import IngestStatus
-
+    outcomes: Counter[str],
+) -> None:
     with progress_bar(label, total) as bar:
-        outcomes = await engine.ingest_many(
-            _split(events, roster, skipped), on_progress=lambda n: advance(bar, n)
+        done = await engine.ingest_many(
+            _split(events, roster), on_progress=lambda n: advance(bar, n)
         )
-    stored = sum(o.status is IngestStatus.STORED for o in outcomes)
-    return stored, len(outcomes) - stored
+    outcomes.update(o.status.value for o in done)
 
 
 async def _apply_roster(engine: MemoryEngine, roster: list[RosterEvent]) -> None:
@@ -168,26 +161,22 @@ async def import_platform_export(
     membership, so channel rosters fill in when the bot connects to the guild.
     """
     from integrations.app import open_engine
-    from integrations.cli.commands_store import embed_all
+    from integrations.cli.commands_store import embed_all, outcomes_line
 
     plan = _open_export(kind, path, getattr(args, "workspace", None))
     roster: list[RosterEvent] = []
-    skipped = {"bot": 0}
-    stored = duplicates = 0
+    outcomes: Counter[str] = Counter()
     async with open_engine(settings, with_embedder=embed) as engine:
         for scope, name, private in plan.metas:
             await engine.store.channels.set_meta(scope, name=name, is_private=private)
         for label, events, total in plan.sources:
-            s, d = await _ingest(engine, events, total, label, roster, skipped)
-            stored += s
-            duplicates += d
+            await _ingest(engine, events, total, label, roster, outcomes)
         await _apply_roster(engine, roster)
         embedded = await embed_all(engine) if embed else 0
     channels = len({scope for scope, _, _ in plan.metas}) or len(plan.sources)
     err_console.print(
-        f"imported {stored} messages ({duplicates} already present, {skipped['bot']} bot "
-        f"messages skipped) into {channels} channel(s); {len(roster)} roster events; "
-        f"embedded {embedded}",
+        f"imported {outcomes['stored']} messages ({outcomes_line(outcomes)}) into {channels} "
+        f"channel(s); {len(roster)} roster events; embedded {embedded}",
         markup=False,
     )
     _report_errors([e for errs in plan.error_lists for e in errs])

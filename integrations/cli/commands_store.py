@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 
 from rich.table import Table
@@ -18,7 +19,6 @@ from memory.datasets.friendsqa import read_friendsqa
 from memory.datasets.locomo import read_locomo
 from memory.engine import MemoryEngine, UnknownChannel
 from memory.models import MessageEvent, Scope
-from memory.store import IngestStatus
 
 DATASET_READERS = {"locomo": read_locomo, "friendsqa": read_friendsqa}
 
@@ -39,11 +39,26 @@ async def resolve_channel(engine: MemoryEngine, channel: str, platform: str | No
 
 async def ingest_events(
     engine: MemoryEngine, events: list[MessageEvent], label: str
-) -> tuple[int, int]:
+) -> Counter[str]:
+    """Ingest through the engine's admission gate; returns the outcomes by status."""
     with progress_bar(label, len(events)) as bar:
         outcomes = await engine.ingest_many(events, on_progress=lambda n: advance(bar, n))
-    stored = sum(o.status is IngestStatus.STORED for o in outcomes)
-    return stored, len(outcomes) - stored
+    return Counter(o.status.value for o in outcomes)
+
+
+def outcomes_line(outcomes: Counter[str]) -> str:
+    """What was not stored, by the reason the store or its admission gate gave."""
+    labels = {
+        "duplicate": "already present",
+        "deleted": "deleted before they arrived",
+        "bot": "bot messages skipped",
+        "channel_off": "in channels whose memory is off",
+        "opted_out": "by opted-out members",
+        "forgotten": "by forgotten members",
+    }
+    return ", ".join(f"{outcomes[k]} {label}" for k, label in labels.items() if outcomes[k]) or (
+        "nothing else"
+    )
 
 
 async def embed_all(engine: MemoryEngine) -> int:
@@ -59,10 +74,10 @@ async def embed_all(engine: MemoryEngine) -> int:
 async def import_dataset(settings: Settings, kind: str, path: Path, *, embed: bool) -> Dataset:
     dataset = DATASET_READERS[kind](path)
     async with open_engine(settings, with_embedder=embed) as engine:
-        stored, dup = await ingest_events(engine, dataset.messages, f"importing {kind}")
+        outcomes = await ingest_events(engine, dataset.messages, f"importing {kind}")
         embedded = await embed_all(engine) if embed else 0
     err_console.print(
-        f"imported {stored} messages ({dup} already present) into "
+        f"imported {outcomes['stored']} messages ({outcomes_line(outcomes)}) into "
         f"{len(dataset.scopes)} channel(s); embedded {embedded}; "
         f"{len(dataset.questions)} questions in the file"
     )

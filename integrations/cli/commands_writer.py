@@ -415,7 +415,7 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from integrations.app import open_engine
-    from integrations.cli.commands_store import embed_all, ingest_events
+    from integrations.cli.commands_store import embed_all, ingest_events, outcomes_line
     from integrations.cli.render import advance, console, err_console, progress_bar
     from memory.datasets.locomo import read_locomo
     from memory.writer.replay import replay_observations
@@ -423,10 +423,11 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     dataset = read_locomo(args.path)
     embed = not args.no_embed and settings.embedder != "none"
     async with open_engine(settings, with_embedder=embed) as engine:
-        stored, dup = await ingest_events(engine, dataset.messages, f"importing {args.kind}")
+        outcomes = await ingest_events(engine, dataset.messages, f"importing {args.kind}")
         embedded = await embed_all(engine) if embed else 0
         err_console.print(
-            f"imported {stored} messages ({dup} already present); embedded {embedded}"
+            f"imported {outcomes['stored']} messages ({outcomes_line(outcomes)});"
+            f" embedded {embedded}"
         )
         with progress_bar("replaying observations", len(dataset.observations)) as bar:
             report = await replay_observations(

@@ -245,6 +245,7 @@ def message_update(
     if previous_content is not None and previous_content == text:
         return None
     scope, _thread = _place(guild, channel_id, channel_parent)
+    author = d.get("author")
     return build(
         EditEvent,
         where,
@@ -252,6 +253,7 @@ def message_update(
         message_id=message_id,
         text=text,
         edited_at=parse_iso(edited, where),
+        author_id=opt_str(author, "id", where) if isinstance(author, Mapping) else None,
     )
 
 

@@ -252,6 +252,7 @@ def _translate_message(
             message_id=message_id,
             text=text,
             edited_at=edited_at,
+            author_id=opt_str(new, "user", where),
         )
 
     team = _team(body, event, team_id)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from memory.governance.policy import Receipt
+from memory.governance.policy import Receipt, Refusal, admission
 from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope, StoredMessage
 from memory.search.fts_query import quote
 from memory.sessions import ChannelCursor, place_message
@@ -50,14 +50,36 @@ from memory.store.vectors import (
 class IngestStatus(StrEnum):
     STORED = "stored"
     DUPLICATE = "duplicate"
+    """Known already (a forgotten or deleted message keeps its id as a tombstone)."""
     DELETED = "deleted"
     """Its delete arrived first: stored as a tombstone only."""
+    # turned away by the admission gate (memory.governance.policy.admission): nothing stored
+    BOT = Refusal.BOT.value
+    CHANNEL_OFF = Refusal.CHANNEL_OFF.value
+    FORGOTTEN = Refusal.FORGOTTEN.value
+    OPTED_OUT = Refusal.OPTED_OUT.value
+
+    @property
+    def refused(self) -> bool:
+        return self.value in REFUSALS
 
 
 class ChangeStatus(StrEnum):
     APPLIED = "applied"
     UNCHANGED = "unchanged"
     UNKNOWN = "unknown"
+    # an edit whose text the gate turned away (its channel is off and the message is not
+    # held, or its author was forgotten or opted out): no text kept
+    CHANNEL_OFF = Refusal.CHANNEL_OFF.value
+    FORGOTTEN = Refusal.FORGOTTEN.value
+    OPTED_OUT = Refusal.OPTED_OUT.value
+
+    @property
+    def refused(self) -> bool:
+        return self.value in REFUSALS
+
+
+REFUSALS = frozenset(r.value for r in Refusal)
 
 
 @dataclass(frozen=True)
@@ -105,19 +127,55 @@ class MessageRepo:
 
     # ---- writes -------------------------------------------------------------------------
 
-    async def ingest(self, events: Sequence[MessageEvent]) -> list[IngestOutcome]:
-        """Store a batch of messages atomically; replays of known ids are reported, not stored."""
+    async def ingest(
+        self, events: Sequence[MessageEvent], *, channel_default: bool
+    ) -> list[IngestOutcome]:
+        """Store a batch of messages atomically; replays of known ids are reported, not stored.
+
+        The admission gate runs here, in the same transaction: a bot's message, one in a
+        channel whose memory is off (its switch, else `channel_default`), or one by a member
+        who opted out or was forgotten is reported with the reason and not stored. No entry
+        path (live events, catch-up, imports, spill replay) reaches the tables around it."""
         if not events:
             return []
         try:
             async with self.db.transaction() as tx:
-                return await self._ingest_tx(tx, events)
+                return await self._ingest_tx(tx, events, channel_default)
         except BaseException:
             self.channels.forget_cache()
             raise
 
+    async def _refusals(
+        self,
+        tx: Transaction,
+        events: Sequence[MessageEvent],
+        candidates: list[int],
+        channel_default: bool,
+    ) -> dict[int, IngestStatus]:
+        """The admission gate over the new messages of a batch (indexes into `events`)."""
+        if not candidates:
+            return {}
+        await tx.policy_lock(shared=True)
+        policy = self.channels.policy
+        on = await policy.channels_on((events[i].scope for i in candidates), channel_default, tx)
+        people = await policy.exclusions_for(
+            ((events[i].scope.platform, events[i].scope.workspace) for i in candidates), tx
+        )
+        out: dict[int, IngestStatus] = {}
+        for i in candidates:
+            ev = events[i]
+            found = people[(ev.scope.platform, ev.scope.workspace)]
+            refusal = admission(
+                is_bot=ev.speaker_is_bot,
+                channel_on=on[ev.scope],
+                author=None if found.empty else found.reason(ev.speaker_id),
+            )
+            if refusal is not None:
+                out[i] = IngestStatus(refusal.value)
+        return out
+
     async def _ingest_tx(
-        self, tx: Transaction, events: Sequence[MessageEvent]
+        self, tx: Transaction, events: Sequence[MessageEvent], channel_default: bool
     ) -> list[IngestOutcome]:
         # Round trips to the SQLite thread dominate a batch spread over many channels, so the
         # per-channel state is read with one query per batch, placement runs in Python, and
@@ -129,8 +187,15 @@ class MessageRepo:
         for scope in by_scope:
             pks[scope] = await self.channels.ensure(tx, scope)
         known = await self._existing_pairs(tx, [(pks[ev.scope], ev.message_id) for ev in events])
+        refused = await self._refusals(
+            tx,
+            events,
+            [i for i, ev in enumerate(events) if ev.message_id not in known.get(pks[ev.scope], ())],
+            channel_default,
+        )
         early = await self._early_changes(tx, events)
         consumed: list[tuple[str, ...]] = []
+        dropped_edits: list[tuple[str, ...]] = []
         tombstoned: list[tuple[int, str]] = []
         states = await self._channel_states(tx, list(pks.values()))
         top = await tx.fetchone(
@@ -175,6 +240,12 @@ class MessageRepo:
                 ev = events[i]
                 if ev.message_id in known_here:
                     outcomes[i] = IngestOutcome(ev.message_id, IngestStatus.DUPLICATE)
+                    continue
+                if i in refused:
+                    outcomes[i] = IngestOutcome(ev.message_id, refused[i])
+                    change = early.get((*key, ev.message_id))
+                    if change is not None and not change.deleted:  # its edit's text goes too
+                        dropped_edits.append((*key, ev.message_id))
                     continue
                 known_here.add(ev.message_id)
                 text, edited_at = ev.text, None
@@ -274,11 +345,11 @@ class MessageRepo:
         )
         if rows:
             await self._index_new_messages(tx, last_message_pk)
-        if consumed:
+        if consumed or dropped_edits:
             await tx.executemany(
                 "DELETE FROM early_changes WHERE platform = ? AND workspace = ? AND channel = ?"
                 " AND message_id = ?",
-                consumed,
+                consumed + dropped_edits,
             )
         if tombstoned:
             await self._forget_on_arrival(tx, tombstoned)
@@ -380,23 +451,40 @@ class MessageRepo:
                 out[r[0]] = (r[1], r[2], r[3], r[4], r[5] or 0)
         return out
 
-    async def edit(self, event: EditEvent) -> ChangeStatus:
+    async def edit(self, event: EditEvent, *, channel_default: bool) -> ChangeStatus:
         """Replace the text: the FTS trigger swaps the indexed words, the old vector goes (the
         embedder makes a new one). Records citing it are re-checked by the caller
         (`memory.governance.service`), with `citing_records`.
 
         Only a newer edit applies: (edited_at, text) above the stored one, so any order of
         the same edits ends on the same text. An edit of a message not stored yet is kept
-        for it (UNKNOWN); an edit of a deleted message changes nothing."""
+        for it (UNKNOWN); an edit of a deleted message changes nothing.
+
+        The admission gate holds for edits too: the text of a member who opted out or was
+        forgotten (the stored message's author, else the event's `author_id`) is not kept,
+        nor an early edit's in a channel whose memory is off."""
         at = to_ts(event.edited_at)
         async with self.db.transaction() as tx:
+            await self._serialise_with_ingest(tx)
+            await tx.policy_lock(shared=True)
             row = await self._locate(tx, event.scope, event.message_id)
+            if row is not None and row[2] is not None:
+                return ChangeStatus.UNCHANGED
+            people = await self.channels.policy.exclusions(
+                event.scope.platform, event.scope.workspace, tx
+            )
+            author = row[4] if row is not None else event.author_id
+            if author and (refusal := people.reason(author)) is not None:
+                return ChangeStatus(refusal.value)
             if row is None:
+                (on,) = (
+                    await self.channels.policy.channels_on([event.scope], channel_default, tx)
+                ).values()
+                if not on:  # memory is off here: keep no text of a message it never stored
+                    return ChangeStatus.CHANNEL_OFF
                 await self._keep_early_edit(tx, event, at)
                 return ChangeStatus.UNKNOWN
-            pk, text, deleted, edited_at = row
-            if deleted is not None:
-                return ChangeStatus.UNCHANGED
+            pk, text, _deleted, edited_at, _speaker = row
             if edited_at is not None and (at, event.text) <= (edited_at, text):
                 return ChangeStatus.UNCHANGED  # an older edit (or this one) replayed late
             if text == event.text:  # newer but the same words: only the time moves
@@ -408,6 +496,10 @@ class MessageRepo:
             )
             await self._drop_vector(tx, pk)
             return ChangeStatus.APPLIED
+
+    async def _serialise_with_ingest(self, tx: Transaction) -> None:
+        """Order an edit or delete against ingests (a create and its early edit or delete
+        must not miss each other). SQLite's one writer already does."""
 
     @staticmethod
     async def _prune_early_edits(tx: Transaction) -> None:
@@ -423,14 +515,15 @@ class MessageRepo:
         await MessageRepo._prune_early_edits(tx)
         await tx.execute(
             "INSERT INTO early_changes (platform, workspace, channel, message_id, text,"
-            " edited_at, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " edited_at, received_at, author_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (platform, workspace, channel, message_id) DO UPDATE"
             " SET text = excluded.text, edited_at = excluded.edited_at,"
-            " received_at = excluded.received_at WHERE early_changes.deleted_at IS NULL"
+            " received_at = excluded.received_at, author_id = excluded.author_id"
+            " WHERE early_changes.deleted_at IS NULL"
             " AND (early_changes.edited_at IS NULL OR excluded.edited_at > early_changes.edited_at"
             " OR (excluded.edited_at = early_changes.edited_at"
             " AND excluded.text > early_changes.text))",
-            (*event.scope.key(), event.message_id, event.text, at, now),
+            (*event.scope.key(), event.message_id, event.text, at, now, event.author_id),
         )
 
     async def delete(self, event: DeleteEvent) -> ChangeStatus:
@@ -440,6 +533,7 @@ class MessageRepo:
         A delete of a message not stored yet is kept as an early tombstone (UNKNOWN): the
         create that follows is stored forgotten."""
         async with self.db.transaction() as tx:
+            await self._serialise_with_ingest(tx)
             row = await tx.fetchone(
                 "SELECT m.id, m.deleted_at, m.speaker_name FROM messages m JOIN channels c"
                 " ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ?"
@@ -469,9 +563,9 @@ class MessageRepo:
 
     async def _locate(self, tx: Transaction, scope: Scope, message_id: str) -> Any:
         return await tx.fetchone(
-            "SELECT m.id, m.text, m.deleted_at, m.edited_at FROM messages m JOIN channels c"
-            " ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ? AND c.channel = ?"
-            " AND m.message_id = ?",
+            "SELECT m.id, m.text, m.deleted_at, m.edited_at, m.speaker_id FROM messages m"
+            " JOIN channels c ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ?"
+            " AND c.channel = ? AND m.message_id = ?",
             (*scope.key(), message_id),
         )
 

@@ -122,9 +122,14 @@ class PgMessageRepo(MessageRepo):
 
     # ---- writes -------------------------------------------------------------------------
 
-    async def _ingest_tx(self, tx: Transaction, events: Sequence[MessageEvent]) -> list[Any]:
+    async def _ingest_tx(
+        self, tx: Transaction, events: Sequence[MessageEvent], channel_default: bool
+    ) -> list[Any]:
         await tx.execute("SELECT pg_advisory_xact_lock(?)", (INGEST_LOCK,))
-        return await super()._ingest_tx(tx, events)
+        return await super()._ingest_tx(tx, events, channel_default)
+
+    async def _serialise_with_ingest(self, tx: Transaction) -> None:
+        await tx.execute("SELECT pg_advisory_xact_lock(?)", (INGEST_LOCK,))
 
     @staticmethod
     async def _index_new_messages(tx: Transaction, last_message_pk: int) -> None:
