@@ -26,8 +26,17 @@ import numpy as np
 
 from memory.config import WriterConfig
 from memory.engine import MemoryEngine
+from memory.governance.tombstones import Exclusions
 from memory.interactions import interaction_names
-from memory.models import NewRecord, RosterMember, Scope, Segment, StoredMessage
+from memory.models import (
+    GROUP,
+    DerivedRecord,
+    NewRecord,
+    RosterMember,
+    Scope,
+    Segment,
+    StoredMessage,
+)
 from memory.ports import LLM, ChatMessage, LLMBadOutput, LLMError, LLMUnavailable
 from memory.store import ChainConflict, RederiveItem, WriterRunLog
 from memory.store.segments import LeaseLost
@@ -183,13 +192,45 @@ class Writer:
     def _lock(self, scope: Scope) -> asyncio.Lock:
         return self._channel_locks.setdefault(scope.key(), asyncio.Lock())
 
+    async def _exclusions(self, scope: Scope) -> Exclusions:
+        return await self.engine.store.channels.policy.exclusions(scope.platform, scope.workspace)
+
+    @staticmethod
+    def _remembered(
+        people: Exclusions,
+        roster: list[RosterMember],
+        heads: list[DerivedRecord],
+        messages: list[StoredMessage] | None = None,
+    ) -> tuple[list[RosterMember], list[DerivedRecord], list[StoredMessage]]:
+        """The Writer's input without whoever may not be remembered (forgotten or opted out):
+        not in the roster (so no record may name them owner or source), not among the
+        messages, and no record of theirs (or naming a forgotten person) shown as current
+        memory. The commit-time check holds the same line for what changes meanwhile."""
+        messages = messages or []
+        if people.empty:
+            return roster, heads, messages
+        return (
+            [m for m in roster if people.reason(m.user_id) is None],
+            [
+                h
+                for h in heads
+                if all(people.reason(u) is None for u in (h.owner, h.source) if u != GROUP)
+                and not people.names_in(h.content)
+            ],
+            [m for m in messages if people.reason(m.speaker_id) is None],
+        )
+
     async def validation_context(
         self, scope: Scope, messages: Sequence[StoredMessage], raw: Any, budget: int
     ) -> ValidationContext:
         store = self.engine.store
         pks = await self.engine.channel_pks([scope])
-        roster = await self.engine.members(scope, include_left=True)
-        heads = {h.id: h for h in await store.records.heads(pks)}
+        roster, visible, _ = self._remembered(
+            await self._exclusions(scope),
+            await self.engine.members(scope, include_left=True),
+            await store.records.heads(pks),
+        )
+        heads = {h.id: h for h in visible}
         known = {
             rid: f"{p}/{w}/{c}"
             for rid, (p, w, c) in (await store.records.channel_of(entry_ids(raw))).items()
@@ -239,7 +280,8 @@ class Writer:
         scope = segment.scope
         started = time.time()
         t0 = time.perf_counter()
-        messages = await store.messages.in_segment(segment.id)
+        people = await self._exclusions(scope)
+        messages = self._remembered(people, [], [], await store.messages.in_segment(segment.id))[2]
         run = WriterRunLog(
             model=self.llm.model, prompt_version=WRITER_PROMPT_VERSION, started_at=started
         )
@@ -250,10 +292,14 @@ class Writer:
             )
             return FlushOutcome(segment.id, scope, "empty")
         pks = await self.engine.channel_pks([scope])
-        roster = await self.engine.members(scope, include_left=True)
+        roster, heads, _ = self._remembered(
+            people,
+            await self.engine.members(scope, include_left=True),
+            await store.records.heads(pks),
+        )
         speakers = {m.speaker_id for m in messages}
         shown = select_heads(
-            await store.records.heads(pks),
+            heads,
             speakers,
             " ".join(m.text for m in messages),
             token_budget=self.cfg.heads_token_budget,
@@ -310,8 +356,8 @@ class Writer:
             segment.id,
             scope,
             report.proposed,
-            len(report.accepted),
-            report.reason_counts(),
+            len(ids),
+            run.rejected,
             run.prompt_tokens,
             run.completion_tokens,
             run.latency_ms,
@@ -321,8 +367,8 @@ class Writer:
             scope,
             "committed",
             proposed=report.proposed,
-            accepted=len(report.accepted),
-            rejected=report.reason_counts(),
+            accepted=len(ids),
+            rejected=dict(run.rejected),
             record_ids=ids,
             latency_ms=run.latency_ms,
         )
@@ -362,14 +408,24 @@ class Writer:
         scope = item.scope
         t0 = time.perf_counter()
         found = await store.messages.by_ids(scope, item.from_ids)
-        messages = sorted((m for m in found.values() if not m.deleted), key=lambda m: (m.ts, m.pk))
+        people = await self._exclusions(scope)
+        messages = self._remembered(
+            people,
+            [],
+            [],
+            sorted((m for m in found.values() if not m.deleted), key=lambda m: (m.ts, m.pk)),
+        )[2]
         if not messages:  # its support was forgotten too: nothing to derive
             await store.governance.drop_rederive(item.id)
             return FlushOutcome(-item.id, scope, "empty")
         pks = await self.engine.channel_pks([scope])
-        roster = await self.engine.members(scope, include_left=True)
-        shown = select_heads(
+        roster, heads, _ = self._remembered(
+            people,
+            await self.engine.members(scope, include_left=True),
             await store.records.heads(pks),
+        )
+        shown = select_heads(
+            heads,
             {m.speaker_id for m in messages},
             " ".join(m.text for m in messages),
             token_budget=self.cfg.heads_token_budget,
@@ -401,18 +457,24 @@ class Writer:
         report = validate_actions(raw, ctx, parse_error=parse_error)
         records = [a.to_new_record(writer_model=self.llm.model) for a in report.accepted]
         vectors = await self._embed(records)
+        dropped: dict[str, int] = {}
         try:
-            ids = await store.records.add_records(scope, records, vectors, rederive_item=item.id)
+            ids = await store.records.add_records(
+                scope, records, vectors, rederive_item=item.id, dropped=dropped
+            )
         except ChainConflict as exc:  # a head moved meanwhile: try again later
             await store.governance.defer_rederive(item.id, str(exc), self.cfg.retry_base_s)
             return FlushOutcome(-item.id, scope, "deferred", error=str(exc))
+        rejected = report.reason_counts()
+        for reason, n in dropped.items():
+            rejected[reason] = rejected.get(reason, 0) + n
         return FlushOutcome(
             -item.id,
             scope,
             "committed",
             proposed=report.proposed,
             accepted=len(ids),
-            rejected=report.reason_counts(),
+            rejected=rejected,
             record_ids=ids,
             latency_ms=(time.perf_counter() - t0) * 1000,
         )

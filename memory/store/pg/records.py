@@ -86,6 +86,7 @@ WHERE r.fts @@ (SELECT string_agg('(' || m::text || ')', ' | ')::tsquery FROM ma
 
 
 class PgRecordRepo(RecordRepo):
+    _FOR_SHARE = " FOR SHARE"
     _SEGMENT_STATE_SQL = (
         "SELECT state, claimed_by, lease_until FROM segments WHERE id = ? FOR UPDATE"
     )
