@@ -62,7 +62,7 @@ MEMORY_SUBCOMMANDS: tuple[MemorySubcommand, ...] = (
     ),
     MemorySubcommand(
         name="forget",
-        args="message <link or id> | user <@user>",
+        args="message <link or id> | user <@user> | lift <@user>",
         description="Forget a message, or everything a member said, and what was derived.",
         admin_only=True,
         destructive=True,

@@ -176,6 +176,14 @@ class ForgetUser:
 
 
 @dataclass(frozen=True)
+class ForgetLift:
+    """Let a forgotten member be remembered again (their new messages; the old stay gone)."""
+
+    user: UserRef
+    name: str = "forget"
+
+
+@dataclass(frozen=True)
 class ExportUser:
     user: UserRef
     name: str = "export"
@@ -225,6 +233,7 @@ MemoryCommand = (
     | AliasChange
     | ForgetMessage
     | ForgetUser
+    | ForgetLift
     | ExportUser
     | Status
     | Audit
@@ -304,9 +313,11 @@ def parse_memory_command(text: str) -> MemoryCommand:
             raise CommandSyntaxError("an alias is at most 100 characters")
         return AliasChange(add=lowered[0] == "add", user=parse_user_ref(rest[1]), alias=alias)
     if head == "forget":
-        if not rest or lowered[0] not in ("message", "msg", "user", "member"):
+        if not rest or lowered[0] not in ("message", "msg", "user", "member", "lift"):
             raise CommandSyntaxError(f"forget what? {_usage('forget')}")
         target = " ".join(rest[1:])
+        if lowered[0] == "lift":
+            return ForgetLift(user=parse_user_ref(target))
         if lowered[0] in ("message", "msg"):
             if len(rest) != 2:
                 raise CommandSyntaxError("forget one message: `/memory forget message <link>`")

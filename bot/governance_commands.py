@@ -19,6 +19,7 @@ from bot.governance import (
     CommandSyntaxError,
     ConfirmPrompt,
     ExportUser,
+    ForgetLift,
     ForgetMe,
     ForgetMessage,
     ForgetUser,
@@ -135,7 +136,7 @@ async def _resolve(d: Dispatcher, cmd: MemoryCommand, inv: CommandInvocation) ->
         "label": "Confirm",
         "summary": "",
     }
-    if isinstance(cmd, AliasChange | ForgetUser | ExportUser):
+    if isinstance(cmd, AliasChange | ForgetUser | ForgetLift | ExportUser):
         ctx["target"] = await _user_id(d, scope, cmd.user)
         ctx["target_label"] = str(cmd.user) if cmd.user.kind == "name" else f"<@{ctx['target']}>"
     if isinstance(cmd, ForgetUser):
@@ -228,14 +229,35 @@ async def _execute(
     if isinstance(cmd, ForgetUser):
         receipt = await gov.forget_user(plat, ws, ctx["target"], actor=actor)
         return receipt_reply(f"Forgot {ctx['target_label']}.", receipt)
+    if isinstance(cmd, ForgetLift):
+        receipt = await gov.lift_forget(plat, ws, ctx["target"], actor=actor)
+        return receipt_reply(
+            f"{ctx['target_label']} is remembered again from now on (what was forgotten "
+            "stays forgotten).",
+            receipt,
+        )
     if isinstance(cmd, ExportUser):
-        data = await gov.export_user(plat, ws, ctx["target"])
+        # only what lies in channels the requesting admin can read (fail closed: none)
+        asked = ctx.get("readable")
+        can_read = (
+            await d.engine.store.channels.readable_channels(plat, ws, me)
+            if asked is None
+            else [Scope(platform=plat, workspace=ws, channel=c) for c in asked]
+        )
+        data = await gov.export_user(plat, ws, ctx["target"], readable=can_read)
         await gov.repo.log(
             platform=plat, workspace=ws, actor=actor, action="export-user", target=ctx["target"]
         )
+        withheld = data["withheld"]
+        hidden = (
+            f" ({withheld['messages']} messages and {withheld['records']} records are in "
+            "channels you cannot read and are left out)"
+            if withheld["messages"] or withheld["records"]
+            else ""
+        )
         return CommandReply(
             text=f"Export of {ctx['target_label']}: {len(data['messages'])} messages and "
-            f"{len(data['records'])} records (JSON attached).",
+            f"{len(data['records'])} records (JSON attached){hidden}.",
             data=data,
         )
     if isinstance(cmd, Status):
@@ -298,6 +320,10 @@ def render_status(s: dict[str, Any]) -> CommandReply:
         f"• New channels: {'on' if s['default_channel_on'] else 'off'} by default",
     ]
     lines += [f"• History: {cursor_line(c)}" for c in s.get("catchup", [])]
+    lines += [
+        f"• A forget is INCOMPLETE ({j['action']} #{j['id']}): it is retried automatically"
+        for j in s.get("forgets_incomplete", [])
+    ]
     return CommandReply(text="\n".join(lines), data={"status": s})
 
 

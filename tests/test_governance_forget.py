@@ -17,7 +17,7 @@ import pytest
 
 from memory.engine import MemoryEngine
 from memory.governance.policy import Receipt
-from memory.governance.service import Governance
+from memory.governance.service import ForgetIncomplete, Governance
 from memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
 from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
 from tests.conftest import T0, msg
@@ -326,14 +326,16 @@ async def test_forget_user_removes_everything_of_theirs_and_nothing_else(
     assert await live_ids(engine) == {"b1", "b2", "c1", "c2"}
     for word in (*BOB_WORDS, *CAROL_WORDS):
         assert await fts_hits(engine, word)
-    # records built from Alice's messages or about her are gone; Bob's and Carol's stay
+    # records built from Alice's messages, about her or naming her (the GROUP record says
+    # "Alice and Bob fixed...") are gone; Bob's and Carol's stay
     left = {r[0] for r in await engine.store.db.read("SELECT id FROM records")}
-    assert ids["bob"] in left and ids["carol"] in left and ids["group_mixed"] in left
+    assert ids["bob"] in left and ids["carol"] in left
     assert not left & {
         ids["alice_v1"],
         ids["alice_v2"],
         ids["alice_secret"],
         ids["bob_about_alice"],
+        ids["group_mixed"],
     }
     assert not await record_dense_ids(engine, embedder, "zorblatt quixvane") & {
         ids["alice_v1"],
@@ -346,7 +348,8 @@ async def test_forget_user_removes_everything_of_theirs_and_nothing_else(
     queued = await engine.store.db.read("SELECT owner, source FROM rederive_queue")
     assert all("alice" not in tuple(row) for row in queued)
     assert_receipt_matches(receipt, before, after)
-    assert receipt.counts["messages"] == 3 and receipt.counts["records"] == 4
+    assert receipt.counts["messages"] == 3 and receipt.counts["records"] == 5
+    assert receipt.counts["records_naming"] == 1 and receipt.counts["forgotten_people"] == 1
     # the receipt is in the audit log, without the text
     (entry,) = await gov.audit(5)
     assert entry["action"] == "forget-user" and entry["receipt"] == receipt.counts
@@ -569,12 +572,20 @@ async def test_a_crash_mid_cascade_leaves_nothing_half_applied(
 
     monkeypatch.setattr(GovernanceRepo, "_withdraw_tx", crash)
     gov = Governance(engine)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(ForgetIncomplete) as failed:
         await gov.forget_user("test", "w1", "alice", actor="cli")
+    assert isinstance(failed.value.__cause__, RuntimeError)
     assert await counts(engine) == before
     assert await fts_hits(engine, "zorblatt")
-    assert await gov.audit(5) == []  # nothing reported as done
+    # the receipt and the audit log say it is incomplete and claim only what stayed done
+    # (her tombstone; the batch that failed counts nothing)
+    assert not failed.value.receipt.complete
+    assert failed.value.receipt.counts == {"forgotten_people": 1}
+    (entry,) = await gov.audit(5)
+    assert entry["args"]["complete"] is False and entry["receipt"] == {"forgotten_people": 1}
+    assert [j.target for j in await engine.store.forget_jobs.open()] == ["alice"]
     monkeypatch.setattr(GovernanceRepo, "_withdraw_tx", original)
     receipt = await gov.forget_user("test", "w1", "alice", actor="cli")
     assert_receipt_matches(receipt, before, await counts(engine))
     await assert_gone(engine, embedder, ALICE_WORDS, {"a1", "a2", "a3"})
+    assert await engine.store.forget_jobs.open() == []  # this forget finished the first

@@ -8,6 +8,7 @@ stdin is not a terminal.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from datetime import UTC, datetime
@@ -18,13 +19,14 @@ from rich.table import Table
 
 from bot.catchup import cursor_line
 from bot.settings import Settings
+from bot.spill import Spill
 from integrations.app import build_llm, llm_probe, open_engine
 from integrations.cli.commands_store import resolve_channel
 from integrations.cli.errors import CliError
 from integrations.cli.render import console, err_console
 from memory.engine import MemoryEngine
-from memory.governance.policy import Receipt
-from memory.governance.service import Governance, GovernanceError
+from memory.governance.policy import Forgotten, Receipt
+from memory.governance.service import ForgetIncomplete, Governance, GovernanceError
 from memory.models import Scope
 
 ACTOR = "cli"
@@ -136,6 +138,18 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
     _user(q)
     _workspace(q)
     _yes_json(q)
+    q = command(
+        fsub,
+        "lift",
+        "cmd_forget_lift",
+        help="let a forgotten person be remembered again",
+        description="A forgotten person stays out (their new messages, their names) until "
+        "they opt in again or an admin lifts it here. What was forgotten stays forgotten; "
+        "the lift is in the audit log. Their name is gone, so give their user id.",
+    )
+    q.add_argument("user", metavar="USER_ID", help="the forgotten person's user id")
+    _workspace(q)
+    q.add_argument("--json", action="store_true", help="print the receipt as JSON")
 
     # -- export
     p = command(
@@ -269,12 +283,32 @@ async def _member(engine: MemoryEngine, args: argparse.Namespace) -> tuple[str, 
 
 
 def governance(settings: Settings, engine: MemoryEngine, *, probe: bool = False) -> Governance:
+    """The governance service; its forgets also clear the bot's spill file when one exists
+    (the spill locks itself against the running bot)."""
     llm = build_llm(settings) if probe else None
-    return Governance(
+    gov = Governance(
         engine,
         config=settings.memory_config().governance,
         llm_probe=llm_probe(llm) if llm is not None else None,
     )
+    path = settings.spill_file
+    if path.exists():
+        spill = Spill(path, settings.spill_max_bytes)
+
+        async def clear_spill(forgotten: Forgotten) -> int:
+            return await asyncio.to_thread(spill.forget, forgotten)
+
+        gov.forget_hooks.append(clear_spill)
+    return gov
+
+
+async def forgetting(run: Any) -> Receipt:
+    """A forget's receipt; one that did not complete is a readable error saying so."""
+    try:
+        receipt: Receipt = await run
+    except ForgetIncomplete as exc:
+        raise CliError(str(exc)) from exc
+    return receipt
 
 
 # ---- commands ---------------------------------------------------------------------------
@@ -288,7 +322,7 @@ async def cmd_channel(settings: Settings, args: argparse.Namespace) -> int:
         gov = governance(settings, engine)
         if args.purge:
             confirm(f"Disable memory in {scope} and forget everything it holds?", args.yes)
-            receipt = await gov.purge_channel(scope, actor=ACTOR)
+            receipt = await forgetting(gov.purge_channel(scope, actor=ACTOR))
         else:
             receipt = await gov.set_channel(scope, args.action == "enable", actor=ACTOR)
         print_receipt(receipt, args.json)
@@ -348,7 +382,9 @@ async def cmd_forget_message(settings: Settings, args: argparse.Namespace) -> in
         if not await engine.store.governance.message_pks(scope, [args.id]):
             raise CliError(f"no message {args.id!r} in {scope}")
         confirm(f"Forget message {args.id} in {scope} and every record citing it?", args.yes)
-        receipt = await governance(settings, engine).forget_message(scope, args.id, actor=ACTOR)
+        receipt = await forgetting(
+            governance(settings, engine).forget_message(scope, args.id, actor=ACTOR)
+        )
         print_receipt(receipt, args.json)
     return 0
 
@@ -361,9 +397,22 @@ async def cmd_forget_user(settings: Settings, args: argparse.Namespace) -> int:
             "or about them, their name and aliases?",
             args.yes,
         )
-        receipt = await governance(settings, engine).forget_user(
-            platform, workspace, uid, actor=ACTOR
+        receipt = await forgetting(
+            governance(settings, engine).forget_user(platform, workspace, uid, actor=ACTOR)
         )
+        print_receipt(receipt, args.json)
+    return 0
+
+
+async def cmd_forget_lift(settings: Settings, args: argparse.Namespace) -> int:
+    async with open_engine(settings, with_embedder=False) as engine:
+        platform, workspace = await pick_workspace(engine, args.workspace, args.platform)
+        try:
+            receipt = await governance(settings, engine).lift_forget(
+                platform, workspace, args.user, actor=ACTOR
+            )
+        except GovernanceError as exc:
+            raise CliError(str(exc)) from exc
         print_receipt(receipt, args.json)
     return 0
 
@@ -407,9 +456,18 @@ async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         f" last run {fmt_at(status['writer_last_run'])} ({status['writer_last_outcome'] or '-'})"
         f"\nLLM: {llm[status['llm_reachable']]}; new channels "
         f"{'on' if status['default_channel_on'] else 'off'} by default; "
-        f"{status['opted_out_members']} member(s) opted out",
+        f"{status['opted_out_members']} member(s) opted out, "
+        f"{status['forgotten_people']} forgotten",
         highlight=False,
     )
+    for job in status["forgets_incomplete"]:
+        console.print(
+            f"INCOMPLETE forget #{job['id']} ({job['action']}, started "
+            f"{fmt_at(job['started_at'])}): {job['error'] or 'in progress'}; retried "
+            "automatically by the running bot",
+            highlight=False,
+            markup=False,
+        )
     table = Table("channel", "name", "memory", "retention", "messages")
     for c in status["channels"]:
         table.add_row(

@@ -192,6 +192,15 @@ def build_memory_groups(handler: MemoryHandler) -> list[app_commands.Group]:
             )
         )
     )
+    forget.add_command(
+        app_commands.describe(member="who may be remembered again")(
+            app_commands.Command(
+                name="lift",
+                description="Remember a forgotten member's new messages again.",
+                callback=forget_user,
+            )
+        )
+    )
     return [member, admin]
 
 

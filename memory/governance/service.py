@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from memory.config import GovernanceConfig
 from memory.engine import MemoryEngine
 from memory.governance.policy import (
+    Forgotten,
     Receipt,
     channel_enabled,
     effective_retention,
@@ -23,7 +24,7 @@ from memory.governance.policy import (
 from memory.models import GROUP, EditEvent, Scope
 from memory.query.links import LinkResolver, default_link
 from memory.store import ChangeStatus
-from memory.store.diagnostics import last_writer_run
+from memory.store.diagnostics import status_counts
 from memory.writer.gate import EvidenceGate, date_terms
 from memory.writer.runner import gate_from
 
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 
 LLMProbe = Callable[[], Awaitable[bool]]
 """Answers whether the LLM endpoint is reachable (built in the composition root)."""
+ForgetHook = Callable[[Forgotten], Awaitable[object]]
+"""Removes a forget's words from a copy outside the store (the bot's spill); runs inside
+the forget, so a hook that fails leaves the forget incomplete (and resumed)."""
+Steps = Callable[[Receipt], Awaitable[None]]
 
 
 class GovernanceError(ValueError):
@@ -52,6 +57,19 @@ class UnknownMessage(GovernanceError):
     pass
 
 
+class ForgetIncomplete(GovernanceError):
+    """A forget failed part-way: what it did is in its receipt (marked incomplete) and in
+    the audit log, and the rest is retried automatically until it completes."""
+
+    def __init__(self, receipt: Receipt, error: BaseException) -> None:
+        self.receipt = receipt
+        super().__init__(
+            f"{receipt.action} {receipt.target} did not complete ({type(error).__name__}: "
+            f"{str(error)[:200]}); done so far: {receipt.summary()}. The rest is retried "
+            "automatically; `audit` shows when it completes"
+        )
+
+
 class Governance:
     def __init__(
         self,
@@ -68,6 +86,8 @@ class Governance:
         self.llm_probe = llm_probe
         self.gate = gate or gate_from(engine.config.writer)
         self.link = link
+        self.forget_hooks: list[ForgetHook] = []
+        """Run by every forget (bot.dispatch registers the spill's)."""
 
     # ---- channel switch -----------------------------------------------------------------
 
@@ -96,9 +116,19 @@ class Governance:
 
     async def purge_channel(self, scope: Scope, *, actor: str) -> Receipt:
         """Memory off, then forget everything the channel holds (its messages and records)."""
+        return await self._forget_job(
+            scope.platform,
+            scope.workspace,
+            "channel-off-purge",
+            str(scope),
+            actor,
+            {"purge": True, "channel": scope.channel},
+        )
+
+    async def _purge_steps(self, scope: Scope, actor: str, receipt: Receipt) -> None:
         await self.repo.set_channel_enabled(scope, False, actor)
-        receipt = Receipt(action="channel-off-purge", target=str(scope))
-        receipt.add("channel_policy", 1)
+        receipt.counts["channel_policy"] = 1
+        await self._hooks(Forgotten(scope.platform, scope.workspace, channel=scope.channel))
         pks = await self.repo.channel_message_pks(scope)
         await self.repo.forget_messages(
             pks, receipt, reason="channel-purge", batch=self.cfg.forget_batch
@@ -107,8 +137,6 @@ class Governance:
         left = await self.repo.channel_record_ids(scope)
         if left:
             await self.repo.withdraw(left, receipt, reason="channel-purge", requeue=False)
-        await self._audit(scope.platform, scope.workspace, actor, receipt, {"purge": True})
-        return receipt
 
     # ---- retention ----------------------------------------------------------------------
 
@@ -219,15 +247,27 @@ class Governance:
         return found[0]
 
     async def forget_message(self, scope: Scope, message_id: str, *, actor: str) -> Receipt:
-        pks = await self.repo.message_pks(scope, [message_id])
-        if not pks:
+        if not await self.repo.message_pks(scope, [message_id]):
             raise UnknownMessage(f"I hold no message {message_id} in {scope.channel}")
-        receipt = Receipt(action="forget-message", target=f"{scope}/{message_id}")
+        return await self._forget_job(
+            scope.platform,
+            scope.workspace,
+            "forget-message",
+            f"{scope}/{message_id}",
+            actor,
+            {"channel": scope.channel, "message_id": message_id},
+        )
+
+    async def _forget_message_steps(self, scope: Scope, message_id: str, receipt: Receipt) -> None:
+        await self._hooks(
+            Forgotten(
+                scope.platform, scope.workspace, channel=scope.channel, message_ids=(message_id,)
+            )
+        )
+        pks = await self.repo.message_pks(scope, [message_id])
         await self.repo.forget_messages(
             pks, receipt, reason="forget-message", batch=self.cfg.forget_batch
         )
-        await self._audit(scope.platform, scope.workspace, actor, receipt, {})
-        return receipt
 
     async def forget_user(
         self,
@@ -238,8 +278,20 @@ class Governance:
         actor: str,
         action: str = "forget-user",
     ) -> Receipt:
-        """Their messages, every record built from them or about them, their name and aliases."""
-        receipt = Receipt(action=action, target=user_id)
+        """Their messages, every record built from them, about them or naming them, their
+        name and aliases; a tombstone keeps them out until they opt in or an admin lifts it."""
+        return await self._forget_job(platform, workspace, action, user_id, actor, {})
+
+    async def _forget_user_steps(
+        self, platform: str, workspace: str, user_id: str, action: str, receipt: Receipt
+    ) -> None:
+        tombstones = self.engine.store.tombstones
+        # the tombstone first: from here on nothing of theirs is stored or committed
+        names = await tombstones.names_of(platform, workspace, user_id)
+        new = not await tombstones.is_forgotten(platform, workspace, user_id)
+        named = await tombstones.bury(platform, workspace, user_id, names)
+        receipt.add("forgotten_people", int(new))
+        await self._hooks(Forgotten(platform, workspace, user_id=user_id))
         people = {user_id}
         pks = await self.repo.user_message_pks(platform, workspace, user_id)
         await self.repo.forget_messages(
@@ -247,9 +299,119 @@ class Governance:
         )
         about = await self.repo.user_record_ids(platform, workspace, user_id)
         await self.repo.withdraw(about, receipt, reason=action, forgotten_people=people)
+        # records of others (GROUP ones above all) that name them by a name or an alias
+        naming = await tombstones.records_naming(platform, workspace, named)
+        if naming:
+            before = receipt.counts.get("records", 0)
+            await self.repo.withdraw(naming, receipt, reason=action, forgotten_people=people)
+            receipt.add("records_naming", receipt.counts.get("records", 0) - before)
         await self.repo.delete_user_rows(platform, workspace, user_id, receipt)
+
+    async def lift_forget(
+        self, platform: str, workspace: str, user_id: str, *, actor: str
+    ) -> Receipt:
+        """Let a forgotten person be remembered again from now on (what was forgotten stays
+        forgotten). Audited; an admin's way besides the person opting in."""
+        if not await self.engine.store.tombstones.lift(platform, workspace, user_id):
+            raise GovernanceError(f"{user_id} is not forgotten in {platform}/{workspace}")
+        receipt = Receipt(action="forget-lift", target=user_id)
+        receipt.add("forgotten_people", 1)
         await self._audit(platform, workspace, actor, receipt, {})
         return receipt
+
+    # ---- forgets that survive a failure -------------------------------------------------
+
+    def _steps(
+        self,
+        job_action: str,
+        platform: str,
+        workspace: str,
+        target: str,
+        actor: str,
+        args: dict[str, Any],
+    ) -> Steps:
+        """The idempotent steps of a forget (run again, they finish what is left)."""
+        if job_action == "forget-message":
+            scope = Scope(platform=platform, workspace=workspace, channel=args["channel"])
+            return lambda r: self._forget_message_steps(scope, args["message_id"], r)
+        if job_action == "channel-off-purge":
+            scope = Scope(platform=platform, workspace=workspace, channel=args["channel"])
+            return lambda r: self._purge_steps(scope, actor, r)
+        return lambda r: self._forget_user_steps(platform, workspace, target, job_action, r)
+
+    async def _forget_job(
+        self,
+        platform: str,
+        workspace: str,
+        action: str,
+        target: str,
+        actor: str,
+        args: dict[str, Any],
+    ) -> Receipt:
+        """Record the forget, run its steps, close it; a failure leaves it open (resumed by
+        `resume_forgets`) with an audit entry that says it is incomplete."""
+        job = await self.engine.store.forget_jobs.start(
+            platform, workspace, action, target, actor, args
+        )
+        return await self._run_job(job, platform, workspace, action, target, actor, args)
+
+    async def _run_job(
+        self,
+        job: int,
+        platform: str,
+        workspace: str,
+        action: str,
+        target: str,
+        actor: str,
+        args: dict[str, Any],
+        *,
+        resumed: bool = False,
+    ) -> Receipt:
+        receipt = Receipt(action=action, target=target)
+        logged = {k: v for k, v in args.items() if k not in ("channel", "message_id")}
+        if resumed:
+            logged["resumed"] = job
+        try:
+            await self._steps(action, platform, workspace, target, actor, args)(receipt)
+        except Exception as exc:
+            receipt.complete = False
+            receipt.notes.append("incomplete: retried automatically until done")
+            try:
+                await self.engine.store.forget_jobs.failed(job, f"{type(exc).__name__}: {exc}")
+                await self._audit(
+                    platform, workspace, actor, receipt, {**logged, "complete": False}
+                )
+            except Exception:  # the store is failing: the open job still says so
+                log.exception("could not record the incomplete %s of %s", action, target)
+            raise ForgetIncomplete(receipt, exc) from exc
+        await self.engine.store.forget_jobs.done(job)
+        await self._audit(platform, workspace, actor, receipt, logged)
+        return receipt
+
+    async def resume_forgets(self) -> list[Receipt]:
+        """Run every forget a failure left incomplete again (the scheduler's housekeeping
+        job, with backoff); raises ForgetIncomplete when one still fails."""
+        jobs = self.engine.store.forget_jobs
+        done: list[Receipt] = []
+        for job in await jobs.open():
+            await jobs.retried(job.id)
+            done.append(
+                await self._run_job(
+                    job.id,
+                    job.platform,
+                    job.workspace,
+                    job.action,
+                    job.target,
+                    job.actor,
+                    job.args,
+                    resumed=True,
+                )
+            )
+        return done
+
+    async def _hooks(self, forgotten: Forgotten) -> None:
+        for hook in self.forget_hooks:
+            await hook(forgotten)
 
     # ---- members ------------------------------------------------------------------------
 
@@ -281,9 +443,14 @@ class Governance:
         return receipt
 
     async def opt_in(self, platform: str, workspace: str, user_id: str, *, actor: str) -> Receipt:
+        """Store their messages again; a forgotten person's tombstone is lifted too."""
         await self.repo.set_opted_out(platform, workspace, user_id, False)
         receipt = Receipt(action="opt-in", target=user_id)
         receipt.add("user_prefs", 1)
+        receipt.add(
+            "forgotten_people",
+            int(await self.engine.store.tombstones.lift(platform, workspace, user_id)),
+        )
         await self._audit(platform, workspace, actor, receipt, {})
         return receipt
 
@@ -352,11 +519,10 @@ class Governance:
     async def status(
         self, platform: str | None = None, workspace: str | None = None
     ) -> dict[str, Any]:
+        """Counts, queues and switches of one workspace (or platform) when given, else of
+        the whole store; never another workspace's numbers."""
         store = self.engine.store
-        messages = await store.messages.counts()
-        records = await store.records.counts()
-        segments = await store.segments.counts()
-        last_run, last_outcome = await last_writer_run(store)
+        counts = await status_counts(store, platform, workspace)
         reachable: bool | None = None
         if self.llm_probe is not None:
             try:
@@ -381,21 +547,29 @@ class Governance:
                     "messages": c["messages"],
                 }
             )
-        retention = {f"{p}/{w}": d for (p, w), d in (await self.repo.workspace_retention()).items()}
+        retention = {
+            f"{p}/{w}": d
+            for (p, w), d in (await self.repo.workspace_retention()).items()
+            if (platform is None or p == platform) and (workspace is None or w == workspace)
+        }
         catchup = await self._catchup_status(platform, workspace, channels)
+        incomplete = [
+            {"id": j.id, "action": j.action, "started_at": j.started_at, "error": j.last_error}
+            for j in await store.forget_jobs.open(platform, workspace)
+        ]
         return {
-            "messages": messages["messages"],
-            "tombstones": messages["deleted"],
-            "unembedded": messages["unembedded"],
-            "records_active": records["active_records"],
-            "records": records["records"],
+            "messages": counts["messages"],
+            "tombstones": counts["tombstones"],
+            "unembedded": counts["unembedded"],
+            "records_active": counts["records_active"],
+            "records": counts["records"],
             "writer_queue": {
-                "pending_segments": segments.get("pending", 0),
-                "open_segments": segments.get("open", 0),
-                "rederive": await self.repo.rederive_depth(),
+                "pending_segments": counts["pending_segments"],
+                "open_segments": counts["open_segments"],
+                "rederive": await self.repo.rederive_depth(platform, workspace),
             },
-            "writer_last_run": last_run,
-            "writer_last_outcome": last_outcome,
+            "writer_last_run": counts["writer_last_run"],
+            "writer_last_outcome": counts["writer_last_outcome"],
             "llm_reachable": reachable,
             "llm_configured": self.llm_probe is not None,
             "db_bytes": await store.db_size_bytes(),
@@ -404,7 +578,9 @@ class Governance:
             "channels_off": sum(1 for c in channels if not c["on"]),
             "default_channel_on": self.cfg.channel_default_enabled,
             "workspace_retention": retention,
-            "opted_out_members": await self.repo.opted_out_count(),
+            "opted_out_members": await self.repo.opted_out_count(platform, workspace),
+            "forgotten_people": await store.tombstones.count(platform, workspace),
+            "forgets_incomplete": incomplete,
             "catchup": catchup,
         }
 
@@ -455,9 +631,24 @@ class Governance:
             for e in entries
         ]
 
-    async def export_user(self, platform: str, workspace: str, user_id: str) -> dict[str, Any]:
-        """Their messages and every record they are source or owner of, with provenance."""
+    async def export_user(
+        self,
+        platform: str,
+        workspace: str,
+        user_id: str,
+        *,
+        readable: Sequence[Scope] | None = None,
+    ) -> dict[str, Any]:
+        """Their messages and every record they are source or owner of, with provenance.
+
+        `readable`: the channels the requester may read (a chat-side admin); what lies in
+        other channels is left out and only counted. None: everything (the CLI's operator)."""
         store = self.engine.store
+        allowed = None if readable is None else {s.channel for s in readable}
+        rows = await self.repo.user_messages(platform, workspace, user_id)
+        recs = await self.repo.user_records(platform, workspace, user_id)
+        shown_rows = [r for r in rows if allowed is None or r[0] in allowed]
+        shown_recs = [r for r in recs if allowed is None or r.scope.channel in allowed]
         messages = [
             {
                 "channel": r[0],
@@ -470,10 +661,10 @@ class Governance:
                     Scope(platform=platform, workspace=workspace, channel=r[0]), r[1], r[2]
                 ),
             }
-            for r in await self.repo.user_messages(platform, workspace, user_id)
+            for r in shown_rows
         ]
         records = []
-        for rec in await self.repo.user_records(platform, workspace, user_id):
+        for rec in shown_recs:
             chain = await store.records.chain(rec.id)
             records.append(
                 {
@@ -506,6 +697,10 @@ class Governance:
             "exported_at": time.time(),
             "messages": messages,
             "records": records,
+            "withheld": {  # in channels the requester cannot read
+                "messages": len(rows) - len(shown_rows),
+                "records": len(recs) - len(shown_recs),
+            },
         }
 
     async def mine(

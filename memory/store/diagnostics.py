@@ -102,3 +102,45 @@ async def last_writer_run(store: Store) -> tuple[float | None, str | None]:
         " FROM writer_runs"
     )
     return rows[0][0], rows[0][1]
+
+
+async def status_counts(
+    store: Store, platform: str | None = None, workspace: str | None = None
+) -> dict[str, object]:
+    """What `status` counts, for one workspace (or platform) when given, else the whole
+    store: an admin asking in one workspace sees that workspace's numbers only."""
+    scoped = (platform, platform, workspace, workspace)
+    where = "(? IS NULL OR platform = ?) AND (? IS NULL OR workspace = ?)"
+    channels = f"channel_pk IN (SELECT id FROM channels WHERE {where})"
+    (m,) = await store.db.read(
+        "SELECT count(*) FILTER (WHERE deleted_at IS NULL),"
+        " count(*) FILTER (WHERE deleted_at IS NOT NULL),"
+        " count(*) FILTER (WHERE deleted_at IS NULL AND embedded = 0)"
+        f" FROM messages WHERE {channels}",
+        scoped,
+    )
+    (r,) = await store.db.read(
+        f"SELECT count(*), count(*) FILTER (WHERE state = 'active') FROM records WHERE {channels}",
+        scoped,
+    )
+    segments = dict(
+        await store.db.read(
+            f"SELECT state, count(*) FROM segments WHERE {channels} GROUP BY state", scoped
+        )
+    )
+    (run,) = await store.db.read(
+        f"SELECT max(started_at), (SELECT outcome FROM writer_runs WHERE {where}"
+        f" ORDER BY id DESC LIMIT 1) FROM writer_runs WHERE {where}",
+        scoped * 2,
+    )
+    return {
+        "messages": int(m[0]),
+        "tombstones": int(m[1]),
+        "unembedded": int(m[2]),
+        "records": int(r[0]),
+        "records_active": int(r[1]),
+        "pending_segments": int(segments.get("pending", 0)),
+        "open_segments": int(segments.get("open", 0)),
+        "writer_last_run": run[0],
+        "writer_last_outcome": run[1],
+    }

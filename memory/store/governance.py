@@ -69,6 +69,9 @@ def _marks(values: Sequence[Any]) -> str:
 
 
 class GovernanceRepo:
+    _FOR_UPDATE = ""
+    """Row locks of the cascade's messages (PostgreSQL; SQLite's one writer needs none)."""
+
     def __init__(self, db: Database, channels: ChannelRepo) -> None:
         self.db = db
         self.channels = channels
@@ -144,18 +147,13 @@ class GovernanceRepo:
     async def set_channel_enabled(self, scope: Scope, enabled: bool, actor: str) -> bool | None:
         """Switch a channel; returns the explicit value it had before (None = default)."""
         async with self.db.transaction() as tx:
+            await tx.policy_lock(shared=False)  # ingests in flight finish first
             row = await tx.fetchone(
                 "SELECT enabled FROM channel_policy WHERE platform = ? AND workspace = ?"
                 " AND channel = ?",
                 scope.key(),
             )
             await self._upsert_channel(tx, scope, "enabled", int(enabled), actor)
-            # keep the legacy column in step for tools that read channels.enabled
-            await tx.execute(
-                "UPDATE channels SET enabled = ? WHERE platform = ? AND workspace = ?"
-                " AND channel = ?",
-                (int(enabled), *scope.key()),
-            )
             if not enabled:  # text of edits waiting for messages that will not be stored now
                 await tx.execute(
                     "DELETE FROM early_changes WHERE platform = ? AND workspace = ?"
@@ -215,7 +213,15 @@ class GovernanceRepo:
     async def set_opted_out(
         self, platform: str, workspace: str, user_id: str, opted_out: bool
     ) -> None:
+        """Opting out also drops the text of early edits they wrote (stored nowhere else)."""
         async with self.db.transaction() as tx:
+            await tx.policy_lock(shared=False)  # ingests and commits in flight finish first
+            if opted_out:
+                await tx.execute(
+                    "DELETE FROM early_changes WHERE platform = ? AND workspace = ?"
+                    " AND author_id = ? AND deleted_at IS NULL",
+                    (platform, workspace, user_id),
+                )
             await tx.execute(
                 "INSERT INTO user_prefs (platform, workspace, user_id, opted_out, updated_at)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (platform, workspace, user_id) DO UPDATE"
@@ -242,8 +248,14 @@ class GovernanceRepo:
         )
         return {r[0] for r in rows}
 
-    async def opted_out_count(self) -> int:
-        rows = await self.db.read("SELECT count(*) FROM user_prefs WHERE opted_out = 1")
+    async def opted_out_count(
+        self, platform: str | None = None, workspace: str | None = None
+    ) -> int:
+        rows = await self.db.read(
+            "SELECT count(*) FROM user_prefs WHERE opted_out = 1 AND (? IS NULL OR platform = ?)"
+            " AND (? IS NULL OR workspace = ?)",
+            (platform, platform, workspace, workspace),
+        )
         return int(rows[0][0])
 
     # ---- aliases ------------------------------------------------------------------------
@@ -358,8 +370,14 @@ class GovernanceRepo:
 
     # ---- re-derivation queue ------------------------------------------------------------
 
-    async def rederive_depth(self) -> int:
-        rows = await self.db.read("SELECT count(*) FROM rederive_queue")
+    async def rederive_depth(
+        self, platform: str | None = None, workspace: str | None = None
+    ) -> int:
+        rows = await self.db.read(
+            "SELECT count(*) FROM rederive_queue WHERE (? IS NULL OR platform = ?)"
+            " AND (? IS NULL OR workspace = ?)",
+            (platform, platform, workspace, workspace),
+        )
         return int(rows[0][0])
 
     async def due_rederive(
@@ -494,12 +512,15 @@ class GovernanceRepo:
         forgotten_people: set[str] | None = None,
         batch: int = FORGET_BATCH,
     ) -> Receipt:
-        """Forget these messages and everything derived from them, one transaction per batch."""
+        """Forget these messages and everything derived from them, one transaction per batch.
+        The receipt counts a batch once it committed (a batch rolled back counts nothing)."""
         pks = sorted(set(message_pks))
         for start in range(0, len(pks), batch):
             part = pks[start : start + batch]
+            done = Receipt(action=receipt.action)
             async with self.db.transaction() as tx:
-                await self._forget_batch(tx, part, receipt, reason, forgotten_people or set())
+                await self._forget_batch(tx, part, done, reason, forgotten_people or set())
+            receipt.merge(done)
         return receipt
 
     async def forget_in(
@@ -522,6 +543,7 @@ class GovernanceRepo:
         """Withdraw records (not their messages): chains relinked, heads re-queued if supported."""
         ids = sorted(set(record_ids))
         for start in range(0, len(ids), IN_CHUNK):
+            done = Receipt(action=receipt.action)
             async with self.db.transaction() as tx:
                 await self._withdraw_tx(
                     tx,
@@ -529,39 +551,42 @@ class GovernanceRepo:
                     {},
                     forgotten_people or set(),
                     reason,
-                    receipt,
+                    done,
                     requeue=requeue,
                 )
+            receipt.merge(done)
         return receipt
 
     async def delete_user_rows(
         self, platform: str, workspace: str, user_id: str, receipt: Receipt
     ) -> Receipt:
         """The user's name row and aliases (roster membership stays: it is access, not memory)."""
+        done = Receipt(action=receipt.action)
         async with self.db.transaction() as tx:
             cur = await tx.execute(
                 "DELETE FROM users WHERE platform = ? AND workspace = ? AND user_id = ?",
                 (platform, workspace, user_id),
             )
-            receipt.add("users", cur.rowcount)
+            done.add("users", cur.rowcount)
             cur = await tx.execute(
                 "DELETE FROM user_aliases WHERE platform = ? AND workspace = ? AND user_id = ?",
                 (platform, workspace, user_id),
             )
-            receipt.add("user_aliases", cur.rowcount)
+            done.add("user_aliases", cur.rowcount)
             if await self._has_table(tx, "message_addressees"):
                 cur = await tx.execute(
                     "DELETE FROM message_addressees WHERE addressee = ? AND message_pk IN"
                     " (SELECT id FROM messages WHERE platform = ? AND workspace = ?)",
                     (user_id, platform, workspace),
                 )
-                receipt.add("message_addressees", cur.rowcount)
+                done.add("message_addressees", cur.rowcount)
             cur = await tx.execute(
                 "DELETE FROM rederive_queue WHERE platform = ? AND workspace = ?"
                 " AND (owner = ? OR source = ?)",
                 (platform, workspace, user_id, user_id),
             )
-            receipt.add("rederive_queue_dropped", cur.rowcount)
+            done.add("rederive_queue_dropped", cur.rowcount)
+        receipt.merge(done)
         return receipt
 
     @staticmethod
@@ -581,9 +606,11 @@ class GovernanceRepo:
         forgotten_people: set[str],
     ) -> None:
         marks = _marks(pks)
+        # Locked first (PostgreSQL): a Writer commit citing these messages either commits
+        # before (and its records are found below) or reads them forgotten (and drops them).
         rows = await tx.fetchall(
             f"SELECT id, channel_pk, message_id, deleted_at, text, speaker_name FROM messages"
-            f" WHERE id IN ({marks})",
+            f" WHERE id IN ({marks}) ORDER BY id{self._FOR_UPDATE}",
             pks,
         )
         if not rows:

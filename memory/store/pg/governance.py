@@ -12,6 +12,8 @@ from memory.store.governance import GovernanceRepo
 
 
 class PgGovernanceRepo(GovernanceRepo):
+    _FOR_UPDATE = " FOR UPDATE"
+
     @staticmethod
     def _records_naming_sql(n: int) -> str:
         return (
