@@ -7,7 +7,9 @@ Jobs (AsyncIOScheduler, coroutine jobs, one instance each, coalesced):
   Writer's breaker end or the earliest retry), never sooner: an outage costs one probe per
   backoff period, and no run spins on segments that are not due;
 - `embed`: a safety net that embeds any message the live path left without a vector;
-- `retention`: on start and daily, forget what is past each channel's retention limit.
+- `retention`: on start and daily, finish any forget a failure left incomplete, then forget
+  what is past each channel's retention limit; a run that fails is retried with backoff
+  (`retention_retry_s`, doubling up to the daily interval), not a day later.
 With several bot processes on one PostgreSQL store, `close-idle`, `write`, `embed` and
 `retention` run in one process at a time: each run takes the store's job lock
 (`store.locks.try_job`, an advisory lock held for the run) and a process that does not get
@@ -50,6 +52,7 @@ class WriterScheduler:
         idle_check_s: float | None = None,
         governance: Governance | None = None,
         retention_interval_s: float = 86_400.0,
+        retention_retry_s: float = 60.0,
         writer_mode: Literal["inprocess", "workers"] = "inprocess",
     ) -> None:
         self.engine = engine
@@ -60,6 +63,10 @@ class WriterScheduler:
         self._scheduler = AsyncIOScheduler()
         self.governance = governance
         self.retention_interval_s = retention_interval_s
+        self.retention_retry_s = retention_retry_s
+        self.retention_failures = 0
+        """Consecutive failed retention runs (the retry's backoff grows with them)."""
+        self._retention_retry: asyncio.TimerHandle | None = None
         self.writer_mode = writer_mode
         self.runs = {"close-idle": 0, "write": 0, "embed": 0, "retention": 0}
         self.skipped = {"close-idle": 0, "write": 0, "embed": 0, "retention": 0}
@@ -210,12 +217,38 @@ class WriterScheduler:
                 if not mine:
                     return
                 try:
+                    await self.governance.resume_forgets()
                     receipt = await self.governance.apply_retention(actor="scheduler")
-                except Exception:  # the next daily run tries again
-                    log.exception("retention run failed")
+                except Exception:
+                    self.retention_failures += 1
+                    delay = self._retry_retention()
+                    log.exception("retention run failed; retried in %.0f s", delay)
                     return
+            self.retention_failures = 0
             if receipt.counts:
                 log.info("retention: %s", receipt.summary())
+
+    def _retry_retention(self) -> float:
+        """Run retention again after a backoff: 1, 2, 4... times `retention_retry_s`,
+        never later than the daily run."""
+        delay = min(
+            self.retention_interval_s,
+            self.retention_retry_s * 2 ** min(self.retention_failures - 1, 30),
+        )
+        if self._retention_retry is not None:
+            self._retention_retry.cancel()
+        if self._scheduler.running:
+            self._retention_retry = asyncio.get_running_loop().call_later(
+                delay, self._kick_retention
+            )
+        return delay
+
+    def _kick_retention(self) -> None:
+        self._retention_retry = None
+        job = self._scheduler.get_job("retention")
+        if job is not None and self._scheduler.running:
+            job.modify(next_run_time=datetime.now())
+            self._scheduler.wakeup()
 
     async def _embed(self) -> None:
         self.runs["embed"] += 1
@@ -237,6 +270,8 @@ class WriterScheduler:
         """
         if self._wake is not None:
             self._wake.cancel()
+        if self._retention_retry is not None:
+            self._retention_retry.cancel()
         if self.writer is not None:
             self.writer.request_stop()  # a run ends after the segments in flight
         if self._scheduler.running:

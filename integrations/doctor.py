@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -147,7 +148,34 @@ def settings_checks(settings: Settings) -> list[Check]:
                 fix="set SPEAKERMEM_EMBEDDING_BASE_URL, or SPEAKERMEM_EMBEDDER=minilm",
             )
         )
-    return out + token_checks(settings)
+    return [*out, spill_check(settings), *token_checks(settings)]
+
+
+def _device(path: Path) -> int:
+    """The filesystem a path is (or would be) on: its nearest existing ancestor's."""
+    for candidate in (path, *path.resolve().parents):
+        if candidate.exists():
+            return candidate.stat().st_dev
+    return -1
+
+
+def spill_check(settings: Settings) -> Check:
+    """The spill keeps events while the database's disk is full: on the same filesystem it
+    fills up with it, so that case is a warning (SQLite only; PostgreSQL's disk is the
+    server's)."""
+    spill = settings.spill_file
+    if settings.db_url is not None:
+        return Check(area="settings", name="spill", status="ok", detail=str(spill))
+    shared = _device(spill) == _device(settings.db_path)
+    return verdict(
+        "settings",
+        "spill",
+        not shared,
+        f"{spill}" + (" shares the database's filesystem" if shared else ""),
+        "set SPEAKERMEM_SPILL_PATH to a file on another disk, so events are kept when the "
+        "database's disk is full",
+        bad="warn",
+    )
 
 
 # ---- the store ------------------------------------------------------------------------------

@@ -126,9 +126,13 @@ async def test_full_disk_spills_recall_answers_and_replay_stores_each_event_once
             await d.handle(event)
     assert await all_rows(engine) == rows_full  # nothing stored
     assert await live_ids(engine) == [f"s{i}" for i in range(5)]
-    assert d.spill is not None and d.spill.count == 50
+    # the delete of k1 took k1's words out of the spill (a delete is a forget); it stays,
+    # ids only, so k1 cannot come back
+    assert d.spill is not None and d.spill.count == 49
     kinds = [json.loads(line)["kind"] for line in spill_path.read_text().splitlines()]
-    assert kinds == ["message"] * 47 + ["edit", "delete", "roster"]
+    assert kinds == ["message"] * 46 + ["edit", "delete", "roster"]
+    assert "kayak trip note 1 " not in spill_path.read_text()
+    assert spill_path.stat().st_mode & 0o777 == 0o600
     # a clear error: the store's typed error in the log, counted for /metrics
     assert "is full" in caplog.text and "kept MessageEvent k0" in caplog.text
     assert d.stats.errors["store_full"] >= 1 and d.stats.handled["spilled"] == 50
@@ -146,22 +150,22 @@ async def test_full_disk_spills_recall_answers_and_replay_stores_each_event_once
 
     # still full: a replay keeps everything in the spill, in order
     assert await d.replay_spill() == 0
-    assert d.spill.count == 50
+    assert d.spill.count == 49
 
-    # restart while full, then space returns: the start-up replay stores all 50 once
+    # restart while full, then space returns: the start-up replay stores all 49 once
     restarted = Dispatcher(engine, RecallPipeline(engine), spill=Spill(spill_path))
-    assert restarted.spill is not None and restarted.spill.count == 50
+    assert restarted.spill is not None and restarted.spill.count == 49
     await space_returns(engine)
-    assert await restarted.replay_spill() == 50
+    assert await restarted.replay_spill() == 49
     assert restarted.spill.count == 0 and not spill_path.exists()
     expected = ["s0", "s1", "s2", "s3", "s4", "k0", *(f"k{i}" for i in range(2, 47))]
     assert await live_ids(engine) == expected
-    assert await all_rows(engine) == rows_full + 47  # k1 stays as its tombstone
+    assert await all_rows(engine) == rows_full + 46  # k1's delete waits as an early tombstone
     edited = await engine.store.messages.get(GENERAL, "k0")
     assert edited is not None and edited.text == "kayak trip moved to the lake"
     members = {m.user_id for m in await engine.members(GENERAL)}
     assert {"ann", "bo", "cy"} <= members
-    assert restarted.stats.handled["spill_replayed"] == 50
+    assert restarted.stats.handled["spill_replayed"] == 49
 
     # replaying again, even the same events again (a crash before they left the spill),
     # doubles nothing
@@ -170,7 +174,7 @@ async def test_full_disk_spills_recall_answers_and_replay_stores_each_event_once
         await asyncio.to_thread(restarted.spill.append, event)  # type: ignore[arg-type]
     assert await restarted.replay_spill() == 50
     assert await live_ids(engine) == expected
-    assert await all_rows(engine) == rows_full + 47
+    assert await all_rows(engine) == rows_full + 47  # k1 now stays as its tombstone
     edited = await engine.store.messages.get(GENERAL, "k0")
     assert edited is not None and edited.text == "kayak trip moved to the lake"
     hits = await engine.search("lake", [GENERAL], mode="lexical")
@@ -230,7 +234,10 @@ async def test_a_full_spill_refuses_loudly_and_the_cap_is_a_setting(
         assert d.spill is not None and 0 < d.spill.count < 50
         assert d.spill.size_bytes <= cap
         refused[cap] = d.stats.errors["spill_refused"]
-        assert refused[cap] == 50 - d.spill.count  # each event kept or refused, none lost
+        forgotten = d.stats.handled["spill_forgotten"]  # k1's create, taken out by its delete
+        assert forgotten == 1
+        # each event kept or refused (or forgotten by a later delete), none lost
+        assert refused[cap] == 50 - d.spill.count - forgotten
     assert refused[2_000] > refused[4_000] > 0
     assert caplog.text.count("NOT STORED, refused") == refused[2_000] + refused[4_000]
 
