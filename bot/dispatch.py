@@ -66,6 +66,14 @@ NOTICE_TEXT = (
 )
 
 
+def _deleted(event: DeleteEvent) -> Forgotten:
+    """What a platform delete forgets: that message."""
+    scope = event.scope
+    return Forgotten(
+        scope.platform, scope.workspace, channel=scope.channel, message_ids=(event.message_id,)
+    )
+
+
 @dataclass
 class DispatchStats:
     handled: Counter[str] = field(default_factory=Counter)
@@ -129,7 +137,11 @@ class Dispatcher:
             if self.spill is not None and isinstance(event, _STORABLE) and self.spill.count:
                 if time.monotonic() - self._last_replay >= self.spill_retry_s:
                     await self.replay_spill()
-                if self.spill.count:  # earlier events still wait: this one goes behind them
+                if isinstance(event, DeleteEvent):
+                    # a delete does not wait: it converges with its create in any order
+                    # (an early tombstone), and its words leave the spill now
+                    await self._forget_in_spill(_deleted(event))
+                elif self.spill.count:  # earlier events still wait: this one goes behind
                     return await self._keep(event, "earlier events wait in the spill")
             await self._apply(event)
             return True
@@ -211,14 +223,7 @@ class Dispatcher:
         what = f"{type(event).__name__} {getattr(event, 'message_id', '')} in {event.scope}"
         try:
             if isinstance(event, DeleteEvent):
-                await self._forget_in_spill(
-                    Forgotten(
-                        event.scope.platform,
-                        event.scope.workspace,
-                        channel=event.scope.channel,
-                        message_ids=(event.message_id,),
-                    )
-                )
+                await self._forget_in_spill(_deleted(event))
             await asyncio.to_thread(self.spill.append, event)
         except (SpillFull, OSError) as exc:
             self.stats.errors["spill_refused"] += 1

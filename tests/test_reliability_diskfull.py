@@ -126,22 +126,27 @@ async def test_full_disk_spills_recall_answers_and_replay_stores_each_event_once
             await d.handle(event)
     assert await all_rows(engine) == rows_full  # nothing stored
     assert await live_ids(engine) == [f"s{i}" for i in range(5)]
-    # the delete of k1 took k1's words out of the spill (a delete is a forget); it stays,
-    # ids only, so k1 cannot come back
-    assert d.spill is not None and d.spill.count == 49
+    # the delete of k1 did not wait behind the spill: it took k1's words out of it (a delete
+    # is a forget) and went in at once as an early tombstone (ids only: the one row that
+    # still fits), so k1 cannot come back
+    assert d.spill is not None and d.spill.count == 48
     kinds = [json.loads(line)["kind"] for line in spill_path.read_text().splitlines()]
-    assert kinds == ["message"] * 46 + ["edit", "delete", "roster"]
+    assert kinds == ["message"] * 46 + ["edit", "roster"]
     assert "kayak trip note 1 " not in spill_path.read_text()
     assert spill_path.stat().st_mode & 0o777 == 0o600
+    early = await engine.store.db.read(
+        "SELECT message_id FROM early_changes WHERE deleted_at IS NOT NULL"
+    )
+    assert [r[0] for r in early] == ["k1"] and d.stats.handled["delete_unknown"] == 1
     # a clear error: the store's typed error in the log, counted for /metrics
     assert "is full" in caplog.text and "kept MessageEvent k0" in caplog.text
-    assert d.stats.errors["store_full"] >= 1 and d.stats.handled["spilled"] == 50
+    assert d.stats.errors["store_full"] >= 1 and d.stats.handled["spilled"] == 49
     assert "spill_refused" not in d.stats.errors
     metrics = Metrics()
     metrics.watch(d, {})
     scraped = metrics.render().decode()
     assert 'speakermem_events_rejected_total{reason="error_store_full"}' in scraped
-    assert 'speakermem_events_handled_total{outcome="spilled"} 50.0' in scraped
+    assert 'speakermem_events_handled_total{outcome="spilled"} 49.0' in scraped
 
     # /recall keeps answering from what is stored
     answer = await d.recall(recall("what is the canoe budget?"))
@@ -150,13 +155,13 @@ async def test_full_disk_spills_recall_answers_and_replay_stores_each_event_once
 
     # still full: a replay keeps everything in the spill, in order
     assert await d.replay_spill() == 0
-    assert d.spill.count == 49
+    assert d.spill.count == 48
 
-    # restart while full, then space returns: the start-up replay stores all 49 once
+    # restart while full, then space returns: the start-up replay stores all 48 once
     restarted = Dispatcher(engine, RecallPipeline(engine), spill=Spill(spill_path))
-    assert restarted.spill is not None and restarted.spill.count == 49
+    assert restarted.spill is not None and restarted.spill.count == 48
     await space_returns(engine)
-    assert await restarted.replay_spill() == 49
+    assert await restarted.replay_spill() == 48
     assert restarted.spill.count == 0 and not spill_path.exists()
     expected = ["s0", "s1", "s2", "s3", "s4", "k0", *(f"k{i}" for i in range(2, 47))]
     assert await live_ids(engine) == expected
@@ -165,7 +170,7 @@ async def test_full_disk_spills_recall_answers_and_replay_stores_each_event_once
     assert edited is not None and edited.text == "kayak trip moved to the lake"
     members = {m.user_id for m in await engine.members(GENERAL)}
     assert {"ann", "bo", "cy"} <= members
-    assert restarted.stats.handled["spill_replayed"] == 49
+    assert restarted.stats.handled["spill_replayed"] == 48
 
     # replaying again, even the same events again (a crash before they left the spill),
     # doubles nothing
@@ -235,9 +240,10 @@ async def test_a_full_spill_refuses_loudly_and_the_cap_is_a_setting(
         assert d.spill.size_bytes <= cap
         refused[cap] = d.stats.errors["spill_refused"]
         forgotten = d.stats.handled["spill_forgotten"]  # k1's create, taken out by its delete
-        assert forgotten == 1
-        # each event kept or refused (or forgotten by a later delete), none lost
-        assert refused[cap] == 50 - d.spill.count - forgotten
+        applied = d.stats.handled["delete_unknown"]  # the delete went in (an early tombstone)
+        assert forgotten == applied == 1
+        # each event kept or refused (or forgotten by a later delete, or applied), none lost
+        assert refused[cap] == 50 - d.spill.count - forgotten - applied
     assert refused[2_000] > refused[4_000] > 0
     assert caplog.text.count("NOT STORED, refused") == refused[2_000] + refused[4_000]
 
