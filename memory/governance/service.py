@@ -14,8 +14,15 @@ from typing import Any, TypeVar
 
 from memory.config import GovernanceConfig
 from memory.engine import MemoryEngine
+from memory.governance.errors import (
+    AmbiguousUser,
+    ForgetIncomplete,
+    GovernanceError,
+    UnknownMessage,
+    UnknownUser,
+)
+from memory.governance.forgetting import ForgetHook, Forgetting
 from memory.governance.policy import (
-    Forgotten,
     Receipt,
     channel_enabled,
     effective_retention,
@@ -32,42 +39,6 @@ log = logging.getLogger(__name__)
 
 LLMProbe = Callable[[], Awaitable[bool]]
 """Answers whether the LLM endpoint is reachable (built in the composition root)."""
-ForgetHook = Callable[[Forgotten], Awaitable[object]]
-"""Removes a forget's words from a copy outside the store (the bot's spill); runs inside
-the forget, so a hook that fails leaves the forget incomplete (and resumed)."""
-Steps = Callable[[Receipt], Awaitable[None]]
-
-
-class GovernanceError(ValueError):
-    """A governance request that cannot be carried out; the message says why."""
-
-
-class UnknownUser(GovernanceError):
-    pass
-
-
-class AmbiguousUser(GovernanceError):
-    def __init__(self, text: str, candidates: Sequence[tuple[str, str]]) -> None:
-        self.candidates = list(candidates)
-        listed = ", ".join(f"{name} ({uid})" for uid, name in self.candidates)
-        super().__init__(f"{text!r} matches several members: {listed}; use an id or a mention")
-
-
-class UnknownMessage(GovernanceError):
-    pass
-
-
-class ForgetIncomplete(GovernanceError):
-    """A forget failed part-way: what it did is in its receipt (marked incomplete) and in
-    the audit log, and the rest is retried automatically until it completes."""
-
-    def __init__(self, receipt: Receipt, error: BaseException) -> None:
-        self.receipt = receipt
-        super().__init__(
-            f"{receipt.action} {receipt.target} did not complete ({type(error).__name__}: "
-            f"{str(error)[:200]}); done so far: {receipt.summary()}. The rest is retried "
-            "automatically; `audit` shows when it completes"
-        )
 
 
 class Governance:
@@ -86,7 +57,8 @@ class Governance:
         self.llm_probe = llm_probe
         self.gate = gate or gate_from(engine.config.writer)
         self.link = link
-        self.forget_hooks: list[ForgetHook] = []
+        self.forgetting = Forgetting(engine, self.cfg, self._audit)
+        self.forget_hooks: list[ForgetHook] = self.forgetting.hooks
         """Run by every forget (bot.dispatch registers the spill's)."""
 
     # ---- channel switch -----------------------------------------------------------------
@@ -116,27 +88,7 @@ class Governance:
 
     async def purge_channel(self, scope: Scope, *, actor: str) -> Receipt:
         """Memory off, then forget everything the channel holds (its messages and records)."""
-        return await self._forget_job(
-            scope.platform,
-            scope.workspace,
-            "channel-off-purge",
-            str(scope),
-            actor,
-            {"purge": True, "channel": scope.channel},
-        )
-
-    async def _purge_steps(self, scope: Scope, actor: str, receipt: Receipt) -> None:
-        await self.repo.set_channel_enabled(scope, False, actor)
-        receipt.counts["channel_policy"] = 1
-        await self._hooks(Forgotten(scope.platform, scope.workspace, channel=scope.channel))
-        pks = await self.repo.channel_message_pks(scope)
-        await self.repo.forget_messages(
-            pks, receipt, reason="channel-purge", batch=self.cfg.forget_batch
-        )
-        # records of the channel with no cited message left (defensive: nothing may stay)
-        left = await self.repo.channel_record_ids(scope)
-        if left:
-            await self.repo.withdraw(left, receipt, reason="channel-purge", requeue=False)
+        return await self.forgetting.channel(scope, actor=actor)
 
     # ---- retention ----------------------------------------------------------------------
 
@@ -249,25 +201,7 @@ class Governance:
     async def forget_message(self, scope: Scope, message_id: str, *, actor: str) -> Receipt:
         if not await self.repo.message_pks(scope, [message_id]):
             raise UnknownMessage(f"I hold no message {message_id} in {scope.channel}")
-        return await self._forget_job(
-            scope.platform,
-            scope.workspace,
-            "forget-message",
-            f"{scope}/{message_id}",
-            actor,
-            {"channel": scope.channel, "message_id": message_id},
-        )
-
-    async def _forget_message_steps(self, scope: Scope, message_id: str, receipt: Receipt) -> None:
-        await self._hooks(
-            Forgotten(
-                scope.platform, scope.workspace, channel=scope.channel, message_ids=(message_id,)
-            )
-        )
-        pks = await self.repo.message_pks(scope, [message_id])
-        await self.repo.forget_messages(
-            pks, receipt, reason="forget-message", batch=self.cfg.forget_batch
-        )
+        return await self.forgetting.message(scope, message_id, actor=actor)
 
     async def forget_user(
         self,
@@ -279,154 +213,26 @@ class Governance:
         action: str = "forget-user",
     ) -> Receipt:
         """Their messages, every record built from them, about them or naming them, their
-        name and aliases; a tombstone keeps them out until they opt in or an admin lifts it."""
-        return await self._forget_job(platform, workspace, action, user_id, actor, {})
-
-    async def _forget_user_steps(
-        self, platform: str, workspace: str, user_id: str, action: str, receipt: Receipt
-    ) -> None:
-        tombstones = self.engine.store.tombstones
-        # the tombstone first: from here on nothing of theirs is stored or committed
-        names = await tombstones.names_of(platform, workspace, user_id)
-        new = not await tombstones.is_forgotten(platform, workspace, user_id)
-        named = await tombstones.bury(platform, workspace, user_id, names)
-        receipt.add("forgotten_people", int(new))
-        await self._hooks(Forgotten(platform, workspace, user_id=user_id))
-        people = {user_id}
-        pks = await self.repo.user_message_pks(platform, workspace, user_id)
-        await self.repo.forget_messages(
-            pks, receipt, reason=action, forgotten_people=people, batch=self.cfg.forget_batch
+        name and aliases; a tombstone keeps them out until they opt in or an admin lifts it
+        (memory.governance.forgetting)."""
+        return await self.forgetting.person(
+            platform, workspace, user_id, actor=actor, action=action
         )
-        about = await self.repo.user_record_ids(platform, workspace, user_id)
-        await self.repo.withdraw(about, receipt, reason=action, forgotten_people=people)
-        # records of others (GROUP ones above all) that name them by a name or an alias
-        naming = await tombstones.records_naming(platform, workspace, named)
-        if naming:
-            before = receipt.counts.get("records", 0)
-            await self.repo.withdraw(naming, receipt, reason=action, forgotten_people=people)
-            receipt.add("records_naming", receipt.counts.get("records", 0) - before)
-        await self.repo.delete_user_rows(platform, workspace, user_id, receipt)
 
     async def lift_forget(
         self, platform: str, workspace: str, user_id: str, *, actor: str
     ) -> Receipt:
-        """Let a forgotten person be remembered again from now on (what was forgotten stays
-        forgotten). Audited; an admin's way besides the person opting in."""
-        if not await self.engine.store.tombstones.lift(platform, workspace, user_id):
-            raise GovernanceError(f"{user_id} is not forgotten in {platform}/{workspace}")
-        receipt = Receipt(action="forget-lift", target=user_id)
-        receipt.add("forgotten_people", 1)
-        await self._audit(platform, workspace, actor, receipt, {})
-        return receipt
-
-    # ---- forgets that survive a failure -------------------------------------------------
-
-    def _steps(
-        self,
-        job_action: str,
-        platform: str,
-        workspace: str,
-        target: str,
-        actor: str,
-        args: dict[str, Any],
-    ) -> Steps:
-        """The idempotent steps of a forget (run again, they finish what is left)."""
-        if job_action == "forget-message":
-            scope = Scope(platform=platform, workspace=workspace, channel=args["channel"])
-            return lambda r: self._forget_message_steps(scope, args["message_id"], r)
-        if job_action == "channel-off-purge":
-            scope = Scope(platform=platform, workspace=workspace, channel=args["channel"])
-            return lambda r: self._purge_steps(scope, actor, r)
-        return lambda r: self._forget_user_steps(platform, workspace, target, job_action, r)
-
-    async def _forget_job(
-        self,
-        platform: str,
-        workspace: str,
-        action: str,
-        target: str,
-        actor: str,
-        args: dict[str, Any],
-    ) -> Receipt:
-        """Record the forget, run its steps, close it; a failure leaves it open (resumed by
-        `resume_forgets`) with an audit entry that says it is incomplete."""
-        job = await self.engine.store.forget_jobs.start(
-            platform, workspace, action, target, actor, args
-        )
-        return await self._run_job(job, platform, workspace, action, target, actor, args)
-
-    async def _run_job(
-        self,
-        job: int,
-        platform: str,
-        workspace: str,
-        action: str,
-        target: str,
-        actor: str,
-        args: dict[str, Any],
-        *,
-        resumed: bool = False,
-    ) -> Receipt:
-        receipt = Receipt(action=action, target=target)
-        logged = {k: v for k, v in args.items() if k not in ("channel", "message_id")}
-        if resumed:
-            logged["resumed"] = job
-        try:
-            await self._steps(action, platform, workspace, target, actor, args)(receipt)
-        except Exception as exc:
-            receipt.complete = False
-            receipt.notes.append("incomplete: retried automatically until done")
-            try:
-                await self.engine.store.forget_jobs.failed(job, f"{type(exc).__name__}: {exc}")
-                await self._audit(
-                    platform, workspace, actor, receipt, {**logged, "complete": False}
-                )
-            except Exception:  # the store is failing: the open job still says so
-                log.exception("could not record the incomplete %s of %s", action, target)
-            raise ForgetIncomplete(receipt, exc) from exc
-        await self.engine.store.forget_jobs.done(job)
-        await self._audit(platform, workspace, actor, receipt, logged)
-        return receipt
+        """Let a forgotten person be remembered again from now on (audited)."""
+        return await self.forgetting.lift(platform, workspace, user_id, actor=actor)
 
     async def resume_forgets(self) -> list[Receipt]:
-        """Run every forget a failure left incomplete again (the scheduler's housekeeping
-        job, with backoff); raises ForgetIncomplete when one still fails."""
-        jobs = self.engine.store.forget_jobs
-        done: list[Receipt] = []
-        for job in await jobs.open():
-            await jobs.retried(job.id)
-            done.append(
-                await self._run_job(
-                    job.id,
-                    job.platform,
-                    job.workspace,
-                    job.action,
-                    job.target,
-                    job.actor,
-                    job.args,
-                    resumed=True,
-                )
-            )
-        return done
-
-    async def _hooks(self, forgotten: Forgotten) -> None:
-        for hook in self.forget_hooks:
-            await hook(forgotten)
+        """Run again every forget a failure left incomplete (the scheduler's job)."""
+        return await self.forgetting.resume()
 
     # ---- members ------------------------------------------------------------------------
 
     async def is_opted_out(self, platform: str, workspace: str, user_id: str) -> bool:
         return await self.repo.is_opted_out(platform, workspace, user_id)
-
-    async def authors_opted_out(
-        self, authors: Sequence[tuple[str, str, str]]
-    ) -> dict[tuple[str, str, str], bool]:
-        """`is_opted_out` for many (platform, workspace, user id), one query per workspace."""
-        out: dict[tuple[str, str, str], bool] = {}
-        for (platform, workspace), group in _grouped(authors, _workspace_of_author).items():
-            found = await self.repo.opted_out_among(platform, workspace, [a[2] for a in group])
-            out.update({a: a[2] in found for a in group})
-        return out
 
     async def opt_out(
         self, platform: str, workspace: str, user_id: str, *, forget: bool, actor: str
@@ -768,6 +574,8 @@ class Governance:
 
 __all__ = [
     "AmbiguousUser",
+    "ForgetHook",
+    "ForgetIncomplete",
     "Governance",
     "GovernanceError",
     "LLMProbe",
@@ -791,7 +599,3 @@ def _grouped(
 
 def _workspace_of_scope(scope: Scope) -> tuple[str, str]:
     return (scope.platform, scope.workspace)
-
-
-def _workspace_of_author(author: tuple[str, str, str]) -> tuple[str, str]:
-    return (author[0], author[1])

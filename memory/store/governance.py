@@ -236,18 +236,6 @@ class GovernanceRepo:
         )
         return bool(rows and rows[0][0])
 
-    async def opted_out_among(
-        self, platform: str, workspace: str, user_ids: Sequence[str]
-    ) -> set[str]:
-        """Which of these members opted out (one query for a burst)."""
-        rows = await self.db.read_in(
-            "SELECT user_id FROM user_prefs WHERE platform = ? AND workspace = ?"
-            " AND opted_out = 1 AND user_id IN ({marks})",
-            list(dict.fromkeys(user_ids)),
-            before=(platform, workspace),
-        )
-        return {r[0] for r in rows}
-
     async def opted_out_count(
         self, platform: str | None = None, workspace: str | None = None
     ) -> int:

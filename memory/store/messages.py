@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from memory.governance.policy import Receipt, Refusal, admission
+from memory.governance.policy import Receipt, Refusal
 from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope, StoredMessage
 from memory.search.fts_query import quote
 from memory.sessions import ChannelCursor, place_message
@@ -145,35 +145,6 @@ class MessageRepo:
             self.channels.forget_cache()
             raise
 
-    async def _refusals(
-        self,
-        tx: Transaction,
-        events: Sequence[MessageEvent],
-        candidates: list[int],
-        channel_default: bool,
-    ) -> dict[int, IngestStatus]:
-        """The admission gate over the new messages of a batch (indexes into `events`)."""
-        if not candidates:
-            return {}
-        await tx.policy_lock(shared=True)
-        policy = self.channels.policy
-        on = await policy.channels_on((events[i].scope for i in candidates), channel_default, tx)
-        people = await policy.exclusions_for(
-            ((events[i].scope.platform, events[i].scope.workspace) for i in candidates), tx
-        )
-        out: dict[int, IngestStatus] = {}
-        for i in candidates:
-            ev = events[i]
-            found = people[(ev.scope.platform, ev.scope.workspace)]
-            refusal = admission(
-                is_bot=ev.speaker_is_bot,
-                channel_on=on[ev.scope],
-                author=None if found.empty else found.reason(ev.speaker_id),
-            )
-            if refusal is not None:
-                out[i] = IngestStatus(refusal.value)
-        return out
-
     async def _ingest_tx(
         self, tx: Transaction, events: Sequence[MessageEvent], channel_default: bool
     ) -> list[IngestOutcome]:
@@ -187,12 +158,15 @@ class MessageRepo:
         for scope in by_scope:
             pks[scope] = await self.channels.ensure(tx, scope)
         known = await self._existing_pairs(tx, [(pks[ev.scope], ev.message_id) for ev in events])
-        refused = await self._refusals(
-            tx,
-            events,
-            [i for i, ev in enumerate(events) if ev.message_id not in known.get(pks[ev.scope], ())],
-            channel_default,
-        )
+        new = [
+            i for i, ev in enumerate(events) if ev.message_id not in known.get(pks[ev.scope], ())
+        ]
+        refused = {  # the admission gate (duplicates stay duplicates)
+            i: IngestStatus(refusal.value)
+            for i, refusal in (
+                await self.channels.policy.refusals(tx, events, new, channel_default)
+            ).items()
+        }
         early = await self._early_changes(tx, events)
         consumed: list[tuple[str, ...]] = []
         dropped_edits: list[tuple[str, ...]] = []

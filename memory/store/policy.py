@@ -10,13 +10,20 @@ policy writes of `GovernanceRepo`) does.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
+from memory.governance.policy import Refusal, admission, commit_refusal
 from memory.governance.tombstones import Exclusions
-from memory.models import Scope
-from memory.store.database import Database, StoreError, Transaction
+from memory.models import GROUP, MessageEvent, NewRecord, Scope
+from memory.store.database import IN_CHUNK, Database, StoreError, Transaction
 from memory.store.inlists import in_list
+
+log = logging.getLogger(__name__)
 
 _EXCLUSIONS_SQL = (
     "SELECT 'o', user_id FROM user_prefs WHERE platform = ? AND workspace = ? AND opted_out = 1"
@@ -91,3 +98,98 @@ class PolicyRepo:
                     switches[channel] = bool(enabled)
             out.update({s: switches.get(s.channel, default) for s in group})
         return out
+
+    # ---- the two checks -------------------------------------------------------------------
+
+    async def refusals(
+        self,
+        tx: Transaction,
+        events: Sequence[MessageEvent],
+        candidates: list[int],
+        channel_default: bool,
+    ) -> dict[int, Refusal]:
+        """The admission gate over the new messages of an ingest batch (indexes into
+        `events`): why each one turned away is (memory.governance.policy.admission)."""
+        if not candidates:
+            return {}
+        await tx.policy_lock(shared=True)
+        on = await self.channels_on((events[i].scope for i in candidates), channel_default, tx)
+        people = await self.exclusions_for(
+            ((events[i].scope.platform, events[i].scope.workspace) for i in candidates), tx
+        )
+        out: dict[int, Refusal] = {}
+        for i in candidates:
+            ev = events[i]
+            found = people[(ev.scope.platform, ev.scope.workspace)]
+            refusal = admission(
+                is_bot=ev.speaker_is_bot,
+                channel_on=on[ev.scope],
+                author=None if found.empty else found.reason(ev.speaker_id),
+            )
+            if refusal is not None:
+                out[i] = refusal
+        return out
+
+    async def admissible(
+        self,
+        tx: Transaction,
+        channel_pk: int,
+        scope: Scope,
+        records: Sequence[NewRecord],
+        vectors: np.ndarray | None,
+        *,
+        lock_rows: str = "",
+    ) -> tuple[list[NewRecord], np.ndarray | None, dict[str, int]]:
+        """The commit-time check, inside the commit's transaction: keep the records whose
+        every cited message is live, whose owner and source were neither forgotten nor opted
+        out, whose text names no forgotten person and whose update target still exists
+        (memory.governance.policy.commit_refusal). `lock_rows` locks the cited messages
+        (PostgreSQL's " FOR SHARE"). Returns the kept records, their vectors and the dropped
+        counts by reason."""
+        if not records:
+            return list(records), vectors, {}
+        await tx.policy_lock(shared=True)
+        cited = sorted({mid for rec in records for mid in rec.from_ids})
+        live: set[str] = set()
+        for start in range(0, len(cited), IN_CHUNK):
+            marks, part = in_list(cited[start : start + IN_CHUNK])
+            rows = await tx.fetchall(
+                "SELECT message_id FROM messages WHERE channel_pk = ? AND deleted_at IS NULL"
+                f" AND message_id IN ({marks}) ORDER BY id{lock_rows}",
+                (channel_pk, *part),
+            )
+            live.update(r[0] for r in rows)
+        people = await self.exclusions(scope.platform, scope.workspace, tx)
+        targets = sorted({rec.supersedes for rec in records if rec.supersedes is not None})
+        present: set[int] = set()
+        if targets:
+            target_marks, ids = in_list(targets)
+            rows = await tx.fetchall(f"SELECT id FROM records WHERE id IN ({target_marks})", ids)
+            present = {int(r[0]) for r in rows}
+        kept: list[int] = []
+        dropped: Counter[str] = Counter()
+        for i, rec in enumerate(records):
+            reason = commit_refusal(
+                from_ids=rec.from_ids,
+                live=live,
+                people=[people.reason(u) for u in (rec.owner, rec.source) if u != GROUP],
+                names_forgotten=people.names_in(rec.content, rec.event),
+                target_present=rec.supersedes is None or rec.supersedes in present,
+            )
+            if reason is None:
+                kept.append(i)
+            else:
+                dropped[reason] += 1
+        if not dropped:
+            return list(records), vectors, {}
+        log.warning(
+            "commit in %s: dropped %d record(s) that forgetting overtook: %s",
+            scope,
+            sum(dropped.values()),
+            dict(dropped),
+        )
+        return (
+            [records[i] for i in kept],
+            None if vectors is None else vectors[kept],
+            dict(dropped),
+        )

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from memory.governance.policy import commit_refusal
-from memory.models import GROUP, DerivedRecord, NewRecord, Scope
+from memory.models import DerivedRecord, NewRecord, Scope
 from memory.store.channels import ChannelRepo
-from memory.store.database import IN_CHUNK, Database, StoreError, Transaction
+from memory.store.database import Database, StoreError, Transaction
 from memory.store.inlists import in_list
 from memory.store.rows import RECORD_COLUMNS, record_from_row, to_ts
 from memory.store.segments import LeaseLost, holds_claim
-
-log = logging.getLogger(__name__)
 
 
 class ChainConflict(StoreError):
@@ -90,7 +85,9 @@ class RecordRepo:
                     " nothing committed"
                 )
             pk = await self.channels.ensure(tx, scope)
-            records, vectors, dropped = await self._admissible(tx, pk, scope, records, vectors)
+            records, vectors, dropped = await self.channels.policy.admissible(
+                tx, pk, scope, records, vectors, lock_rows=self._FOR_SHARE
+            )
             if dropped:
                 for reason, n in dropped.items():
                     run.rejected[reason] = run.rejected.get(reason, 0) + n
@@ -125,73 +122,13 @@ class RecordRepo:
                 if not cur.rowcount:  # already done (or dropped by a later forget)
                     return []
             pk = await self.channels.ensure(tx, scope)
-            records, vectors, refused = await self._admissible(tx, pk, scope, records, vectors)
+            records, vectors, refused = await self.channels.policy.admissible(
+                tx, pk, scope, records, vectors, lock_rows=self._FOR_SHARE
+            )
             if dropped is not None:
                 for reason, n in refused.items():
                     dropped[reason] = dropped.get(reason, 0) + n
             return await self._insert_records(tx, pk, scope, records, vectors, None)
-
-    async def _admissible(
-        self,
-        tx: Transaction,
-        pk: int,
-        scope: Scope,
-        records: Sequence[NewRecord],
-        vectors: np.ndarray | None,
-    ) -> tuple[list[NewRecord], np.ndarray | None, dict[str, int]]:
-        """The commit-time check, inside the commit's transaction: keep the records whose
-        every cited message is live, whose owner and source were neither forgotten nor opted
-        out, whose text names no forgotten person and whose update target still exists
-        (memory.governance.policy.commit_refusal). Returns the kept records, their vectors
-        and the dropped counts by reason."""
-        if not records:
-            return list(records), vectors, {}
-        await tx.policy_lock(shared=True)
-        cited = sorted({mid for rec in records for mid in rec.from_ids})
-        live: set[str] = set()
-        for start in range(0, len(cited), IN_CHUNK):
-            marks, part = in_list(cited[start : start + IN_CHUNK])
-            rows = await tx.fetchall(
-                "SELECT message_id FROM messages WHERE channel_pk = ? AND deleted_at IS NULL"
-                f" AND message_id IN ({marks}) ORDER BY id{self._FOR_SHARE}",
-                (pk, *part),
-            )
-            live.update(r[0] for r in rows)
-        people = await self.channels.policy.exclusions(scope.platform, scope.workspace, tx)
-        targets = sorted({rec.supersedes for rec in records if rec.supersedes is not None})
-        present: set[int] = set()
-        if targets:
-            target_marks, ids = in_list(targets)
-            rows = await tx.fetchall(f"SELECT id FROM records WHERE id IN ({target_marks})", ids)
-            present = {int(r[0]) for r in rows}
-        kept: list[int] = []
-        dropped: Counter[str] = Counter()
-        for i, rec in enumerate(records):
-            reason = commit_refusal(
-                from_ids=rec.from_ids,
-                live=live,
-                people=[people.reason(u) for u in (rec.owner, rec.source) if u != GROUP],
-                names_forgotten=people.names_in(rec.content, rec.event),
-                target_present=rec.supersedes is None or rec.supersedes in present,
-            )
-            if reason is None:
-                kept.append(i)
-            else:
-                dropped[reason] += 1
-        if dropped:
-            log.warning(
-                "commit in %s: dropped %d record(s) that forgetting overtook: %s",
-                scope,
-                sum(dropped.values()),
-                dict(dropped),
-            )
-        if len(kept) == len(records):
-            return list(records), vectors, {}
-        return (
-            [records[i] for i in kept],
-            None if vectors is None else vectors[kept],
-            dict(dropped),
-        )
 
     async def _insert_records(
         self,

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rank_bm25 import BM25Okapi
 
+from memory.governance.tombstones import Exclusions
 from memory.models import (
     GROUP,
     LAYER_SCOPE,
@@ -350,3 +351,28 @@ def render_writer_messages(
 def layer_scope(layer: Layer) -> RecordScope:
     """The record scope a layer implies (PERSON or GROUP)."""
     return LAYER_SCOPE[layer]
+
+
+def remembered(
+    people: Exclusions,
+    roster: list[RosterMember],
+    heads: list[DerivedRecord],
+    messages: list[StoredMessage] | None = None,
+) -> tuple[list[RosterMember], list[DerivedRecord], list[StoredMessage]]:
+    """The Writer's input without whoever may not be remembered (forgotten or opted out):
+    not in the roster (so no record may name them owner or source), not among the
+    messages, and no record of theirs (or naming a forgotten person) shown as current
+    memory. The commit-time check holds the same line for what changes meanwhile."""
+    messages = messages or []
+    if people.empty:
+        return roster, heads, messages
+    return (
+        [m for m in roster if people.reason(m.user_id) is None],
+        [
+            h
+            for h in heads
+            if all(people.reason(u) is None for u in (h.owner, h.source) if u != GROUP)
+            and not people.names_in(h.content)
+        ],
+        [m for m in messages if people.reason(m.speaker_id) is None],
+    )

@@ -29,8 +29,6 @@ from memory.engine import MemoryEngine
 from memory.governance.tombstones import Exclusions
 from memory.interactions import interaction_names
 from memory.models import (
-    GROUP,
-    DerivedRecord,
     NewRecord,
     RosterMember,
     Scope,
@@ -46,6 +44,7 @@ from memory.writer.prompt import (
     WRITER_SCHEMA,
     SegmentLinks,
     action_budget,
+    remembered,
     render_writer_messages,
     select_heads,
 )
@@ -195,37 +194,12 @@ class Writer:
     async def _exclusions(self, scope: Scope) -> Exclusions:
         return await self.engine.store.channels.policy.exclusions(scope.platform, scope.workspace)
 
-    @staticmethod
-    def _remembered(
-        people: Exclusions,
-        roster: list[RosterMember],
-        heads: list[DerivedRecord],
-        messages: list[StoredMessage] | None = None,
-    ) -> tuple[list[RosterMember], list[DerivedRecord], list[StoredMessage]]:
-        """The Writer's input without whoever may not be remembered (forgotten or opted out):
-        not in the roster (so no record may name them owner or source), not among the
-        messages, and no record of theirs (or naming a forgotten person) shown as current
-        memory. The commit-time check holds the same line for what changes meanwhile."""
-        messages = messages or []
-        if people.empty:
-            return roster, heads, messages
-        return (
-            [m for m in roster if people.reason(m.user_id) is None],
-            [
-                h
-                for h in heads
-                if all(people.reason(u) is None for u in (h.owner, h.source) if u != GROUP)
-                and not people.names_in(h.content)
-            ],
-            [m for m in messages if people.reason(m.speaker_id) is None],
-        )
-
     async def validation_context(
         self, scope: Scope, messages: Sequence[StoredMessage], raw: Any, budget: int
     ) -> ValidationContext:
         store = self.engine.store
         pks = await self.engine.channel_pks([scope])
-        roster, visible, _ = self._remembered(
+        roster, visible, _ = remembered(
             await self._exclusions(scope),
             await self.engine.members(scope, include_left=True),
             await store.records.heads(pks),
@@ -281,7 +255,7 @@ class Writer:
         started = time.time()
         t0 = time.perf_counter()
         people = await self._exclusions(scope)
-        messages = self._remembered(people, [], [], await store.messages.in_segment(segment.id))[2]
+        messages = remembered(people, [], [], await store.messages.in_segment(segment.id))[2]
         run = WriterRunLog(
             model=self.llm.model, prompt_version=WRITER_PROMPT_VERSION, started_at=started
         )
@@ -292,7 +266,7 @@ class Writer:
             )
             return FlushOutcome(segment.id, scope, "empty")
         pks = await self.engine.channel_pks([scope])
-        roster, heads, _ = self._remembered(
+        roster, heads, _ = remembered(
             people,
             await self.engine.members(scope, include_left=True),
             await store.records.heads(pks),
@@ -409,7 +383,7 @@ class Writer:
         t0 = time.perf_counter()
         found = await store.messages.by_ids(scope, item.from_ids)
         people = await self._exclusions(scope)
-        messages = self._remembered(
+        messages = remembered(
             people,
             [],
             [],
@@ -419,7 +393,7 @@ class Writer:
             await store.governance.drop_rederive(item.id)
             return FlushOutcome(-item.id, scope, "empty")
         pks = await self.engine.channel_pks([scope])
-        roster, heads, _ = self._remembered(
+        roster, heads, _ = remembered(
             people,
             await self.engine.members(scope, include_left=True),
             await store.records.heads(pks),
