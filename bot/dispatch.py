@@ -44,7 +44,7 @@ from memory.models import Scope
 from memory.query.answer import RecallAnswer
 from memory.query.pipeline import AccessDenied, Recaller, RecallRequest
 from memory.store import IngestOutcome, IngestStatus
-from memory.store.database import StoreError, StoreFull
+from memory.store.database import StoreFull
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,7 @@ class Dispatcher:
     def _transient(self, exc: BaseException) -> bool:
         """A store failure the same write survives later (full, locked, connection lost):
         the event is kept for then. Anything else is a bad event or a bug."""
-        driver = self.engine.store.db.driver
-        return isinstance(exc, StoreError | OSError | driver.operational_error)
+        return self.engine.store.retryable(exc)
 
     async def handle(self, event: Event) -> bool:
         """Apply one event; errors are logged and counted, never raised (the funnel).

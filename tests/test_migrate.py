@@ -226,7 +226,8 @@ async def test_rerun_writes_nothing_and_catches_up_changes(
                 scope=RANDOM, message_id="r0", text="the deploy moved to Monday", edited_at=T0
             )
         )
-        await lite.ingest(msg(RANDOM, "r-late", "Carol", "one more after the first copy", 200))
+        # (Bob: Carol opted out in `fill`, and the gate now keeps her messages out everywhere)
+        await lite.ingest(msg(RANDOM, "r-late", "Bob", "one more after the first copy", 200))
     finally:
         await lite.close()
     third = await migrate(sqlite_store, pg_url)

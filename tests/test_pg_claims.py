@@ -3,8 +3,8 @@
 Each test opens two stores on one database, as two worker processes would: on PostgreSQL
 two connection pools whose transactions really overlap (the claim locks rows with FOR
 UPDATE SKIP LOCKED), on SQLite two connections to one file (BEGIN IMMEDIATE serialises
-them). Segments are inserted as pending rows directly, so the claims are tested apart from
-ingestion.
+them). Segments (and the one message the records cite) are inserted as rows directly, so
+the claims are tested apart from ingestion.
 """
 
 from __future__ import annotations
@@ -63,6 +63,13 @@ async def _pending(store: Store, channels: int, per_channel: int) -> list[int]:
     now = time.time() - 3600
     async with store.db.transaction() as tx:
         pks = [await store.channels.ensure(tx, _scope(c)) for c in range(channels)]
+        for c, pk in enumerate(pks):  # the message `_record`s cite (records cite live ones)
+            await tx.execute(
+                "INSERT INTO messages (channel_pk, platform, workspace, channel, message_id,"
+                " speaker_id, speaker_name, text, ts, session_id, turn_index)"
+                " VALUES (?, ?, ?, ?, 'm1', 'alice', 'Alice', 'I like tea and coffee', ?, 0, 0)",
+                (pk, *_scope(c).key(), now),
+            )
         for _ in range(per_channel):
             for c, pk in enumerate(pks):
                 ids.append(

@@ -97,6 +97,8 @@ async def test_a_database_made_before_the_tags_is_converted(
 
     monkeypatch.setattr(pg_schema, "migrations", before_8)
     old = await open_engine(tmp_path / "x.db", pg_url)
+    # that release ingested without the admission gate (its tables come in a later migration)
+    monkeypatch.setattr(old.store.channels.policy, "refusals", _no_gate)
     words = ["tomatoes", "basil", "report", "garden"]
     try:
         await old.ingest_many(
@@ -223,3 +225,7 @@ async def test_channels_holding_most_rows_are_filtered_by_channel_pk(
         assert await lexical_ids(eng, "tomatoes", [a]) == {f"a{i}" for i in range(18)}
     finally:
         await eng.close()
+
+
+async def _no_gate(*args: Any, **kwargs: Any) -> dict[int, Any]:
+    return {}

@@ -57,6 +57,12 @@ class Store:
     def driver_name(self) -> str:
         return self.db.driver.name
 
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether the same write can succeed later: the store is full, locked, its
+        connection was lost (a StoreError, an OS error, the driver's operational error).
+        Anything else is a bad write or a bug."""
+        return isinstance(exc, StoreError | OSError | self.db.driver.operational_error)
+
     async def open(self) -> None:
         await self.db.open()
 
