@@ -293,6 +293,29 @@ class ForgetMachine(RuleBasedStateMachine):
         self.run(self.engine.store.db.writer.execute(f"PRAGMA max_page_count = {NO_LIMIT}"))
         self.full = False
 
+    @precondition(lambda self: not self.full)
+    @rule(
+        people=st.lists(st.sampled_from(sorted(PEOPLE)), min_size=1, max_size=3),
+        channel=st.sampled_from(CHANNELS),
+        how=st.sampled_from(["person", "delete"]),
+        data=st.data(),
+    )
+    def spill_then_forget(
+        self, people: list[str], channel: str, how: str, data: st.DataObject
+    ) -> None:
+        """Messages wait in the spill while the disk is full; space returns, and one of them
+        (or its author) is forgotten before any replay."""
+        self.disk_fills()
+        first = self.n + 1
+        self.post(people, channel)
+        self.space_returns()
+        mid = f"m{data.draw(st.integers(first, self.n))}"
+        if how == "person":
+            self.forget_person(self.posted[mid].event.speaker_id)
+        else:
+            assert self.run(self.d.handle(DeleteEvent(scope=scope_of(channel), message_id=mid)))
+            self.gone(mid)
+
     @precondition(lambda self: not self.full and bool(self.queue))
     @rule()
     def replay(self) -> None:
@@ -404,6 +427,17 @@ class ForgetMachine(RuleBasedStateMachine):
     def the_store_holds_what_was_admitted(self) -> None:
         rows = self.run(self._read("SELECT message_id FROM messages WHERE deleted_at IS NULL"))
         assert {r[0] for r in rows} == self.live_ids()
+
+    @invariant()
+    def the_spill_holds_what_waits(self) -> None:
+        """Exactly the creates the model says wait there: a forget took its own out."""
+        lines = self.spill_path.read_text().splitlines() if self.spill_path.exists() else []
+        waiting = [
+            json.loads(line)["event"]["message_id"]
+            for line in lines
+            if json.loads(line)["kind"] == "message"
+        ]
+        assert waiting == self.queue
 
     @invariant()
     def nothing_forgotten_is_reachable(self) -> None:
