@@ -2,7 +2,8 @@
 
 Random sequences of: posting messages (live, through the dispatcher), edits, platform
 deletes, forgetting a message or a person, opting out and in, switching a channel off and
-on, a full disk (events wait in the spill) and its replay, Writer commits (some with the
+on, a store another process holds locked (events wait in the spill) and the replay,
+Writer commits (some with the
 LLM's answer held until a forget has returned), re-imports and catch-up (redelivery of the
 channel's history), embedding, and restarts (the store closed and opened again).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -45,7 +47,7 @@ from bot.catchup import CatchUp
 from bot.dispatch import Dispatcher
 from bot.spill import Spill
 from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
+from memory.config import IngestConfig, MemoryConfig, RecallConfig, StoreConfig, WriterConfig
 from memory.engine import MemoryEngine
 from memory.governance.service import Governance
 from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
@@ -56,10 +58,10 @@ from tests.fakes import HashEmbedder
 from tests.llm_server import Handler, Item, LLMServer, Reply
 from tests.test_commit_check import HeldAnswer, derive_everything
 from tests.test_forget_failures import History
+from tests.test_reliability_store import hold_write_lock
 
 PEOPLE = {"alice": "Alice", "bob": "Bob", "carol": "Carol"}
 CHANNELS = ("general", "side")
-NO_LIMIT = 1_073_741_823
 T = TypeVar("T")
 
 
@@ -117,6 +119,7 @@ class ForgetMachine(RuleBasedStateMachine):
         self.off: set[str] = set()
         self.queue: list[str] = []  # message ids of the creates waiting in the spill
         self.full = False
+        self.holder: subprocess.Popen[str] | None = None
         self.server = LLMServer()
         self.run(self.server.start())
         self.run(self._open())
@@ -128,8 +131,10 @@ class ForgetMachine(RuleBasedStateMachine):
 
     async def _open(self) -> None:
         config = MemoryConfig(
-            store=StoreConfig(db_path=self.dir / "t.db"),
+            # a held write lock fails a write within a tenth of a second
+            store=StoreConfig(db_path=self.dir / "t.db", busy_timeout_ms=10, lock_wait_s=0.05),
             ingest=IngestConfig(segment_window=2),
+            recall=RecallConfig(interaction_catchup=0),  # /recall only reads
             writer=WriterConfig(retry_base_s=0.01, retry_max_s=0.02, gate_lexical_threshold=0.0),
         )
         self.engine = await MemoryEngine.open(config, HashEmbedder())
@@ -155,6 +160,7 @@ class ForgetMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            self._unlock()
             self.run(self._close())
             self.run(self.server.stop())
         finally:
@@ -281,16 +287,22 @@ class ForgetMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: not self.full)
     @rule()
-    def disk_fills(self) -> None:
-        db = self.engine.store.db
-        pages = self.run(db.read("PRAGMA page_count"))[0][0]
-        self.run(db.writer.execute(f"PRAGMA max_page_count = {pages}"))
+    def store_locked(self) -> None:
+        """Another process holds the write lock: writes fail (StoreBusy) and events wait
+        in the spill, as when the disk is full."""
+        self.holder = hold_write_lock(self.dir / "t.db", 600.0)
         self.full = True
 
     @precondition(lambda self: self.full)
     @rule()
-    def space_returns(self) -> None:
-        self.run(self.engine.store.db.writer.execute(f"PRAGMA max_page_count = {NO_LIMIT}"))
+    def store_unlocked(self) -> None:
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self.holder is not None:
+            self.holder.kill()
+            self.holder.wait(10)
+            self.holder = None
         self.full = False
 
     @precondition(lambda self: not self.full)
@@ -303,12 +315,12 @@ class ForgetMachine(RuleBasedStateMachine):
     def spill_then_forget(
         self, people: list[str], channel: str, how: str, data: st.DataObject
     ) -> None:
-        """Messages wait in the spill while the disk is full; space returns, and one of them
-        (or its author) is forgotten before any replay."""
-        self.disk_fills()
+        """Messages wait in the spill while the store cannot take them; it can again, and one
+        of them (or its author) is forgotten before any replay."""
+        self.store_locked()
         first = self.n + 1
         self.post(people, channel)
-        self.space_returns()
+        self.store_unlocked()
         mid = f"m{data.draw(st.integers(first, self.n))}"
         if how == "person":
             self.forget_person(self.posted[mid].event.speaker_id)
