@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rank_bm25 import BM25Okapi
 
+from memory.context_budget import approx_tokens
 from memory.models import (
     GROUP,
     LAYER_SCOPE,
@@ -114,11 +115,6 @@ _HEAD_OVERHEAD_CHARS = 60
 
 def _tokens(text: str) -> list[str]:
     return _TOKEN_RE.findall(text.lower())
-
-
-def approx_tokens(text: str) -> int:
-    """Rough token count (≈ chars / 4): good enough for budgeting prompt sections."""
-    return (len(text) + 3) // 4
 
 
 def _head_cost(head: DerivedRecord) -> int:
