@@ -20,10 +20,16 @@ from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-TRUNCATION_RATIO = 0.6
+TRUNCATION_RATIO = 0.75
 """Reported prompt tokens below this share of our estimate mean the server cut the prompt.
-Real tokenizers count chat at 3 to 4 characters a token, so a whole prompt reports at
-least about our 4-a-token estimate; caching does not lower the count on the servers here."""
+Real tokenizers count chat at 3 to 4.5 characters a token, so a whole prompt reports about
+our 4-a-token estimate or more (ids, times and the chat template add tokens); caching does
+not lower the count on the servers here (Ollama counts cached tokens too)."""
+ROUND_CUT_RATIO = 0.95
+"""A shortfall this small still means a cut when the count is a multiple of CUT_MULTIPLE:
+Ollama cuts a prompt to exactly its context (runner: inputs[:numKeep] + the last
+numCtx - numKeep), and contexts are round numbers."""
+CUT_MULTIPLE = 256
 TRUNCATION_MIN_GAP = 64
 """...and at least this many tokens missing (tiny prompts vary more than they are cut)."""
 
@@ -46,12 +52,11 @@ _NUMBER_AFTER = re.compile(
 
 def looks_truncated(sent_tokens: int, reported_tokens: int) -> bool:
     """Whether the server read far fewer prompt tokens than were sent (0 = not reported)."""
-    if reported_tokens <= 0 or sent_tokens <= 0:
+    if reported_tokens <= 0 or sent_tokens - reported_tokens < TRUNCATION_MIN_GAP:
         return False
-    return (
-        reported_tokens < sent_tokens * TRUNCATION_RATIO
-        and sent_tokens - reported_tokens >= TRUNCATION_MIN_GAP
-    )
+    if reported_tokens < sent_tokens * TRUNCATION_RATIO:
+        return True
+    return reported_tokens < sent_tokens * ROUND_CUT_RATIO and reported_tokens % CUT_MULTIPLE == 0
 
 
 def _texts(body: Any) -> list[str]:

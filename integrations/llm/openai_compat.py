@@ -477,7 +477,7 @@ class OpenAICompatLLM:
                 refused = probing and failure.status == 500
                 if attempt >= self.max_retries or long_wait or refused:
                     self._count_error("unavailable")
-                    log.warning(
+                    (log.info if refused else log.warning)(
                         "llm unavailable after %d attempt(s): %s%s%s",
                         attempt + 1,
                         failure.kind,

@@ -121,6 +121,11 @@ def _head_cost(head: DerivedRecord) -> int:
     return approx_tokens(head.content) + approx_tokens(head.event) + _HEAD_OVERHEAD_CHARS // 4
 
 
+def heads_tokens(heads: Sequence[DerivedRecord]) -> int:
+    """What showing these heads costs, by the estimate `select_heads` budgets with."""
+    return sum(_head_cost(h) for h in heads)
+
+
 def select_heads(
     heads: Sequence[DerivedRecord],
     segment_speakers: set[str],

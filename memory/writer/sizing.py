@@ -23,6 +23,7 @@ from memory.models import DerivedRecord, RosterMember, StoredMessage
 from memory.writer.prompt import (
     SegmentLinks,
     action_budget,
+    heads_tokens,
     render_writer_messages,
     select_heads,
 )
@@ -40,6 +41,9 @@ HEADS_SHARE = 3
 """When the prompt must shrink, the current memory gets at most 1/HEADS_SHARE of the room."""
 MIN_MESSAGE_TOKENS = 32
 """A message is never shortened below this many tokens of text."""
+MIN_ROOM_TOKENS = 200
+"""Below this much room beside the instructions, splitting cannot help: the prompt goes
+whole, and the server's refusal or cut says the context is too small."""
 
 
 @dataclass
@@ -149,11 +153,17 @@ def plan_prompts(
     notes.roster_narrowed = len(narrow) < len(roster)
     fixed = chat_tokens(render_writer_messages(narrow, [], [], budget=1)[0])
     room = max(0, budget.input_tokens - fixed)
-    heads_room = min(cfg.heads_token_budget, room // HEADS_SHARE)
-    notes.heads_cut = heads_room < cfg.heads_token_budget
+    if room < MIN_ROOM_TOKENS:  # the instructions alone fill the context: no split helps
+        notes.notes.append(f"the context leaves {room} tokens beside the instructions")
+        return [whole], notes
+    pool = heads_tokens(select_heads(heads, speakers, text, token_budget=1 << 30))
+    heads_room = min(cfg.heads_token_budget, room // HEADS_SHARE, pool)
+    notes.heads_cut = heads_room < min(cfg.heads_token_budget, pool)
     message_room = max(MIN_MESSAGE_TOKENS + LINE_OVERHEAD_TOKENS, room - heads_room)
     parts: list[PromptPart] = []
-    for run in _split(messages, message_room):
+    runs = _split(messages, message_room)
+    while runs:
+        run = runs.pop(0)
         shown_run = [_shorten(m, message_room - LINE_OVERHEAD_TOKENS) for m in run]
         run_heads = select_heads(
             heads,
@@ -161,7 +171,12 @@ def plan_prompts(
             " ".join(m.text for m in run),
             token_budget=heads_room,
         )
-        parts.append(_part(narrow, run_heads, shown_run, run, links, cfg))
+        part = _part(narrow, run_heads, shown_run, run, links, cfg)
+        if len(run) > 1 and not budget.fits(part.tokens):  # the estimate was short: halve
+            half = len(run) // 2
+            runs[:0] = [run[:half], run[half:]]
+            continue
+        parts.append(part)
     notes.parts = len(parts)
     notes.shortened = sum(p.shortened for p in parts)
     if notes.parts > 1:
