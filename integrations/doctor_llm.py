@@ -167,9 +167,11 @@ async def writer_probe_checks(settings: Settings, timeout_s: float) -> list[Chec
         ms = (time.perf_counter() - started) * 1000
         out.append(_server_check(llm, server))
         out.append(_context_check(llm, server, whole.tokens, len(parts), truncated))
-        out.append(_output_check(llm, server, result, error, truncated))
+        output = _output_check(llm, server, result, error, truncated)
+        out.append(output)
         if result is not None:
             out.append(_thinking_check(llm, result.usage.thinking_tokens, settings))
+        if result is not None and output.status == "ok":  # latency of a usable answer
             tokens_s = result.usage.completion_tokens / (ms / 1000) if ms > 0 else 0.0
             out.append(
                 verdict(
