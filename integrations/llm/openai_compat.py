@@ -74,6 +74,10 @@ SCHEMA_PROMPT = (
     "It must match this JSON schema:\n"
 )
 
+DETECT_RETRY_S = 30.0
+"""After the server could not be identified (down), calls go on without probing it again
+for this long: an outage costs one identification attempt per period, not one per call."""
+
 _PROFILES: dict[tuple[str, str], ServerProfile] = {}
 """What each endpoint (base URL, model) turned out to be, for the whole process."""
 
@@ -150,6 +154,8 @@ class OpenAICompatLLM:
         self.thinks = False
         """A reply came with thinking although we asked for none where we could."""
         self._detect_lock = asyncio.Lock()
+        self._detect_after = 0.0
+        """monotonic() before which an unreachable server is not probed again."""
         self._calls = self._attempts = self._retries = 0
         self._prompt_tokens = self._completion_tokens = self._thinking_tokens = 0
         self._truncations = 0
@@ -224,11 +230,14 @@ class OpenAICompatLLM:
         async with self._detect_lock:
             if self.profile is None:
                 known = _PROFILES.get((self.base_url, self.model))
+                if known is None and time.monotonic() < self._detect_after:
+                    return ServerProfile()  # it was down a moment ago: no new probe yet
                 if known is None:
                     known = await detect_server(
                         self.base_url, self._api_key, self.model, timeout_s=self.timeout_s
                     )
-                    if known is None:  # unreachable: json_schema for now, detect next time
+                    if known is None:  # unreachable: json_schema for now, detect later
+                        self._detect_after = time.monotonic() + DETECT_RETRY_S
                         return ServerProfile()
                     _PROFILES[(self.base_url, self.model)] = known
                     log.info(

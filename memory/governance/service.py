@@ -24,6 +24,7 @@ from memory.models import GROUP, EditEvent, Scope
 from memory.query.links import LinkResolver, default_link
 from memory.store import ChangeStatus
 from memory.store.diagnostics import last_writer_run
+from memory.store.usage import writer_status
 from memory.writer.gate import EvidenceGate, date_terms
 from memory.writer.runner import gate_from
 
@@ -356,6 +357,7 @@ class Governance:
         messages = await store.messages.counts()
         records = await store.records.counts()
         segments = await store.segments.counts()
+        writer = await writer_status(store, self.engine.config.writer)
         last_run, last_outcome = await last_writer_run(store)
         reachable: bool | None = None
         if self.llm_probe is not None:
@@ -393,7 +395,9 @@ class Governance:
                 "pending_segments": segments.get("pending", 0),
                 "open_segments": segments.get("open", 0),
                 "rederive": await self.repo.rederive_depth(),
+                **writer["queue"],
             },
+            "writer_usage": writer["usage"],
             "writer_last_run": last_run,
             "writer_last_outcome": last_outcome,
             "llm_reachable": reachable,

@@ -6,9 +6,11 @@ Portable SQL (SQLite and PostgreSQL alike): totals over the whole run log, per r
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from memory.config import WriterConfig
 from memory.store import Store
 
 
@@ -70,3 +72,18 @@ async def writer_usage(store: Store) -> WriterUsage:
         prompt_tokens=int(r[1]),
         completion_tokens=int(r[2]),
     )
+
+
+async def writer_status(store: Store, cfg: WriterConfig) -> dict[str, Any]:
+    """The Writer's backlog (deferred segments, age of the oldest pending one) and its
+    usage (tokens per run and per 1,000 messages, cost at the configured prices)."""
+    backlog = await store.segments.backlog()
+    oldest = backlog.oldest_opened_at
+    usage = await writer_usage(store)
+    return {
+        "queue": {
+            "deferred_segments": backlog.deferred,
+            "oldest_pending_age_s": None if oldest is None else round(time.time() - oldest, 1),
+        },
+        "usage": usage.report(cfg.prompt_price_per_mtok, cfg.completion_price_per_mtok),
+    }

@@ -27,13 +27,17 @@ from statistics import median
 BEST_WINDOW = 64
 """Latencies kept to find the best one (the endpoint unloaded, as far as we can tell)."""
 TOLERANCE = 0.5
-"""A round's median latency more than this share above the best one counts as rising."""
+"""A round's median latency more than this share above the best one counts as rising..."""
+SLACK_S = 0.05
+"""...and more than this many seconds above it (milliseconds of jitter are not queueing)."""
 
 
 class ConcurrencyController:
     """The limit and the rule that moves it; no clock, no I/O."""
 
     def __init__(self, start: int, ceiling: int, *, floor: int = 1) -> None:
+        if ceiling <= start:  # no room to adapt: the operator asked for a fixed number
+            floor = start
         self.floor = max(1, floor)
         self.ceiling = max(self.floor, ceiling)
         self.limit = min(max(start, self.floor), self.ceiling)
@@ -61,7 +65,7 @@ class ConcurrencyController:
         if len(self._round) < self.limit:
             return
         typical = median(self._round)
-        if best is not None and typical > best * (1 + TOLERANCE):
+        if best is not None and typical > best * (1 + TOLERANCE) + SLACK_S:
             self._set(max(self.floor, self.limit - max(1, self.limit // 4)))
         elif self._saturated:
             self._set(min(self.ceiling, self.limit + max(1, self.limit // 4)))
