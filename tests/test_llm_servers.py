@@ -18,12 +18,15 @@ from typing import Any
 
 import pytest
 
+from bot.governance_commands import writer_lines
 from bot.settings import Settings
 from integrations.app import build_llm, open_engine
 from integrations.doctor import exit_code, llm_checks
 from integrations.llm.openai_compat import OpenAICompatLLM
 from memory.engine import MemoryEngine
+from memory.governance.service import Governance
 from memory.models import Scope
+from memory.query.pipeline import RecallPipeline, RecallRequest
 from memory.store.usage import writer_usage
 from memory.writer.runner import Writer
 from tests.conftest import msg
@@ -31,10 +34,12 @@ from tests.llm_server import (
     Handler,
     LLMServer,
     Persona,
+    Reply,
     Status,
     llamacpp,
     lmstudio,
     ollama,
+    prompt_tokens,
     vllm,
     writer_model,
 )
@@ -311,3 +316,82 @@ async def test_tokens_per_run_and_per_thousand_messages(tmp_path: Path) -> None:
     assert usage.tokens_per_1k_messages == pytest.approx(total * 1000 / 50)
     cost = usage.cost_usd(1.0, 2.0)
     assert cost == pytest.approx((usage.prompt_tokens + 2 * usage.completion_tokens) / 1e6)
+
+
+async def test_status_shows_the_backlog_and_what_the_writer_costs(tmp_path: Path) -> None:
+    async with LLMServer(default=Handler(writer_model), persona=vllm(8192)) as server:
+        settings = settings_for(tmp_path, server, llm_prompt_price_per_mtok=3.0)
+        llm = build_llm(settings)
+        async with open_engine(settings, with_embedder=False) as engine:
+            await fill(engine, segments=3)  # the third window closes with the next message
+            await engine.ingest_many([msg(SCOPE, "last", "Alice", "one more", 100)])
+            writer = Writer(engine, llm)  # type: ignore[arg-type]
+            await writer.flush_due(limit=2)  # the third segment stays pending
+            status = await Governance(engine).status()
+        await llm.aclose()  # type: ignore[union-attr]
+    queue, usage = status["writer_queue"], status["writer_usage"]
+    assert queue["pending_segments"] == 1 and queue["deferred_segments"] == 0
+    assert queue["oldest_pending_age_s"] is not None and queue["oldest_pending_age_s"] > 0
+    assert usage["runs"] == 2 and usage["messages_written"] == 50
+    assert usage["tokens_per_1k_messages"] > usage["tokens_per_run"] > 0
+    assert usage["cost_usd"] == pytest.approx(usage["prompt_tokens"] * 3.0 / 1e6)
+    line = writer_lines(status)
+    assert "oldest pending segment" in line and "per 1,000 messages" in line and "$" in line
+
+
+async def test_a_configured_context_sizes_the_writers_prompts(tmp_path: Path) -> None:
+    """An unidentified server that says nothing: SPEAKERMEM_LLM_CONTEXT_TOKENS is what the
+    prompts are sized to (a 25-message segment, ~2,300 tokens, does not fit 2,048)."""
+    sizes = {}
+    for context in (None, 2048):
+        async with LLMServer(default=Handler(writer_model)) as server:
+            where = tmp_path / str(context)
+            where.mkdir()
+            outcomes, _, _ = await write_all(
+                settings_for(where, server, llm_context_tokens=context)
+            )
+        assert all(o.status == "committed" for o in outcomes)
+        sizes[context] = [prompt_tokens(r) for r in server.requests]
+    assert len(sizes[None]) == 2 and min(sizes[None]) > 2048  # one call per segment
+    assert len(sizes[2048]) > 2 and max(sizes[2048]) < 2048 - 512  # the answer's room kept
+
+
+async def test_the_ceiling_bounds_the_writers_concurrency(tmp_path: Path) -> None:
+    async with LLMServer(default=Handler(writer_model), persona=vllm(8192)) as server:
+        settings = settings_for(tmp_path, server, writer_max_concurrency=3)
+        llm = build_llm(settings)
+        async with open_engine(settings, with_embedder=False) as engine:
+            writer = Writer(engine, llm)  # type: ignore[arg-type]
+            assert writer.pacer.controller.ceiling == 3
+            for _ in range(30):
+                writer.pacer.controller.saturated()
+                for _ in range(writer.pacer.limit):
+                    writer.pacer.controller.observe(1.0)
+            assert writer.pacer.limit == 3
+        await llm.aclose()  # type: ignore[union-attr]
+
+
+async def test_the_answer_prompt_is_sized_to_a_small_context(tmp_path: Path) -> None:
+    """At 700 tokens the default evidence pack (1,500 + 1,300 tokens) does not fit: the pack
+    shrinks to what does, and the model answers instead of refusing the prompt."""
+
+    def answerer(body: dict[str, Any]) -> Reply:
+        if body.get("response_format") is not None:  # Select and other structured stages
+            return Reply(content='{"picks": []}')
+        return Reply(content="Alice booked the train to Porto [1].")
+
+    async with LLMServer(default=Handler(answerer), persona=vllm(700)) as server:
+        settings = settings_for(tmp_path, server)
+        llm = build_llm(settings)
+        async with open_engine(settings, with_embedder=False) as engine:
+            await fill(engine, segments=2)
+            pipeline = RecallPipeline(engine, llm=llm)
+            result = await pipeline.run(
+                RecallRequest(question="Who booked the train to Porto?", scope=SCOPE)
+            )
+        await llm.aclose()  # type: ignore[union-attr]
+    budgets = result.trace.budgets
+    assert budgets["s1_pack_tokens"] + budgets["s2_pack_tokens"] < 700
+    assert result.answer.used_llm, result.trace.llm_errors
+    answer_calls = [r for r in server.requests if r.get("response_format") is None]
+    assert answer_calls and all(prompt_tokens(r) < 700 for r in answer_calls)

@@ -392,8 +392,8 @@ class Governance:
             "records_active": records["active_records"],
             "records": records["records"],
             "writer_queue": {
-                "pending_segments": segments.get("pending", 0),
-                "open_segments": segments.get("open", 0),
+                "pending_segments": segments.get("segments_pending", 0),
+                "open_segments": segments.get("segments_open", 0),
                 "rederive": await self.repo.rederive_depth(),
                 **writer["queue"],
             },

@@ -314,6 +314,26 @@ def _render_segment(
     return "\n".join(lines), ref_map
 
 
+def message_line_tokens(
+    roster: Sequence[RosterMember],
+    segment: Sequence[StoredMessage],
+    links: SegmentLinks | None = None,
+) -> list[int]:
+    """What each message's line costs in the prompt (marks and continuation lines included),
+    by the same estimate as the whole prompt's: for splitting a segment to fit."""
+    names = {m.user_id: m.display_name for m in roster}
+    for msg in segment:
+        names.setdefault(msg.speaker_id, msg.speaker_name)
+    text, _ = _render_segment(segment, names, links)
+    costs: list[int] = []
+    for line in text.split("\n"):
+        if line.startswith("    ") and costs:  # a continuation of the message above
+            costs[-1] += approx_tokens(line) + 1
+        else:
+            costs.append(approx_tokens(line) + 1)
+    return costs
+
+
 def render_writer_messages(
     roster: list[RosterMember],
     heads: list[DerivedRecord],

@@ -18,12 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memory.config import WriterConfig
-from memory.context_budget import PromptBudget, approx_tokens, chat_tokens
+from memory.context_budget import PromptBudget, chat_tokens
 from memory.models import DerivedRecord, RosterMember, StoredMessage
 from memory.writer.prompt import (
     SegmentLinks,
     action_budget,
     heads_tokens,
+    message_line_tokens,
     render_writer_messages,
     select_heads,
 )
@@ -36,7 +37,9 @@ from memory.writer.validate import (
 )
 
 LINE_OVERHEAD_TOKENS = 24
-"""A message line's ref, time, speaker id and marks, beyond its text."""
+"""A message line's ref, time, speaker id and marks, beyond its text (for shortening)."""
+REF_SLACK_TOKENS = 1
+"""A part renumbers its refs from m1, and a mark may point outside it: a token of slack."""
 HEADS_SHARE = 3
 """When the prompt must shrink, the current memory gets at most 1/HEADS_SHARE of the room."""
 MIN_MESSAGE_TOKENS = 32
@@ -101,12 +104,6 @@ def narrow_roster(
     return [m for m in roster if m.user_id in wanted]
 
 
-def _line_cost(msg: StoredMessage) -> int:
-    return approx_tokens(f"{msg.speaker_name} ({msg.speaker_id}): {msg.text}") + (
-        LINE_OVERHEAD_TOKENS
-    )
-
-
 def _shorten(msg: StoredMessage, tokens: int) -> StoredMessage:
     keep = max(MIN_MESSAGE_TOKENS, tokens) * 4
     if len(msg.text) <= keep:
@@ -114,13 +111,14 @@ def _shorten(msg: StoredMessage, tokens: int) -> StoredMessage:
     return msg.model_copy(update={"text": msg.text[: keep - 1].rstrip() + "…"})
 
 
-def _split(messages: Sequence[StoredMessage], room: int) -> list[list[StoredMessage]]:
+def _split(
+    messages: Sequence[StoredMessage], costs: Sequence[int], room: int
+) -> list[list[StoredMessage]]:
     """Consecutive runs of messages whose lines fit `room` tokens (at least one each)."""
     runs: list[list[StoredMessage]] = []
     current: list[StoredMessage] = []
     used = 0
-    for msg in messages:
-        cost = _line_cost(msg)
+    for msg, cost in zip(messages, costs, strict=True):
         if current and used + cost > room:
             runs.append(current)
             current, used = [], 0
@@ -161,7 +159,8 @@ def plan_prompts(
     notes.heads_cut = heads_room < min(cfg.heads_token_budget, pool)
     message_room = max(MIN_MESSAGE_TOKENS + LINE_OVERHEAD_TOKENS, room - heads_room)
     parts: list[PromptPart] = []
-    runs = _split(messages, message_room)
+    costs = [c + REF_SLACK_TOKENS for c in message_line_tokens(narrow, messages, links)]
+    runs = _split(messages, costs, message_room)
     while runs:
         run = runs.pop(0)
         shown_run = [_shorten(m, message_room - LINE_OVERHEAD_TOKENS) for m in run]
