@@ -395,3 +395,25 @@ async def test_the_answer_prompt_is_sized_to_a_small_context(tmp_path: Path) -> 
     assert result.answer.used_llm, result.trace.llm_errors
     answer_calls = [r for r in server.requests if r.get("response_format") is None]
     assert answer_calls and all(prompt_tokens(r) < 700 for r in answer_calls)
+
+
+async def test_a_refused_prompt_teaches_the_context_and_is_written_again(tmp_path: Path) -> None:
+    """vLLM that hides max_model_len (a proxy in front): its 400 names the context, the
+    segment is planned again for it and written; the run log says so."""
+    persona = vllm(2048, advertise_context=False)
+    async with LLMServer(default=Handler(writer_model), persona=persona) as server:
+        outcomes, log, llm = await write_all(settings_for(tmp_path, server))
+    assert [o.status for o in outcomes] == ["committed", "committed"]
+    assert llm.context_tokens == 2048 and llm.context_source == "the server's context error"
+    assert llm.stats.errors.get("context_overflow") == 1
+    assert "did not fit" in log["runs"][0][1] and log["runs"][1][1] is None
+
+
+async def test_a_refused_thinking_switch_is_dropped_for_good(tmp_path: Path) -> None:
+    async with LLMServer(default=Handler(writer_model), persona=vllm(8192)) as server:
+        server.script(Status(400, body={"error": {"message": "unexpected chat_template_kwargs"}}))
+        outcomes, _, llm = await write_all(settings_for(tmp_path, server))
+    assert all(o.status == "committed" for o in outcomes)
+    sent = [("chat_template_kwargs" in r) for r in server.requests]
+    assert sent == [True, False, False]  # refused once, then never sent again
+    assert llm.profile is not None and llm.profile.thinking_off == {}
