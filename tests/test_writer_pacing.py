@@ -47,9 +47,19 @@ def test_the_limit_climbs_while_latency_holds_and_work_waits() -> None:
     for _ in range(20):
         run_round(c, 1.0)
         seen.append(c.limit)
-    assert seen[:6] == [2, 3, 4, 5, 6, 7]
-    assert c.limit == 32  # the ceiling, never beyond
+    assert seen[:6] == [2, 4, 8, 16, 32, 32]  # slow start: doubling, up to the ceiling
+    assert c.limit == 32  # never beyond
     assert seen == sorted(seen)
+
+
+def test_after_backing_off_the_climb_is_by_a_quarter() -> None:
+    c = ConcurrencyController(16, 64)
+    c.observe(1.0, overloaded=True)  # 16 -> 8, and slow start ends
+    seen = [c.limit]
+    for _ in range(4):
+        run_round(c, 1.0)
+        seen.append(c.limit)
+    assert seen == [8, 10, 12, 15, 18]
 
 
 def test_no_climb_without_waiting_work() -> None:

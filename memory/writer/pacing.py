@@ -6,11 +6,12 @@ without end, while a batching server (vLLM serves dozens of requests at once) id
 server that serves a few at a time (Ollama by default, llama.cpp's --parallel slots)
 answers more calls only by queueing them, and its latency climbs.
 
-So the limit moves like TCP's congestion window (additive increase, multiplicative
-decrease), with latency as the signal:
+So the limit moves like TCP's congestion window (slow start, then additive increase and
+multiplicative decrease), with latency as the signal:
 - after each round (as many calls as the limit) that used the whole limit, with latency
-  within `tolerance` of the best recently seen: raise it (by a quarter, at least one), up
-  to the ceiling;
+  within `tolerance` of the best recently seen: raise it, doubling it until it first had
+  to come down (a backlog should not wait a minute for the Writer to find its pace), then
+  by a quarter (at least one), up to the ceiling;
 - latency above that: lower it by a quarter; the endpoint is queueing;
 - a 429 or 503 (the server says it is overloaded): halve it at once.
 `ConcurrencyController` decides (pure, tested on its own); `Pacer` holds the slots.
@@ -44,6 +45,8 @@ class ConcurrencyController:
         self._recent: deque[float] = deque(maxlen=BEST_WINDOW)
         self._round: list[float] = []
         self._saturated = False
+        self._slow_start = True
+        """Doubling until the first decrease, then growing by a quarter."""
         self.raised = self.lowered = 0
 
     @property
@@ -68,7 +71,8 @@ class ConcurrencyController:
         if best is not None and typical > best * (1 + TOLERANCE) + SLACK_S:
             self._set(max(self.floor, self.limit - max(1, self.limit // 4)))
         elif self._saturated:
-            self._set(min(self.ceiling, self.limit + max(1, self.limit // 4)))
+            step = self.limit if self._slow_start else max(1, self.limit // 4)
+            self._set(min(self.ceiling, self.limit + step))
         else:
             self._round, self._saturated = [], False
 
@@ -77,6 +81,7 @@ class ConcurrencyController:
             self.raised += 1
         elif limit < self.limit:
             self.lowered += 1
+            self._slow_start = False
         self.limit = limit
         self._round, self._saturated = [], False
 
