@@ -417,3 +417,24 @@ async def test_a_refused_thinking_switch_is_dropped_for_good(tmp_path: Path) -> 
     sent = [("chat_template_kwargs" in r) for r in server.requests]
     assert sent == [True, False, False]  # refused once, then never sent again
     assert llm.profile is not None and llm.profile.thinking_off == {}
+
+
+async def test_writer_workers_raise_their_claims_as_the_endpoint_keeps_up(tmp_path: Path) -> None:
+    """`speakermem worker` rounds claim as many segments as the pacer allows: a round that
+    found as many as it had slots counts as waiting work, so the limit climbs."""
+    async with LLMServer(default=Handler(writer_model), persona=vllm(8192)) as server:
+        settings = settings_for(tmp_path, server)
+        llm = build_llm(settings)
+        async with open_engine(settings, with_embedder=False) as engine:
+            for c in range(12):
+                where = Scope(platform="test", workspace="w1", channel=f"c{c}")
+                await engine.ingest_many(
+                    [msg(where, f"{c}-{i}", SPEAKERS[i % 5], TOPICS[i % 5], i) for i in range(26)]
+                )
+            writer = Writer(engine, llm)  # type: ignore[arg-type]
+            sizes = []
+            while outcomes := await writer.write_claimed("w1", lease_s=60.0):
+                sizes.append(len(outcomes))
+        await llm.aclose()  # type: ignore[union-attr]
+    assert sizes == [2, 4, 6]  # 2 claimed (all it could), then 4, then the 6 left
+    assert writer.pacer.limit == 8  # the last round had slots to spare: no further climb

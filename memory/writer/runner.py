@@ -448,6 +448,8 @@ class Writer:
         store = self.engine.store
         limit = self.pacer.limit if limit is None else limit
         segments = await store.segments.claim(worker_id, lease_s, limit=limit)
+        if segments and len(segments) >= limit:
+            self.pacer.controller.saturated()  # as many as it had slots: more may wait
         outcomes: list[FlushOutcome] = []
 
         async def one(seg: Segment) -> None:
