@@ -785,7 +785,7 @@ def writer_backlog(timeline: list[dict[str, Any]], traffic_s: float) -> dict[str
         "peak_segments": int(q.max()),
         "last_segments": int(q[-1]),
         "peak_oldest_pending_s": max(float(r.get("writer_oldest_s", 0.0)) for r in late),
-        "bounded": slope <= TARGET_BACKLOG_SLOPE or q.max() <= first_peak,
+        "bounded": bool(slope <= TARGET_BACKLOG_SLOPE or q.max() <= first_peak),
         "target_slope": TARGET_BACKLOG_SLOPE,
         "peak_concurrency": max((int(r.get("writer_concurrency", 0)) for r in timeline), default=0),
     }
