@@ -13,7 +13,8 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from integrations.llm.json_extract import extract_json
-from integrations.llm.openai_compat import SCHEMA_PROMPT, OpenAICompatLLM
+from integrations.llm.openai_compat import OpenAICompatLLM
+from integrations.llm.structured_modes import SCHEMA_PROMPT
 from memory.ports import (
     LLM,
     ChatMessage,

@@ -31,22 +31,28 @@ model that thinks anyway gets `thinking_tokens` more to spend before it answers.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import openai
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletion
 
+from integrations.llm.accounting import LLMStats
 from integrations.llm.context_guard import context_overflow, looks_truncated, retry_after_seconds
 from integrations.llm.json_extract import extract_json
 from integrations.llm.reasoning import field_thinking, split_thinking, thinking_tokens
 from integrations.llm.server_profile import ServerProfile, StructuredMode, detect_server
+from integrations.llm.structured_modes import (
+    MODE_ORDER,
+    ModeSetting,
+    for_mode,
+    refuses_mode,
+)
 from memory.context_budget import (
     ESTIMATE_MARGIN,
     MIN_OUTPUT_TOKENS,
@@ -65,41 +71,12 @@ from memory.ports import (
 
 log = logging.getLogger(__name__)
 
-ModeSetting = Literal["auto", "json_schema", "json_object", "none"]
-MODE_ORDER: tuple[StructuredMode, ...] = ("json_schema", "json_object", "none")
-"""What an unidentified server is offered, in turn, until its first call succeeds."""
-
-SCHEMA_PROMPT = (
-    "Reply with exactly one JSON object and nothing else (no prose, no code fences). "
-    "It must match this JSON schema:\n"
-)
-
 DETECT_RETRY_S = 30.0
 """After the server could not be identified (down), calls go on without probing it again
 for this long: an outage costs one identification attempt per period, not one per call."""
 
 _PROFILES: dict[tuple[str, str], ServerProfile] = {}
 """What each endpoint (base URL, model) turned out to be, for the whole process."""
-
-
-def remembered_profile(base_url: str, model: str) -> ServerProfile | None:
-    return _PROFILES.get((base_url, model))
-
-
-@dataclass(frozen=True)
-class LLMStats:
-    """Cumulative counters since construction; a snapshot, safe to keep or compare."""
-
-    calls: int = 0
-    attempts: int = 0
-    retries: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    thinking_tokens: int = 0
-    latency_ms_total: float = 0.0
-    truncations: int = 0
-    errors: dict[str, int] = field(default_factory=dict)
-    parse_errors: dict[str, int] = field(default_factory=dict)
 
 
 class _Retryable(Exception):
@@ -286,13 +263,13 @@ class OpenAICompatLLM:
             modes += [m for m in MODE_ORDER if MODE_ORDER.index(m) > MODE_ORDER.index(modes[0])]
         for i, mode in enumerate(modes):
             last = i == len(modes) - 1
-            sent = _for_mode(payload, schema, schema_name, mode)
+            sent = for_mode(payload, schema, schema_name, mode)
             try:
                 completion, latency_ms, sent_tokens = await self._create(
                     sent[0], max_tokens, temperature, sent[1], probing=not last
                 )
             except (LLMUnavailable, LLMRequestRejected) as exc:
-                if last or not _refuses_mode(exc):
+                if last or not refuses_mode(exc):
                     raise
                 log.info("llm endpoint refused structured mode %s (%s); trying the next", mode, exc)
                 continue
@@ -454,8 +431,8 @@ class OpenAICompatLLM:
             )
         fix = profile.context_fix(sent)
         log.warning(
-            "llm endpoint (%s) cut a prompt of ~%d tokens to %d: prompts now fit %d tokens. "
-            "Fix: %s",
+            "llm endpoint (%s) cut a prompt of ~%d tokens to %d: prompts now fit %d "
+            "tokens. Fix: %s",
             profile.name,
             sent,
             read,
@@ -568,12 +545,9 @@ class OpenAICompatLLM:
         if thinking and not self.thinks:
             self.thinks = True
             log.info(
-                "llm endpoint: the model thinks before it answers (%d tokens here); "
-                "%s; answers get %d more tokens for it",
+                "llm endpoint: the model thinks (%d tokens) although asked not to where the"
+                " server can; calls get %d more tokens for it",
                 thought,
-                "its switch did not stop it"
-                if self.profile is not None and self.profile.thinking_off
-                else "this server has no switch we know to turn it off",
                 self.thinking_budget,
             )
         self._prompt_tokens += prompt
@@ -600,41 +574,6 @@ class OpenAICompatLLM:
 
     def _count_error(self, kind: str) -> None:
         self._errors[kind] = self._errors.get(kind, 0) + 1
-
-
-def _refuses_mode(exc: Exception) -> bool:
-    """An answer that may mean "not this structured mode": HTTP 500 (llama.cpp's Python
-    server on json_schema) or a 4xx refusal that is not about the context."""
-    if isinstance(exc, LLMUnavailable):
-        return exc.status == 500
-    return isinstance(exc, LLMRequestRejected) and not isinstance(exc, LLMContextOverflow)
-
-
-def _for_mode(
-    payload: list[dict[str, Any]], schema: dict[str, Any], name: str, mode: StructuredMode
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The messages and request fields of one structured mode."""
-    if mode == "json_schema":
-        fmt = {
-            "type": "json_schema",
-            "json_schema": {"name": name, "schema": schema, "strict": False},
-        }
-        return payload, {"response_format": fmt}
-    if mode == "json_object":
-        # llama.cpp server 0.3.x: json_schema -> HTTP 500; json_object + schema works.
-        return payload, {"response_format": {"type": "json_object", "schema": schema}}
-    return _with_schema_prompt(payload, schema), {}
-
-
-def _with_schema_prompt(messages: list[dict[str, Any]], schema: dict[str, Any]) -> list[dict]:
-    """Mode "none": the schema travels in the system prompt (first system message or new)."""
-    note = SCHEMA_PROMPT + json.dumps(schema, ensure_ascii=False)
-    out = [dict(m) for m in messages]
-    if out and out[0].get("role") == "system":
-        out[0]["content"] = f"{out[0]['content']}\n\n{note}"
-    else:
-        out.insert(0, {"role": "system", "content": note})
-    return out
 
 
 def _has_choice(completion: ChatCompletion) -> bool:
