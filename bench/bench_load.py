@@ -15,10 +15,13 @@ against local stand-ins, so what it measures is the bot alone:
   server too (an empty reply at once: the cost of the round trips, no model time).
 
 Measured: recall p50/p95/p99; event-loop lag in the bot (a 10 ms ticker inside it); Writer
-queue depth and RSS every `--sample` s (from the bot's /metrics and /proc) and the RSS slope
-over the last 3 minutes; stored versus sent (from the database after the bot stopped).
+queue depth, the age of its oldest pending segment, its calls at once (adaptive) and RSS
+every `--sample` s (from the bot's /metrics and /proc) and the RSS slope over the last 3
+minutes; stored versus sent (from the database after the bot stopped).
 Targets: recall p95 <= 200 ms, loop lag p99 <= 100 ms, no RSS growth trend over the last
-3 minutes (|slope| <= 1 MB/min), 0 lost, 0 duplicated.
+3 minutes (|slope| <= 1 MB/min), 0 lost, 0 duplicated, and a bounded Writer backlog: after
+the first minute pending segments grow by at most 5 a minute, or never rise above the first
+minute's peak (`writer_backlog` in the JSON).
 
 Usage (from the repository root):
     python bench/bench_load.py --rate 200 --seconds 300 --channels 50 --recall-processes 2
@@ -425,7 +428,8 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     writer_noop = Reply(content=json.dumps({"actions": []}))
 
     def route(body: dict[str, Any]) -> Any:
-        if "writer_actions" in json.dumps(body.get("response_format")):
+        system = str((body.get("messages") or [{}])[0].get("content", ""))
+        if system.startswith("You are the Writer"):  # whatever structured mode was chosen
             return Delay(args.llm_latency, then=writer_noop)
         return Reply(content="")  # recall-side calls: no model time
 
@@ -611,6 +615,13 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         m = parse_metrics(await resp.text())
                     row["writer_queue"] = int(m.get("speakermem_writer_queue_segments", -1))
                     row["writer_deferred"] = int(m.get("speakermem_writer_deferred_segments", 0))
+                    row["writer_oldest_s"] = round(
+                        m.get("speakermem_writer_oldest_pending_seconds", 0.0), 1
+                    )
+                    row["writer_concurrency"] = int(m.get("speakermem_writer_concurrency", 0))
+                    row["writer_tokens_per_1k"] = round(
+                        m.get("speakermem_writer_tokens_per_1k_messages", 0.0)
+                    )
                     row["embed_queue"] = int(m.get("speakermem_embed_queue_messages", -1))
                     row["stored"] = int(
                         m.get('speakermem_events_handled_total{outcome="message_stored"}', 0)
@@ -730,12 +741,53 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "recall_errors": recall_errors,
         "lag_ms": pct(lag),
         "timeline": timeline,
+        "writer_backlog": writer_backlog(timeline, args.warmup + args.seconds),
         "rss_slope_mb_min_last3": slope_mb_per_min(rss, 180.0),
         "rss_window_s": min(180.0, rss[-1][0] - rss[0][0]) if len(rss) > 1 else 0.0,
         # the same window counted from a cold start: the last 3 of the first --seconds
         "rss_slope_mb_min_cold": slope_mb_per_min(rss, 180.0, end=args.seconds)
         if args.warmup
         else None,
+    }
+
+
+BACKLOG_AFTER_S = 60.0
+"""The Writer may fall behind while it finds the endpoint's pace; after this it must not."""
+TARGET_BACKLOG_SLOPE = 5.0
+"""Pending segments per minute the backlog may still grow by after the first minute (at
+200 msg/s over 50 channels segments close at 8 a second: a Writer that does not keep pace
+grows by hundreds a minute)."""
+
+
+def writer_backlog(timeline: list[dict[str, Any]], traffic_s: float) -> dict[str, Any]:
+    """The Writer queue during the traffic after its first minute: its least-squares slope
+    (segments per minute), its peak then against the first minute's, and whether it stopped
+    growing: a slope within the target, or (a queue that runs by fits and starts between
+    write runs has a noisy slope) no peak above the first minute's."""
+    rows = [
+        row
+        for row in timeline
+        if row.get("writer_queue", -1) >= 0 and float(row["t_s"]) <= traffic_s
+    ]
+    early = [row["writer_queue"] for row in rows if row["t_s"] < BACKLOG_AFTER_S]
+    late = [row for row in rows if row["t_s"] >= BACKLOG_AFTER_S]
+    if len(late) < 3:
+        return {"after_s": BACKLOG_AFTER_S, "samples": len(late), "bounded": None}
+    t = np.array([float(row["t_s"]) for row in late])
+    q = np.array([float(row["writer_queue"]) for row in late])
+    slope = float(np.polyfit(t, q, 1)[0] * 60)
+    first_peak = max(early, default=0)
+    return {
+        "after_s": BACKLOG_AFTER_S,
+        "samples": len(late),
+        "slope_segments_per_min": round(slope, 2),
+        "first_minute_peak_segments": int(first_peak),
+        "peak_segments": int(q.max()),
+        "last_segments": int(q[-1]),
+        "peak_oldest_pending_s": max(float(r.get("writer_oldest_s", 0.0)) for r in late),
+        "bounded": bool(slope <= TARGET_BACKLOG_SLOPE or q.max() <= first_peak),
+        "target_slope": TARGET_BACKLOG_SLOPE,
+        "peak_concurrency": max((int(r.get("writer_concurrency", 0)) for r in timeline), default=0),
     }
 
 
@@ -795,6 +847,13 @@ def report(r: dict[str, Any]) -> str:
             f"{r['backlog_drained_s']} s later (checked from one sample interval on)",
             "",
         ),
+        (
+            f"Writer backlog after the first {BACKLOG_AFTER_S:.0f} s (LLM {r['llm_latency_s']} s)",
+            _backlog_cell(r.get("writer_backlog") or {}),
+            ""
+            if (r.get("writer_backlog") or {}).get("bounded") is None
+            else (ok if r["writer_backlog"]["bounded"] else bad),
+        ),
         ("segments at the end", str(r["segments"]), ""),
         (
             "bot exit status (SIGTERM → exit)",
@@ -828,12 +887,13 @@ def report(r: dict[str, Any]) -> str:
             if v["n"]
         ),
         "",
-        "| t (s) | RSS (MB) | Writer queue (deferred) | embed queue | stored "
-        "| cores busy: bot / machine |",
-        "|---|---|---|---|---|---|",
+        "| t (s) | RSS (MB) | Writer queue (deferred) | oldest pending (s) | Writer calls "
+        "at once | embed queue | stored | cores busy: bot / machine |",
+        "|---|---|---|---|---|---|---|---|",
         *(
             f"| {row['t_s']} | {row.get('rss_mb', '-')} | {row.get('writer_queue', '-')} "
-            f"({row.get('writer_deferred', '-')}) | {row.get('embed_queue', '-')} | "
+            f"({row.get('writer_deferred', '-')}) | {row.get('writer_oldest_s', '-')} | "
+            f"{row.get('writer_concurrency', '-')} | {row.get('embed_queue', '-')} | "
             f"{row.get('stored', '-')} | {row.get('bot_cores', '-')} / "
             f"{row.get('machine_cores', '-')} |"
             for row in r["timeline"]
@@ -842,6 +902,17 @@ def report(r: dict[str, Any]) -> str:
         f"Machine: {machine()}",
     ]
     return "\n".join(lines)
+
+
+def _backlog_cell(b: dict[str, Any]) -> str:
+    if b.get("bounded") is None:
+        return f"n/a ({b.get('samples', 0)} samples after the first minute: run longer)"
+    return (
+        f"{b['slope_segments_per_min']:+.1f} segments/min (target ≤ {b['target_slope']:.0f}, "
+        f"or no peak above the first minute's {b['first_minute_peak_segments']}); peak "
+        f"{b['peak_segments']}, last {b['last_segments']}, oldest pending at most "
+        f"{b['peak_oldest_pending_s']:.0f} s; Writer calls at once up to {b['peak_concurrency']}"
+    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -861,7 +932,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--channels", type=int, default=50, help="half Slack, half Discord")
     p.add_argument("--recallers", type=int, default=10, help="members issuing /recall")
     p.add_argument("--recall-pause", type=float, default=0.2, help="between a member's recalls")
-    p.add_argument("--llm-latency", type=float, default=1.0, help="Writer LLM call latency (s)")
+    p.add_argument(
+        "--llm-latency",
+        type=float,
+        default=1.0,
+        help="seconds the fake Writer LLM takes per call (it answers any number at once, as a "
+        "batching server does); the JSON's writer_backlog says whether the Writer kept pace",
+    )
     p.add_argument(
         "--embedder",
         choices=["minilm", "none"],

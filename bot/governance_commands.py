@@ -313,6 +313,7 @@ def render_status(s: dict[str, Any]) -> CommandReply:
         f"• {s['messages']} messages, {s['records_active']} active records",
         f"• Writer queue: {q['pending_segments']} segments pending, {q['rederive']} records "
         f"to re-derive; last run {fmt_ts(s['writer_last_run'])}",
+        f"• {writer_lines(s)}",
         f"• LLM: {llm}",
         f"• Database: {s['db_bytes'] / 1e6:.1f} MB",
         f"• Channels on: {_names(on)}",
@@ -325,6 +326,19 @@ def render_status(s: dict[str, Any]) -> CommandReply:
         for j in s.get("forgets_incomplete", [])
     ]
     return CommandReply(text="\n".join(lines), data={"status": s})
+
+
+def writer_lines(s: dict[str, Any]) -> str:
+    """The Writer's backlog age and what its LLM calls cost, from `Governance.status()`."""
+    q, u = s["writer_queue"], s.get("writer_usage") or {}
+    age = q.get("oldest_pending_age_s")
+    waiting = "nothing waiting" if age is None else f"oldest pending segment {age:.0f} s old"
+    cost = f", ${u['cost_usd']:.4f} in all" if u.get("cost_usd") else ""
+    return (
+        f"Writer backlog: {waiting}, {q.get('deferred_segments', 0)} deferred; "
+        f"{u.get('tokens_per_run', 0):.0f} tokens per run, "
+        f"{u.get('tokens_per_1k_messages', 0):.0f} per 1,000 messages{cost}"
+    )
 
 
 def _names(channels: list[dict[str, Any]]) -> str:

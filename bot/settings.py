@@ -70,6 +70,7 @@ class Settings(BaseSettings):
     session_gap_minutes: float = inherit(IngestConfig, "session_gap_minutes")
     writer_window: int = inherit(IngestConfig, "segment_window")
     writer_concurrency: int = inherit(WriterConfig, "concurrency")
+    writer_max_concurrency: int = inherit(WriterConfig, "max_concurrency")
     writer_budget_per_message: int = inherit(WriterConfig, "budget_per_message")
     writer_budget_cap: int = inherit(WriterConfig, "budget_cap")
     writer_retry_base_s: float = inherit(WriterConfig, "retry_base_s")
@@ -102,7 +103,18 @@ class Settings(BaseSettings):
     llm_model: str = "default"
     llm_timeout_s: float = Field(default=60.0, gt=0)
     llm_max_retries: int = Field(default=3, ge=0)
-    llm_structured_mode: Literal["json_schema", "json_object", "none"] = "json_schema"
+    llm_structured_mode: Literal["auto", "json_schema", "json_object", "none"] = "auto"
+    """auto: identify the server (vLLM, llama.cpp, Ollama, LM Studio) and use its mode; an
+    unidentified one gets json_schema, json_object, then the schema in the prompt, whichever
+    its first call accepts (integrations/llm/server_profile.py)."""
+    llm_context_tokens: int | None = Field(default=None, ge=512)
+    """The model's context in tokens; None: what the server says (or its known default).
+    Prompts are sized to it; a server that proves it smaller (it cuts a prompt) wins."""
+    llm_thinking_tokens: int = Field(default=1024, ge=0)
+    """Tokens a reasoning model may think on top of each answer, when its thinking cannot
+    be switched off on the server (0: none; its thinking then eats the answer's budget)."""
+    llm_prompt_price_per_mtok: float = inherit(WriterConfig, "prompt_price_per_mtok")
+    llm_completion_price_per_mtok: float = inherit(WriterConfig, "completion_price_per_mtok")
 
     # search and /recall budgets (SPEC §5 defaults)
     rrf_k0: int = inherit(SearchConfig, "rrf_k0")
@@ -221,6 +233,9 @@ class Settings(BaseSettings):
                 budget_cap=self.writer_budget_cap,
                 heads_token_budget=self.writer_heads_tokens,
                 concurrency=self.writer_concurrency,
+                max_concurrency=self.writer_max_concurrency,
+                prompt_price_per_mtok=self.llm_prompt_price_per_mtok,
+                completion_price_per_mtok=self.llm_completion_price_per_mtok,
                 retry_base_s=self.writer_retry_base_s,
                 retry_max_s=self.writer_retry_max_s,
                 gate_mode=self.gate_mode,

@@ -53,6 +53,8 @@ def build_llm(settings: Settings) -> LLM | None:
         timeout_s=settings.llm_timeout_s,
         structured_mode=settings.llm_structured_mode,
         max_retries=settings.llm_max_retries,
+        context_tokens=settings.llm_context_tokens,
+        thinking_tokens=settings.llm_thinking_tokens,
     )
 
 

@@ -341,13 +341,6 @@ async def embedder_checks(settings: Settings) -> list[Check]:
 
 # ---- the LLM endpoint -----------------------------------------------------------------------
 
-PROBE_SCHEMA = {
-    "type": "object",
-    "properties": {"ok": {"type": "boolean"}, "word": {"type": "string"}},
-    "required": ["ok", "word"],
-    "additionalProperties": False,
-}
-
 
 async def llm_checks(settings: Settings) -> list[Check]:
     if not settings.llm_base_url:
@@ -362,9 +355,6 @@ async def llm_checks(settings: Settings) -> list[Check]:
             )
         ]
     import openai
-
-    from integrations.llm.openai_compat import OpenAICompatLLM
-    from memory.ports import ChatMessage, LLMError
 
     url = settings.llm_base_url
     timeout = min(settings.llm_timeout_s, LLM_PROBE_TIMEOUT_S)
@@ -423,56 +413,9 @@ async def llm_checks(settings: Settings) -> list[Check]:
                 f"set SPEAKERMEM_LLM_MODEL to one of: {', '.join(models[:5])}",
             )
         )
-    llm = OpenAICompatLLM(
-        base_url=url,
-        api_key=settings.llm_api_key.get_secret_value(),
-        model=settings.llm_model,
-        timeout_s=timeout,
-        structured_mode=settings.llm_structured_mode,
-        max_retries=0,
-    )
-    started = time.perf_counter()
-    try:
-        result = await llm.complete_json(
-            [
-                ChatMessage(role="system", content="Answer with JSON only."),
-                ChatMessage(role="user", content='Reply {"ok": true, "word": "pong"}.'),
-            ],
-            PROBE_SCHEMA,
-            schema_name="doctor_probe",
-            max_tokens=32,
-        )
-        data, error = result.data, result.parse_error
-    except LLMError as exc:
-        data, error = None, str(exc)
-    finally:
-        await llm.aclose()
-    ms = (time.perf_counter() - started) * 1000
-    good = isinstance(data, dict) and isinstance(data.get("ok"), bool) and "word" in data
-    out.append(
-        verdict(
-            "llm",
-            f"structured output ({settings.llm_structured_mode})",
-            good,
-            f"valid JSON for the schema in {ms:.0f} ms"
-            if good
-            else f"no usable JSON: {(error or repr(data))[:160]}",
-            "use SPEAKERMEM_LLM_STRUCTURED_MODE=json_object (llama.cpp, Ollama) or "
-            "json_schema (vLLM, OpenAI), and an instruction-tuned model",
-        )
-    )
-    if good:
-        out.append(
-            verdict(
-                "llm",
-                "latency",
-                ms < 10_000,
-                f"{ms:.0f} ms for a 32-token structured reply",
-                "a slow endpoint delays the Writer, not ingestion",
-                bad="warn",
-            )
-        )
-    return out
+    from integrations.doctor_llm import writer_probe_checks  # it imports this module
+
+    return out + await writer_probe_checks(settings, settings.llm_timeout_s)
 
 
 # ---- platforms over the network -------------------------------------------------------------

@@ -119,7 +119,10 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     llm = build_llm(settings)
-    metrics = Metrics()
+    metrics = Metrics(
+        prompt_price_per_mtok=settings.llm_prompt_price_per_mtok,
+        completion_price_per_mtok=settings.llm_completion_price_per_mtok,
+    )
     llm_health = LLMHealth(configured=llm is not None)
     writer_llm = answer_llm = None
     if llm is not None:
@@ -169,6 +172,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
         adapters = build_adapters(settings, dispatcher, engine)
         named = dict(zip(platforms, adapters, strict=True))
         metrics.watch(dispatcher, named)
+        if writer is not None:
+            metrics.watch_writer(writer)
         ops: OpsServer | None = None
         if settings.ops_port is not None:
             ops = OpsServer(

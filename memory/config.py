@@ -143,9 +143,19 @@ class WriterConfig(BaseModel):
     budget_cap: int = Field(default=40, ge=1)
     heads_token_budget: int = Field(default=1500, ge=0)
     concurrency: int = Field(default=2, ge=1, le=64)
+    """LLM calls at once to start with; the Writer adapts it (memory/writer/pacing.py)."""
+    max_concurrency: int = Field(default=32, ge=1, le=256)
+    """The most LLM calls at once the Writer raises to while latency holds (the ceiling;
+    a server that says how many it serves at once lowers it). Set it to `concurrency` for
+    a fixed number."""
     retry_base_s: float = Field(default=30.0, gt=0)
     retry_max_s: float = Field(default=1800.0, gt=0)
     max_tokens: int = Field(default=2048, ge=64)
+    prompt_price_per_mtok: float = Field(default=0.0, ge=0)
+    """What the endpoint charges per million prompt tokens (USD), for the cost in `status`
+    and the metrics; 0 for a server of your own."""
+    completion_price_per_mtok: float = Field(default=0.0, ge=0)
+    """The same per million completion tokens (thinking included)."""
     gate_mode: GateMode = DEFAULT_GATE_MODE
     gate_lexical_threshold: float = Field(default=DEFAULT_LEXICAL_THRESHOLD, ge=0, le=1)
     gate_dense_threshold: float = Field(default=DEFAULT_DENSE_THRESHOLD, ge=-1, le=1)

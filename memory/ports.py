@@ -42,6 +42,8 @@ class LLMUsage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_ms: float = 0.0
+    thinking_tokens: int = 0
+    """Completion tokens a reasoning model spent thinking (part of completion_tokens)."""
 
 
 class LLMResult(BaseModel):
@@ -53,6 +55,12 @@ class LLMResult(BaseModel):
     usage: LLMUsage
     model: str
     parse_error: str | None = None
+    truncated: bool = False
+    """The server read far fewer prompt tokens than were sent: it cut the prompt (Ollama's
+    OpenAI route does so silently). The reply answers a prompt we did not write: never use
+    it as an answer to ours."""
+    sent_tokens: int = 0
+    """Estimated prompt tokens sent (what `usage.prompt_tokens` is compared with)."""
 
 
 @runtime_checkable
@@ -91,9 +99,45 @@ class LLMUnavailable(LLMError):
 
     retryable = True
 
+    def __init__(
+        self,
+        reason: str,
+        *,
+        retry_after: float | None = None,
+        overloaded: bool = False,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.status = status
+        """The last HTTP status, when the endpoint answered at all."""
+        self.retry_after = retry_after
+        """Seconds the server asked us to wait (Retry-After), when it said."""
+        self.overloaded = overloaded
+        """The server said it is overloaded (429 or 503), rather than failing."""
+
 
 class LLMRequestRejected(LLMError):
     """The endpoint refused the request (4xx other than 429): retrying will not help."""
+
+
+class LLMContextOverflow(LLMRequestRejected):
+    """The prompt did not fit the model's context: the server refused it, or cut it and
+    answered the rest (`truncated`), an answer the adapter never hands on as one."""
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        context_tokens: int | None = None,
+        truncated: bool = False,
+        usage: LLMUsage | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.context_tokens = context_tokens
+        """The context the server showed (its message, or what it read of a cut prompt)."""
+        self.truncated = truncated
+        self.usage = usage or LLMUsage()
+        """What the call cost (a cut prompt is still read and answered)."""
 
 
 class LLMBadOutput(LLMError):

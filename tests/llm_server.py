@@ -14,6 +14,15 @@ Each POST /v1/chat/completions takes the next scripted item (or `default` when t
 empty). `fail_next(n)` simulates an outage that takes precedence over the script;
 `down()` / `up()` an outage of any length (every call fails until `up()`), and `times`
 records when each chat call arrived (to count attempts in a window).
+
+`LLMServer(persona=Persona(...))` makes it behave as one of the real servers (issue 32):
+the endpoints it identifies itself by (vLLM's max_model_len in /v1/models, llama.cpp's
+/props, Ollama's /api/version, /api/show and /api/ps, LM Studio's /api/v1/models), and the
+way each one breaks: llama.cpp's Python server answering `json_schema` with HTTP 500, a
+context that refuses (HTTP 400, vLLM / llama.cpp wording) or silently cuts (Ollama) a long
+prompt, a reasoning model thinking inline (`<think>`) or in a `reasoning_content` /
+`reasoning` field unless the server's switch turns it off. `vllm()`, `llamacpp()`,
+`ollama()`, `lmstudio()` build the usual ones. Token counts are chars/4, as in usage.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -88,13 +97,99 @@ Item = Reply | Status | Delay | Garbage | Disconnect | Handler
 
 NOOP = Reply(content="{}")
 
+DRAFT_THOUGHT = (
+    'Let me think. A first draft: {"actions": [{"type": "NOOP"}]}. No wait, message m1 '
+    "says something durable, so the answer is an ADD."
+)
+
+
+@dataclass
+class Persona:
+    """One real server's identity and failure modes (see the module docstring)."""
+
+    kind: Literal["openai", "vllm", "llamacpp", "llamacpp-python", "ollama", "lmstudio"] = "openai"
+    context_tokens: int | None = None
+    """The model's context; a longer prompt is refused, or cut when `truncate`."""
+    truncate: bool = False
+    """Cut an over-long prompt to the context from its beginning, and say nothing (Ollama)."""
+    advertise_context: bool = True
+    """Whether the server tells the context where it usually does (Ollama: `num_ctx` in
+    /api/show only when the Modelfile sets it; otherwise the release's default applies)."""
+    version: str | None = None
+    json_schema_500: bool = False
+    """HTTP 500 for `response_format: json_schema` (llama.cpp's Python server 0.3.x)."""
+    thinking: Literal["content", "field"] | None = None
+    """A reasoning model: thinking inline in `<think>` (drafting JSON there), or in a field."""
+    thinking_field: str = "reasoning_content"
+    thinking_switch: bool = True
+    """Whether the server's switch (chat_template_kwargs / reasoning effort) stops it."""
+    parallel: int | None = None
+
+    def thinks(self, body: dict[str, Any]) -> bool:
+        if self.thinking is None:
+            return False
+        if not self.thinking_switch:
+            return True
+        kwargs = body.get("chat_template_kwargs") or {}
+        effort = (body.get("reasoning") or {}).get("effort") or body.get("reasoning_effort")
+        return kwargs.get("enable_thinking") is not False and effort != "none"
+
+
+def vllm(context: int = 8192, **kw: Any) -> Persona:
+    return Persona(kind="vllm", context_tokens=context, **kw)
+
+
+def llamacpp(context: int = 4096, *, python: bool = False, **kw: Any) -> Persona:
+    """llama-server (/props, json_object + schema), or the Python server (no /props,
+    HTTP 500 on json_schema) with `python=True`."""
+    kind: Literal["llamacpp", "llamacpp-python"] = "llamacpp-python" if python else "llamacpp"
+    kw.setdefault("json_schema_500", True)
+    return Persona(kind=kind, context_tokens=context, **kw)
+
+
+def ollama(context: int = 2048, **kw: Any) -> Persona:
+    """Ollama's OpenAI route: it ignores num_ctx and cuts long prompts without a word."""
+    kw.setdefault("version", "0.6.5")
+    kw.setdefault("advertise_context", False)
+    return Persona(kind="ollama", context_tokens=context, truncate=True, **kw)
+
+
+def lmstudio(context: int = 4096, **kw: Any) -> Persona:
+    return Persona(kind="lmstudio", context_tokens=context, **kw)
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The fake tokenizer: 4 characters a token over the messages' contents."""
+    return sum(len(str(m.get("content", ""))) for m in body.get("messages", [])) // 4
+
+
+def cut_prompt(body: dict[str, Any], tokens: int) -> dict[str, Any]:
+    """The body with its messages cut from the front to `tokens` (what Ollama's runner
+    does to an over-long prompt: the instructions and the roster go first)."""
+    budget = tokens * 4
+    kept: list[dict[str, Any]] = []
+    for m in reversed(body.get("messages", [])):
+        text = str(m.get("content", ""))
+        if budget <= 0:
+            break
+        kept.append({**m, "content": text[-budget:]})
+        budget -= len(text)
+    return {**body, "messages": list(reversed(kept))}
+
 
 class LLMServer:
     """aiohttp app on 127.0.0.1:<random port>; an async context manager."""
 
-    def __init__(self, default: Item = NOOP, models: list[str] | None = None) -> None:
+    def __init__(
+        self, default: Item = NOOP, models: list[str] | None = None, persona: Persona | None = None
+    ) -> None:
         self.default: Item = default
         self.models: list[str] = models if models is not None else ["test-model"]
+        self.persona = persona or Persona()
+        self.cut: list[int] = []
+        """Prompt tokens of each request the server cut to its context (sent, before)."""
+        self.info_calls: dict[str, int] = {}
+        """Calls to the identification endpoints (/props, /api/show, ...), by path."""
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.model_list_calls = 0
@@ -155,6 +250,15 @@ class LLMServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        kind = self.persona.kind
+        if kind == "llamacpp":
+            app.router.add_get("/props", self._info)
+        if kind == "ollama":
+            for path in ("/api/version", "/api/ps"):
+                app.router.add_get(path, self._info)
+            app.router.add_post("/api/show", self._info)
+        if kind == "lmstudio":
+            app.router.add_get("/api/v1/models", self._info)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -182,8 +286,87 @@ class LLMServer:
             return await self._render(request, self.outage, {})
         if self._fail:
             return await self._render(request, self._fail.popleft(), {})
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in self.models]
+        owner = {"vllm": "vllm", "llamacpp": "llamacpp", "ollama": "library"}.get(
+            self.persona.kind, "test"
+        )
+        data: list[dict[str, Any]] = [
+            {"id": m, "object": "model", "created": 0, "owned_by": owner} for m in self.models
+        ]
+        if self.persona.kind == "vllm" and self.persona.advertise_context:
+            for card in data:
+                card["max_model_len"] = self.persona.context_tokens
         return web.json_response({"object": "list", "data": data})
+
+    async def _info(self, request: web.Request) -> web.Response:
+        """The identification endpoints of the persona's server, as that server shapes them."""
+        path = request.path
+        self.info_calls[path] = self.info_calls.get(path, 0) + 1
+        p = self.persona
+        ctx = p.context_tokens if p.advertise_context else None
+        if path == "/props":
+            return web.json_response(
+                {
+                    "default_generation_settings": {"n_ctx": ctx or 0, "params": {}},
+                    "total_slots": p.parallel or 1,
+                    "build_info": p.version or "b6000-test",
+                }
+            )
+        if path == "/api/version":
+            return web.json_response({"version": p.version or "0.9.0"})
+        if path == "/api/show":
+            params = 'stop "<|im_end|>"' + (f"\nnum_ctx {ctx}" if ctx else "")
+            caps = ["completion"] + (["thinking"] if p.thinking else [])
+            return web.json_response(
+                {
+                    "parameters": params,
+                    "model_info": {"general.architecture": "qwen3", "qwen3.context_length": 40960},
+                    "capabilities": caps,
+                }
+            )
+        if path == "/api/ps":
+            return web.json_response({"models": []})  # nothing loaded yet
+        # LM Studio /api/v1/models
+        config = {"context_length": p.context_tokens, "parallel": p.parallel or 4}
+        models = [
+            {
+                "type": "llm",
+                "key": m,
+                "loaded_instances": [{"id": m, "config": config}],
+                "max_context_length": 32768,
+                "capabilities": {"reasoning": {"allowed_options": ["on"]}} if p.thinking else {},
+            }
+            for m in self.models
+        ]
+        return web.json_response({"models": models})
+
+    def _context_check(self, body: dict[str, Any]) -> tuple[Item | None, dict[str, Any]]:
+        """A refusal for an over-long prompt, or the body as the model will read it."""
+        p = self.persona
+        if p.json_schema_500 and (body.get("response_format") or {}).get("type") == "json_schema":
+            return Status(500, body={"error": {"message": "json_schema not supported"}}), body
+        ctx = p.context_tokens
+        sent = prompt_tokens(body)
+        if ctx is None or sent <= ctx:
+            return None, body
+        if p.truncate:
+            self.cut.append(sent)
+            return None, cut_prompt(body, ctx)
+        if p.kind in ("llamacpp", "llamacpp-python"):
+            error = {
+                "code": 400,
+                "message": "the request exceeds the available context size, try increasing it",
+                "type": "exceed_context_size_error",
+                "n_prompt_tokens": sent,
+                "n_ctx": ctx,
+            }
+        else:
+            error = {
+                "message": f"This model's maximum context length is {ctx} tokens. However, "
+                f"you requested {sent + int(body.get('max_tokens') or 0)} tokens.",
+                "type": "BadRequestError",
+                "code": 400,
+            }
+        return Status(400, body={"error": error}), body
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -193,16 +376,19 @@ class LLMServer:
         self.requests.append(body)
         self.headers.append(dict(request.headers))
         self.times.append(time.monotonic())
+        refusal, seen = self._context_check(body)
         if self.outage is not None:
             item = self.outage
         elif self._fail:
             item = self._fail.popleft()
+        elif refusal is not None:
+            item = refusal
         elif self._queue:
             item = self._queue.popleft()
         else:
             self.unscripted += 1
             item = self.default
-        return await self._render(request, item, body)
+        return await self._render(request, item, seen)
 
     async def _render(
         self, request: web.Request, item: Item, body: dict[str, Any]
@@ -232,6 +418,14 @@ class LLMServer:
         raise TypeError(f"not a scripted item: {item!r}")
 
     def _completion(self, reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        thought = 0
+        if self.persona.thinks(body):
+            thought = len(DRAFT_THOUGHT) // 4
+            if self.persona.thinking == "content":
+                message["content"] = f"<think>{DRAFT_THOUGHT}</think>\n{reply.content or ''}"
+            else:
+                message[self.persona.thinking_field] = DRAFT_THOUGHT
         out: dict[str, Any] = {
             "id": f"chatcmpl-{next(self._ids)}",
             "object": "chat.completion",
@@ -241,7 +435,7 @@ class LLMServer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": reply.content},
+                    "message": message,
                     "finish_reason": reply.finish_reason,
                     "logprobs": None,
                 }
@@ -249,6 +443,8 @@ class LLMServer:
         }
         if reply.usage:
             out["usage"] = _usage(reply, body)
+            out["usage"]["completion_tokens"] += thought
+            out["usage"]["total_tokens"] += thought
         return out
 
     async def _stream(
@@ -306,9 +502,16 @@ def one_add_per_segment(body: dict[str, Any]) -> Reply:
     return Reply(content=json.dumps({"actions": [action]}))
 
 
+def writer_model(body: dict[str, Any]) -> Reply:
+    """A model that follows the Writer's instructions when it sees them (one ADD per prompt,
+    `one_add_per_segment`) and, given a prompt cut before them, knows nothing to do."""
+    if not any("You are the Writer" in str(m.get("content", "")) for m in body["messages"]):
+        return Reply(content=json.dumps({"actions": [{"type": "NOOP"}]}))
+    return one_add_per_segment(body)
+
+
 def _usage(reply: Reply, body: dict[str, Any]) -> dict[str, int]:
-    chars = sum(len(str(m.get("content", ""))) for m in body.get("messages", []))
-    prompt = reply.prompt_tokens if reply.prompt_tokens is not None else max(1, chars // 4)
+    prompt = reply.prompt_tokens if reply.prompt_tokens is not None else max(1, prompt_tokens(body))
     if reply.completion_tokens is not None:
         done = reply.completion_tokens
     else:

@@ -167,7 +167,8 @@ async def test_write_when_endpoint_down_exits_1_and_retries_on_next_run(
 ) -> None:
     use_server(monkeypatch, llm_server)
     await seed(db, [("Alice", "I work as a nurse at the city hospital.")])
-    llm_server.fail_next(1)
+    # down for two calls: identifying the server (structured mode auto), the Writer's call
+    llm_server.fail_next(2)
     assert await cli("write", "--channel", "general", "--db", str(db)) == 1
     captured = capsys.readouterr()
     assert "deferred: server_error (http 503)" in flat(captured.out)

@@ -102,19 +102,23 @@ def test_exit_code_counts_failures_only() -> None:
 async def test_reachable_llm_with_structured_output_passes(
     tmp_path: Path, llm_server: LLMServer
 ) -> None:
-    llm_server.script(*[Reply(content='{"ok": true, "word": "pong"}')] * 2)
+    llm_server.script(*[Reply(content='{"actions": [{"type": "NOOP"}]}')] * 2)
     settings = settings_for(tmp_path, llm_base_url=llm_server.base_url, llm_model="test-model")
     checks = await llm_checks(settings)
     assert [(c.name, c.status) for c in checks] == [
         ("reachable", "ok"),
         ("model listed", "ok"),
+        ("server", "ok"),
+        ("context", "warn"),  # a server that does not say its context
         ("structured output (json_schema)", "ok"),
+        ("thinking", "ok"),
         ("latency", "ok"),
     ]
-    assert llm_server.model_list_calls == 1
+    assert llm_server.model_list_calls == 2  # the doctor's listing, then identifying the server
     sent = llm_server.last_request
     assert sent["model"] == "test-model"
     assert sent["response_format"]["type"] == "json_schema"
+    assert sent["response_format"]["json_schema"]["name"] == "writer_actions"  # the real one
     assert exit_code(await run_checks(settings, network=False, embedder=False)) == 0
 
 

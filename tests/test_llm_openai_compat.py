@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,8 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from integrations.llm.json_extract import extract_json
-from integrations.llm.openai_compat import SCHEMA_PROMPT, OpenAICompatLLM
+from integrations.llm.openai_compat import OpenAICompatLLM
+from integrations.llm.structured_modes import SCHEMA_PROMPT
 from memory.ports import (
     LLM,
     ChatMessage,
@@ -197,10 +199,27 @@ async def test_429_then_success_is_retried(llm: OpenAICompatLLM, llm_server: LLM
     assert stats.errors == {"rate_limited": 1}
 
 
-async def test_retry_after_header_is_capped(llm: OpenAICompatLLM, llm_server: LLMServer) -> None:  # noqa: F811
+async def test_a_long_retry_after_is_handed_to_the_caller(
+    llm: OpenAICompatLLM,
+    llm_server: LLMServer,  # noqa: F811
+) -> None:
+    """Retry-After beyond the backoff cap (5 ms here): no retry sooner than the server
+    asked, and no call hanging for it: the caller (the Writer's breaker) waits."""
     llm_server.script(Status(429, headers={"Retry-After": "30"}), Reply(content='{"facts": []}'))
-    result = await ask(llm)  # would hang for 30 s if the cap (5 ms here) were ignored
-    assert result.data == {"facts": []}
+    started = time.monotonic()
+    with pytest.raises(LLMUnavailable) as info:
+        await ask(llm)
+    assert time.monotonic() - started < 5
+    assert info.value.retry_after == 30 and info.value.overloaded and info.value.status == 429
+    assert len(llm_server.requests) == 1 and llm_server.pending == 1
+
+
+async def test_a_short_retry_after_is_waited_then_retried(llm_server: LLMServer) -> None:  # noqa: F811
+    llm_server.script(Status(503, headers={"Retry-After": "0.4"}), Reply(content='{"facts": []}'))
+    async with make(llm_server, backoff_max_s=2.0) as client:
+        assert (await ask(client)).data == {"facts": []}
+    first, second = llm_server.times
+    assert second - first >= 0.4  # the server's wait, not our 1 ms base backoff
 
 
 async def test_500_until_retries_exhausted(llm: OpenAICompatLLM, llm_server: LLMServer) -> None:  # noqa: F811

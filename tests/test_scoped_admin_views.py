@@ -103,3 +103,25 @@ async def test_status_counts_are_the_workspaces_own(engine: MemoryEngine) -> Non
     # the store-wide view is the operator's (the CLI), not a workspace's
     everything = await d.governance.status()
     assert everything["messages"] == 5
+
+
+async def test_writer_usage_in_status_is_the_workspaces_own(engine: MemoryEngine) -> None:
+    """The Writer's tokens, cost and backlog in `status` count only the asker's workspace."""
+    from memory.store import WriterRunLog
+
+    await engine.ingest_many(
+        [msg(GENERAL, f"m{i}", "Alice", f"alice talks about topic {i}", i) for i in range(26)]
+    )
+    (segment,) = await engine.store.segments.due(limit=5)
+    run = WriterRunLog(
+        model="m", prompt_version="v", started_at=0.0, prompt_tokens=900, completion_tokens=100
+    )
+    await engine.store.records.commit_segment(segment.id, GENERAL, [], None, run)
+    gov = Dispatcher(engine, RecallPipeline(engine)).governance
+    here = await gov.status("test", "w1")
+    elsewhere = await gov.status("test", "w2")
+    assert here["writer_usage"]["runs"] == 1 and here["writer_usage"]["prompt_tokens"] == 900
+    assert here["writer_usage"]["messages_written"] == segment.n_messages
+    assert elsewhere["writer_usage"]["runs"] == 0
+    assert elsewhere["writer_usage"]["prompt_tokens"] == 0
+    assert elsewhere["writer_queue"]["oldest_pending_age_s"] is None

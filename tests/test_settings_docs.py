@@ -90,6 +90,8 @@ INHERITED: dict[str, tuple[type[BaseModel], str]] = {
     "session_gap_minutes": (IngestConfig, "session_gap_minutes"),
     "writer_window": (IngestConfig, "segment_window"),
     "writer_concurrency": (WriterConfig, "concurrency"),
+    "writer_max_concurrency": (WriterConfig, "max_concurrency"),
+    "llm_prompt_price_per_mtok": (WriterConfig, "prompt_price_per_mtok"),
     "writer_heads_tokens": (WriterConfig, "heads_token_budget"),
     "gate_lexical_threshold": (WriterConfig, "gate_lexical_threshold"),
     "rrf_k0": (SearchConfig, "rrf_k0"),

@@ -598,7 +598,8 @@ async def test_scheduled_runs_take_a_few_segments_each_and_follow_on_at_once(
     engine = live_engine
     llm_server.default = Reply(content=NOOP_JSON)
     async with llm_for(llm_server) as llm:
-        writer = Writer(engine, llm, FAST)
+        # a fixed limit (ceiling = start): the run size under test does not move meanwhile
+        writer = Writer(engine, llm, FAST.model_copy(update={"max_concurrency": 2}))
         backlog = 2 * writer.run_limit + 3
         for c in range(backlog):  # one full window (5 messages) per channel
             where = Scope(platform="test", workspace="w1", channel=f"c{c}")

@@ -18,6 +18,7 @@ from typing import Any
 from rich.table import Table
 
 from bot.catchup import cursor_line
+from bot.governance_commands import writer_lines
 from bot.settings import Settings
 from bot.spill import Spill
 from integrations.app import build_llm, llm_probe, open_engine
@@ -454,6 +455,7 @@ async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
         f"db {status['db_bytes'] / 1e6:.1f} MB\n"
         f"writer queue: {q['pending_segments']} pending segments, {q['rederive']} to re-derive;"
         f" last run {fmt_at(status['writer_last_run'])} ({status['writer_last_outcome'] or '-'})"
+        f"\n{writer_lines(status)}"
         f"\nLLM: {llm[status['llm_reachable']]}; new channels "
         f"{'on' if status['default_channel_on'] else 'off'} by default; "
         f"{status['opted_out_members']} member(s) opted out, "

@@ -4,8 +4,9 @@ Counters that bot/ already keeps (the dispatcher's handled/ignored/error counts,
 adapter's stats) are read at scrape time by a custom collector, so the core needs no
 metrics calls. What must be observed as it happens comes in through small hooks: the
 dispatcher's `on_recall(seconds, outcome)`, and `MeteredLLM`, a wrapper around the LLM
-port that times every Writer and answer call. Queue depths and catch-up lag are gauges
-the health sampler sets.
+port that times every Writer and answer call and counts its tokens and cost. Queue depths,
+the backlog's age, catch-up lag and the Writer's tokens per run and per 1,000 messages are
+gauges the health sampler sets; the Writer's adaptive concurrency is read at scrape time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from bot.dispatch import Dispatcher
 from bot.health import LLMHealth, WriterQueue
+from memory.context_budget import EndpointLimits, endpoint_limits
 from memory.ports import LLM, ChatMessage, LLMError, LLMResult
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -101,10 +103,32 @@ class _DispatchCollector(Collector):
         yield fetched
 
 
+class _WriterCollector(Collector):
+    """The Writer's current concurrency (it adapts), read at scrape time."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+
+    def collect(self) -> Iterable[Metric]:
+        pacer = getattr(self.writer, "pacer", None)
+        limit = GaugeMetricFamily(
+            "speakermem_writer_concurrency",
+            "Writer LLM calls allowed at once now (adapted to the endpoint's latency, 429s)",
+        )
+        limit.add_metric([], pacer.limit if pacer is not None else 0)
+        yield limit
+        busy = GaugeMetricFamily("speakermem_writer_calls_in_flight", "Writer LLM calls running")
+        busy.add_metric([], pacer.in_flight if pacer is not None else 0)
+        yield busy
+
+
 class Metrics:
     """One registry per process run; `render()` is the /metrics body."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, prompt_price_per_mtok: float = 0.0, completion_price_per_mtok: float = 0.0
+    ) -> None:
+        self.prices = (prompt_price_per_mtok, completion_price_per_mtok)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.recall_seconds = Histogram(
@@ -119,6 +143,28 @@ class Metrics:
         )
         self.llm_seconds = Histogram(
             "speakermem_llm_seconds", "LLM call latency", ["role"], buckets=LLM_BUCKETS, registry=r
+        )
+        self.llm_tokens = Counter(
+            "speakermem_llm_tokens",
+            "LLM tokens by role and kind (prompt, completion; thinking is part of completion)",
+            ["role", "kind"],
+            registry=r,
+        )
+        self.llm_cost = Counter(
+            "speakermem_llm_cost_usd",
+            "What the LLM calls cost at SPEAKERMEM_LLM_*_PRICE_PER_MTOK (0 on your own server)",
+            ["role"],
+            registry=r,
+        )
+        self.writer_tokens_per_run = Gauge(
+            "speakermem_writer_tokens_per_run",
+            "Writer LLM tokens per run (prompt + completion), over its whole run log",
+            registry=r,
+        )
+        self.writer_tokens_per_1k = Gauge(
+            "speakermem_writer_tokens_per_1k_messages",
+            "Writer LLM tokens per 1,000 messages written, over its whole run log",
+            registry=r,
         )
         self.writer_pending = Gauge(
             "speakermem_writer_queue_segments",
@@ -150,6 +196,22 @@ class Metrics:
         """Expose the dispatcher's and adapters' own counters."""
         self.registry.register(_DispatchCollector(dispatcher, adapters))
 
+    def watch_writer(self, writer: Any) -> None:
+        """Expose the Writer's adaptive concurrency."""
+        self.registry.register(_WriterCollector(writer))
+
+    def set_writer_usage(self, tokens_per_run: float, tokens_per_1k_messages: float) -> None:
+        self.writer_tokens_per_run.set(tokens_per_run)
+        self.writer_tokens_per_1k.set(tokens_per_1k_messages)
+
+    def observe_tokens(self, role: str, call: LLMCall) -> None:
+        self.llm_tokens.labels(role, "prompt").inc(call.prompt_tokens)
+        self.llm_tokens.labels(role, "completion").inc(call.completion_tokens)
+        self.llm_tokens.labels(role, "thinking").inc(call.thinking_tokens)
+        prompt, completion = self.prices
+        cost = (call.prompt_tokens * prompt + call.completion_tokens * completion) / 1e6
+        self.llm_cost.labels(role).inc(cost)
+
     def set_writer_queue(self, queue: WriterQueue) -> None:
         self.writer_pending.set(queue.pending)
         self.writer_deferred.set(queue.deferred)
@@ -170,6 +232,9 @@ class LLMCall(NamedTuple):
     """The exception's class name; None when the call succeeded."""
     endpoint_error: bool = False
     """The endpoint failed (`LLMError`), as opposed to a bug on our side."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    thinking_tokens: int = 0
 
 
 class MeteredLLM:
@@ -194,17 +259,38 @@ class MeteredLLM:
         self.health = health if health is not None else LLMHealth(configured=True)
         self.on_call = on_call
 
+    async def limits(self) -> EndpointLimits:
+        """The wrapped LLM's limits (context, parallel slots, thinking budget)."""
+        return await endpoint_limits(self.inner)
+
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> LLMResult:
         started = time.perf_counter()
         try:
             result: LLMResult = await fn(*args, **kwargs)
         except LLMError as exc:
-            self._heard(LLMCall(time.perf_counter() - started, type(exc).__name__, True))
+            spent = getattr(exc, "usage", None)  # a cut prompt was still read and answered
+            self._heard(
+                LLMCall(
+                    time.perf_counter() - started,
+                    type(exc).__name__,
+                    True,
+                    getattr(spent, "prompt_tokens", 0),
+                    getattr(spent, "completion_tokens", 0),
+                )
+            )
             raise
         except Exception as exc:
             self._heard(LLMCall(time.perf_counter() - started, type(exc).__name__, False))
             raise
-        self._heard(LLMCall(time.perf_counter() - started))
+        u = result.usage
+        self._heard(
+            LLMCall(
+                time.perf_counter() - started,
+                prompt_tokens=u.prompt_tokens,
+                completion_tokens=u.completion_tokens,
+                thinking_tokens=u.thinking_tokens,
+            )
+        )
         return result
 
     def _heard(self, call: LLMCall) -> None:
@@ -218,6 +304,7 @@ class MeteredLLM:
         if self.metrics is not None:
             self.metrics.llm_calls.labels(self.role, "ok" if call.error is None else "error").inc()
             self.metrics.llm_seconds.labels(self.role).observe(call.seconds)
+            self.metrics.observe_tokens(self.role, call)
         if call.error is None:
             self.health.failing_since = None
             self.health.last_error = None

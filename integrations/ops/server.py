@@ -26,6 +26,7 @@ from bot.health import (
 from bot.spill import Spill
 from integrations.ops.metrics import CONTENT_TYPE, MeteredLLM, Metrics
 from memory.engine import MemoryEngine
+from memory.store.usage import writer_usage
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,9 @@ class OpsServer:
                 async with asyncio.timeout(PROBE_TIMEOUT_S):
                     queue = await measure_writer_queue(self.engine.store)
                     embed_pending = await self.engine.store.messages.count_pending_embeddings()
+                    usage = await writer_usage(self.engine.store)
                 self._queues = (queue, embed_pending)
+                self.metrics.set_writer_usage(usage.tokens_per_run, usage.tokens_per_1k_messages)
             except Exception as exc:
                 log.warning("queue depths not measured this time (%s)", type(exc).__name__)
                 queue, embed_pending = self._queues

@@ -32,6 +32,7 @@ from memory.models import GROUP, EditEvent, Scope
 from memory.query.links import LinkResolver, default_link
 from memory.store import ChangeStatus
 from memory.store.diagnostics import status_counts
+from memory.store.usage import writer_status
 from memory.writer.gate import EvidenceGate, date_terms
 from memory.writer.runner import gate_from
 
@@ -329,6 +330,7 @@ class Governance:
         the whole store; never another workspace's numbers."""
         store = self.engine.store
         counts = await status_counts(store, platform, workspace)
+        writer = await writer_status(store, self.engine.config.writer, platform, workspace)
         reachable: bool | None = None
         if self.llm_probe is not None:
             try:
@@ -373,7 +375,9 @@ class Governance:
                 "pending_segments": counts["pending_segments"],
                 "open_segments": counts["open_segments"],
                 "rederive": await self.repo.rederive_depth(platform, workspace),
+                **writer["queue"],
             },
+            "writer_usage": writer["usage"],
             "writer_last_run": counts["writer_last_run"],
             "writer_last_outcome": counts["writer_last_outcome"],
             "llm_reachable": reachable,

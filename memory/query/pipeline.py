@@ -20,12 +20,14 @@ from typing import Any, Protocol
 from pydantic import BaseModel, Field
 
 from memory.config import RecallConfig
+from memory.context_budget import approx_tokens, endpoint_limits, prompt_budget, scaled_budgets
 from memory.engine import MemoryEngine
 from memory.interactions import interaction_names
 from memory.models import RosterMember, Scope, StoredMessage
 from memory.ports import LLM, ChatMessage, LLMError
 from memory.query.answer import (
     ANSWER_PROMPT_VERSION,
+    ANSWER_SYSTEM,
     ExtractiveReason,
     RecallAnswer,
     check_citations,
@@ -100,6 +102,10 @@ def channel_of_pk(
     """Message pk -> its channel pk (sessions are numbered per channel)."""
     by_scope = dict(zip(scopes, pks, strict=True))
     return {pk: by_scope.get(m.scope, 0) for pk, m in messages.items()}
+
+
+ANSWER_FRAME_TOKENS = 32
+"""The answer prompt's wrapper around the pack and the question (tags, the closing ask)."""
 
 
 class AccessDenied(PermissionError):
@@ -668,6 +674,7 @@ class RecallPipeline:
             or ["(none)"]
             for r in rows
         }
+        s1_budget, s2_budget = await self._pack_budgets(question, answer)
         with stage("compose"):
             names = display_names(roster)
             pack = compose(
@@ -677,8 +684,8 @@ class RecallPipeline:
                 rows,
                 support,
                 names,
-                s1_budget=self.cfg.s1_pack_tokens,
-                s2_budget=self.cfg.s2_pack_tokens,
+                s1_budget=s1_budget,
+                s2_budget=s2_budget,
             )
         trace.tokens["pack"] = pack.tokens
         trace.cut = list(pack.cut)
@@ -692,8 +699,8 @@ class RecallPipeline:
             "s2_source_k": self.cfg.s2_source_k,
             "s2_max_people": self.cfg.s2_max_people,
             "scope": self.cfg.scope,
-            "s1_pack_tokens": self.cfg.s1_pack_tokens,
-            "s2_pack_tokens": self.cfg.s2_pack_tokens,
+            "s1_pack_tokens": s1_budget,
+            "s2_pack_tokens": s2_budget,
             "prompts": PROMPT_VERSIONS,
         }
         with stage("answer"):
@@ -721,6 +728,18 @@ class RecallPipeline:
             for mid, msg in (await self.engine.store.messages.by_ids(scope, sorted(ids))).items():
                 out[f"{scope}|{mid}"] = msg
         return out
+
+    async def _pack_budgets(self, question: str, answer: bool) -> tuple[int, int]:
+        """The evidence pack's budgets, shrunk in proportion when the answer prompt would
+        not fit the LLM's context (memory/context_budget.py)."""
+        budgets = [self.cfg.s1_pack_tokens, self.cfg.s2_pack_tokens]
+        if not answer or self.llm is None:
+            return budgets[0], budgets[1]
+        room = prompt_budget(await endpoint_limits(self.llm), self.cfg.answer_max_tokens)
+        if room.input_tokens is not None:
+            fixed = approx_tokens(ANSWER_SYSTEM) + approx_tokens(question) + ANSWER_FRAME_TOKENS
+            budgets = scaled_budgets(budgets, room.input_tokens - fixed)
+        return budgets[0], budgets[1]
 
     async def _answer(self, pack: EvidencePack, trace: RecallTrace) -> RecallAnswer:
         text: str | None = None

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rank_bm25 import BM25Okapi
 
+from memory.context_budget import approx_tokens
 from memory.governance.tombstones import Exclusions
 from memory.models import (
     GROUP,
@@ -117,13 +118,13 @@ def _tokens(text: str) -> list[str]:
     return _TOKEN_RE.findall(text.lower())
 
 
-def approx_tokens(text: str) -> int:
-    """Rough token count (≈ chars / 4): good enough for budgeting prompt sections."""
-    return (len(text) + 3) // 4
-
-
 def _head_cost(head: DerivedRecord) -> int:
     return approx_tokens(head.content) + approx_tokens(head.event) + _HEAD_OVERHEAD_CHARS // 4
+
+
+def heads_tokens(heads: Sequence[DerivedRecord]) -> int:
+    """What showing these heads costs, by the estimate `select_heads` budgets with."""
+    return sum(_head_cost(h) for h in heads)
 
 
 def select_heads(
@@ -312,6 +313,26 @@ def _render_segment(
             f"{_one_line(_defang(msg.text))}"
         )
     return "\n".join(lines), ref_map
+
+
+def message_line_tokens(
+    roster: Sequence[RosterMember],
+    segment: Sequence[StoredMessage],
+    links: SegmentLinks | None = None,
+) -> list[int]:
+    """What each message's line costs in the prompt (marks and continuation lines included),
+    by the same estimate as the whole prompt's: for splitting a segment to fit."""
+    names = {m.user_id: m.display_name for m in roster}
+    for msg in segment:
+        names.setdefault(msg.speaker_id, msg.speaker_name)
+    text, _ = _render_segment(segment, names, links)
+    costs: list[int] = []
+    for line in text.split("\n"):
+        if line.startswith("    ") and costs:  # a continuation of the message above
+            costs[-1] += approx_tokens(line) + 1
+        else:
+            costs.append(approx_tokens(line) + 1)
+    return costs
 
 
 def render_writer_messages(

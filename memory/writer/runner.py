@@ -28,26 +28,15 @@ from memory.config import WriterConfig
 from memory.engine import MemoryEngine
 from memory.governance.tombstones import Exclusions
 from memory.interactions import interaction_names
-from memory.models import (
-    NewRecord,
-    RosterMember,
-    Scope,
-    Segment,
-    StoredMessage,
-)
-from memory.ports import LLM, ChatMessage, LLMBadOutput, LLMError, LLMUnavailable
+from memory.models import NewRecord, RosterMember, Scope, Segment, StoredMessage
+from memory.ports import LLM, LLMContextOverflow, LLMError, LLMUnavailable
 from memory.store import ChainConflict, RederiveItem, WriterRunLog
 from memory.store.segments import LeaseLost
+from memory.writer.derive import Derivation, SegmentWriter, Validate
 from memory.writer.gate import EvidenceGate
-from memory.writer.prompt import (
-    WRITER_PROMPT_VERSION,
-    WRITER_SCHEMA,
-    SegmentLinks,
-    action_budget,
-    remembered,
-    render_writer_messages,
-    select_heads,
-)
+from memory.writer.pacing import Pacer
+from memory.writer.prompt import WRITER_PROMPT_VERSION, SegmentLinks, remembered
+from memory.writer.sizing import PromptPart
 from memory.writer.validate import (
     ValidationContext,
     ValidationReport,
@@ -57,6 +46,12 @@ from memory.writer.validate import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def per_thousand(tokens: int, messages: int) -> float:
+    """Tokens per 1,000 messages (0 when no message was written)."""
+    return tokens * 1000.0 / messages if messages else 0.0
+
 
 RUN_SEGMENTS_PER_SLOT = 4
 """Due segments a scheduled write run takes per concurrency slot (`Writer.run_limit`)."""
@@ -126,7 +121,12 @@ class Writer:
         self.cfg = config or engine.config.writer
         self.gate = gate_from(self.cfg)
         self._channel_locks: dict[tuple[str, str, str], asyncio.Lock] = {}
-        self._slots = asyncio.Semaphore(self.cfg.concurrency)
+        self.pacer = Pacer(
+            self.cfg.concurrency, max(self.cfg.concurrency, self.cfg.max_concurrency)
+        )
+        """Slots for LLM calls: the limit starts at `concurrency` and adapts up to
+        `max_concurrency` (memory/writer/pacing.py)."""
+        self.segment_writer = SegmentWriter(llm, self.cfg, self.pacer)
         self.rand: Callable[[], float] = random.random
         """Jitter source for backoff delays (tests substitute a seeded one)."""
         self.failures = 0
@@ -152,7 +152,7 @@ class Writer:
         all in memory and ran for minutes, so a channel that became due meanwhile waited
         for its end; short runs back to back keep the oldest-first order and end within
         seconds."""
-        return self.cfg.concurrency * RUN_SEGMENTS_PER_SLOT
+        return self.pacer.limit * RUN_SEGMENTS_PER_SLOT
 
     @property
     def paused(self) -> bool:
@@ -165,18 +165,21 @@ class Writer:
             return self.paused_until if self.paused else None
         return max(min(self._retries.values()), self.paused_until)
 
-    def _endpoint_failed(self, delay: float) -> float:
+    def _endpoint_failed(self, delay: float, retry_after: float | None = None) -> float:
         """Open (or extend) the breaker after an endpoint failure.
 
         `delay` is the failed item's own backoff; the breaker's pause grows with consecutive
-        probe rounds that failed (calls of one round, in flight together, count once).
-        Returns the item's delay, never shorter than the pause, so the item is due no
-        earlier than the breaker closes.
+        probe rounds that failed (calls of one round, in flight together, count once), and
+        lasts at least the server's Retry-After. Returns the item's delay, never shorter
+        than the pause, so the item is due no earlier than the breaker closes.
         """
         now = time.time()
         if not self.paused:
-            self.paused_until = now + backoff_seconds(self.failures, self.cfg, self.rand)
+            pause = backoff_seconds(self.failures, self.cfg, self.rand)
+            self.paused_until = now + max(pause, retry_after or 0.0)
             self.failures += 1
+        elif retry_after is not None:
+            self.paused_until = max(self.paused_until, now + retry_after)
         return max(delay, self.paused_until - now)
 
     def _deferred(self, key: int, delay: float) -> None:
@@ -271,52 +274,22 @@ class Writer:
             await self.engine.members(scope, include_left=True),
             await store.records.heads(pks),
         )
-        speakers = {m.speaker_id for m in messages}
-        shown = select_heads(
-            heads,
-            speakers,
-            " ".join(m.text for m in messages),
-            token_budget=self.cfg.heads_token_budget,
-        )
-        budget = action_budget(
-            len(messages), per_message=self.cfg.budget_per_message, cap=self.cfg.budget_cap
-        )
         links = await self._links(pks, roster, messages)
-        chat, refs = render_writer_messages(roster, shown, messages, budget=budget, links=links)
         if self.paused:  # another channel's call failed while this prompt was being built
             return FlushOutcome(segment.id, scope, "paused")
+        spent = Derivation()
         try:
-            result = await self.llm.complete_json(
-                [ChatMessage(**m) for m in chat],
-                WRITER_SCHEMA,
-                schema_name="writer_actions",
-                max_tokens=self.cfg.max_tokens,
+            await self.segment_writer.derive(
+                roster, heads, messages, links, self._validator(scope), spent
             )
-            raw, parse_error = result.data, result.parse_error
-            run.prompt_tokens = result.usage.prompt_tokens
-            run.completion_tokens = result.usage.completion_tokens
             self._endpoint_ok()
-        except LLMBadOutput as exc:
-            raw, parse_error = None, f"bad response: {exc}"
-            self._endpoint_ok()  # the endpoint answered
         except LLMError as exc:
-            delay = self._endpoint_failed(backoff_seconds(segment.attempts, self.cfg, self.rand))
-            if not await store.segments.defer(segment.id, str(exc), delay, worker_id=worker_id):
-                raise LeaseLost(f"segment {segment.id}: deferral skipped ({exc})") from exc
-            self._deferred(segment.id, delay)
-            run.outcome, run.error = "deferred", str(exc)[:300]
-            run.latency_ms = (time.perf_counter() - t0) * 1000
-            await store.records.log_failed_run(segment.id, scope, run)
-            log.warning(
-                "writer: segment %d of %s deferred %.0fs (%s)", segment.id, scope, delay, exc
-            )
-            return FlushOutcome(
-                segment.id, scope, "deferred", error=str(exc), latency_ms=run.latency_ms
-            )
-        ctx = await self.validation_context(scope, messages, raw, budget)
-        by_id = {m.message_id: m for m in messages}
-        ctx.ref_map = {ref: by_id[mid] for ref, mid in refs.items() if mid in by_id}
-        report = validate_actions(raw, ctx, parse_error=parse_error)
+            run.prompt_tokens, run.completion_tokens = spent.prompt_tokens, spent.completion_tokens
+            return await self._defer(segment, run, exc, t0, worker_id)
+        report = spent.report
+        run.prompt_tokens, run.completion_tokens = spent.prompt_tokens, spent.completion_tokens
+        if spent.replans:  # reported, never silent: the run log says the prompt did not fit
+            run.error = spent.overflow_note()
         records = [a.to_new_record(writer_model=self.llm.model) for a in report.accepted]
         vectors = await self._embed(records)
         self._fill_run(run, report)
@@ -325,8 +298,8 @@ class Writer:
             segment.id, scope, records, vectors, run, worker_id=worker_id
         )
         log.info(
-            "writer: segment %d of %s: %d proposed, %d accepted, rejected %s, %d+%d tokens, "
-            "%.0f ms",
+            "writer: segment %d of %s: %d proposed, %d accepted, rejected %s, %d+%d tokens "
+            "(%.0f per 1,000 messages; %d thinking), %d call(s), %.0f ms",
             segment.id,
             scope,
             report.proposed,
@@ -334,6 +307,9 @@ class Writer:
             run.rejected,
             run.prompt_tokens,
             run.completion_tokens,
+            per_thousand(run.prompt_tokens + run.completion_tokens, len(messages)),
+            spent.thinking_tokens,
+            spent.calls,
             run.latency_ms,
         )
         return FlushOutcome(
@@ -345,6 +321,43 @@ class Writer:
             rejected=dict(run.rejected),
             record_ids=ids,
             latency_ms=run.latency_ms,
+        )
+
+    def _validator(self, scope: Scope) -> Validate:
+        """Validation of one prompt part's output against that part's refs."""
+
+        async def validate(part: PromptPart, raw: Any, parse_error: str | None) -> ValidationReport:
+            ctx = await self.validation_context(scope, part.messages, raw, part.budget)
+            by_id = {m.message_id: m for m in part.messages}
+            ctx.ref_map = {ref: by_id[mid] for ref, mid in part.refs.items() if mid in by_id}
+            return validate_actions(raw, ctx, parse_error=parse_error)
+
+        return validate
+
+    async def _defer(
+        self,
+        segment: Segment,
+        run: WriterRunLog,
+        exc: LLMError,
+        t0: float,
+        worker_id: str | None,
+    ) -> FlushOutcome:
+        """Defer a segment whose LLM call failed. An endpoint failure also pauses the whole
+        Writer (the breaker), at least as long as the server's Retry-After; a prompt that
+        did not fit the context is this segment's trouble only."""
+        store, scope = self.engine.store, segment.scope
+        delay = backoff_seconds(segment.attempts, self.cfg, self.rand)
+        if not isinstance(exc, LLMContextOverflow):
+            delay = self._endpoint_failed(delay, getattr(exc, "retry_after", None))
+        if not await store.segments.defer(segment.id, str(exc), delay, worker_id=worker_id):
+            raise LeaseLost(f"segment {segment.id}: deferral skipped ({exc})") from exc
+        self._deferred(segment.id, delay)
+        run.outcome, run.error = "deferred", str(exc)[:300]
+        run.latency_ms = (time.perf_counter() - t0) * 1000
+        await store.records.log_failed_run(segment.id, scope, run)
+        log.warning("writer: segment %d of %s deferred %.0fs (%s)", segment.id, scope, delay, exc)
+        return FlushOutcome(
+            segment.id, scope, "deferred", error=str(exc), latency_ms=run.latency_ms
         )
 
     @staticmethod
@@ -373,7 +386,7 @@ class Writer:
         for item in await store.governance.due_rederive(limit):
             if self._stopping:
                 break
-            async with self._slots, self._lock(item.scope):
+            async with self.pacer.slot(), self._lock(item.scope):
                 outcomes.append(await self._rederive(item))
         return outcomes
 
@@ -398,37 +411,19 @@ class Writer:
             await self.engine.members(scope, include_left=True),
             await store.records.heads(pks),
         )
-        shown = select_heads(
-            heads,
-            {m.speaker_id for m in messages},
-            " ".join(m.text for m in messages),
-            token_budget=self.cfg.heads_token_budget,
-        )
-        budget = action_budget(
-            len(messages), per_message=self.cfg.budget_per_message, cap=self.cfg.budget_cap
-        )
-        chat, refs = render_writer_messages(roster, shown, messages, budget=budget)
         try:
-            result = await self.llm.complete_json(
-                [ChatMessage(**m) for m in chat],
-                WRITER_SCHEMA,
-                schema_name="writer_actions",
-                max_tokens=self.cfg.max_tokens,
+            done = await self.segment_writer.derive(
+                roster, heads, messages, None, self._validator(scope)
             )
-            raw, parse_error = result.data, result.parse_error
-            self._endpoint_ok()
-        except LLMBadOutput as exc:
-            raw, parse_error = None, f"bad response: {exc}"
             self._endpoint_ok()
         except LLMError as exc:
-            delay = self._endpoint_failed(backoff_seconds(item.attempts, self.cfg, self.rand))
+            delay = backoff_seconds(item.attempts, self.cfg, self.rand)
+            if not isinstance(exc, LLMContextOverflow):
+                delay = self._endpoint_failed(delay, getattr(exc, "retry_after", None))
             await store.governance.defer_rederive(item.id, str(exc), delay)
             self._deferred(-item.id, delay)
             return FlushOutcome(-item.id, scope, "deferred", error=str(exc))
-        ctx = await self.validation_context(scope, messages, raw, budget)
-        by_id = {m.message_id: m for m in messages}
-        ctx.ref_map = {ref: by_id[mid] for ref, mid in refs.items() if mid in by_id}
-        report = validate_actions(raw, ctx, parse_error=parse_error)
+        report = done.report
         records = [a.to_new_record(writer_model=self.llm.model) for a in report.accepted]
         vectors = await self._embed(records)
         dropped: dict[str, int] = {}
@@ -463,7 +458,7 @@ class Writer:
     ) -> list[FlushOutcome]:
         """One round of a Writer worker process: claim segments, write them, commit.
 
-        `claim` leases up to `limit` (default: the concurrency) segments to `worker_id`, each
+        `claim` leases up to `limit` (default: the pacer's limit) segments to `worker_id`, each
         the oldest pending segment of its channel, so they are written in parallel and a
         channel's order holds across any number of workers. While a segment is written its
         lease is renewed every third of `lease_s` (an LLM call may outlast the lease); a
@@ -478,13 +473,15 @@ class Writer:
         now = time.time()  # forget retries that are due: the store's backoff governs claims
         self._retries = {k: t for k, t in self._retries.items() if t > now}
         store = self.engine.store
-        limit = self.cfg.concurrency if limit is None else limit
+        limit = self.pacer.limit if limit is None else limit
         segments = await store.segments.claim(worker_id, lease_s, limit=limit)
+        if segments and len(segments) >= limit:
+            self.pacer.controller.saturated()  # as many as it had slots: more may wait
         outcomes: list[FlushOutcome] = []
 
         async def one(seg: Segment) -> None:
             try:
-                async with self._slots, self._lock(seg.scope):
+                async with self.pacer.slot(), self._lock(seg.scope):
                     outcome = await self._flush_leased(seg, worker_id, lease_s)
             except asyncio.CancelledError:
                 # shielded: the release must reach the database although this task is cancelled
@@ -567,7 +564,7 @@ class Writer:
         outcomes: list[FlushOutcome] = []
 
         async def channel_worker(segments: list[Segment]) -> None:
-            async with self._slots, self._lock(segments[0].scope):
+            async with self.pacer.slot(), self._lock(segments[0].scope):
                 for seg in segments:
                     if self.paused or self._stopping:
                         break  # the endpoint just failed for another channel, or shutdown
