@@ -70,7 +70,8 @@ def scope_of(request: web.Request) -> Scope:
 
 
 def wants_html(request: web.Request) -> bool:
-    return request.method == "GET" and not request.path.startswith("/api/")
+    path = request.path
+    return request.method == "GET" and not path.startswith("/api/") and not path.endswith(".json")
 
 
 def not_found() -> web.HTTPNotFound:
