@@ -54,9 +54,7 @@ class Case:
 
 def cases(ids: dict[str, Any]) -> list[Case]:
     """The matrix; destructive requests last (each role runs on its own copy of the store)."""
-    g, leads, rnd = (
-        f"/c/{s.platform}/{s.workspace}/{s.channel}" for s in (GENERAL, LEADS, RANDOM)
-    )
+    g, leads, rnd = (f"/c/{s.platform}/{s.workspace}/{s.channel}" for s in (GENERAL, LEADS, RANDOM))
     c = "/c/{platform}/{workspace}/{channel}"
     person = "/people/{platform}/{workspace}/{user_id}"
     leads_texts = ids["leads_texts"]
@@ -101,7 +99,9 @@ def cases(ids: dict[str, Any]) -> list[Case]:
         ),
         Case("GET", c + "/graph", g + "/graph", (200, 200, 200, 404, 303)),
         Case("GET", c + "/graph", leads + "/graph", (200, 200, 404, 404, 303)),
-        Case("GET", "/records/{record_id}", f"/records/{ids['general']}", (200, 200, 200, 404, 303)),
+        Case(
+            "GET", "/records/{record_id}", f"/records/{ids['general']}", (200, 200, 200, 404, 303)
+        ),
         Case(
             "GET",
             "/records/{record_id}",
@@ -147,7 +147,11 @@ def cases(ids: dict[str, Any]) -> list[Case]:
             (200, 200, 200, 404, 303),
         ),
         Case(
-            "POST", "/people/find", "/people/find", (303, 303, 303, 404, 401), data={"w": "shell/local", "q": "bo"}
+            "POST",
+            "/people/find",
+            "/people/find",
+            (303, 303, 303, 404, 401),
+            data={"w": "shell/local", "q": "bo"},
         ),
         Case(
             "GET",
@@ -184,7 +188,9 @@ def cases(ids: dict[str, Any]) -> list[Case]:
             data={**gen_msg, "channel": "leads", "message_id": ids["leads_message"]},
             hidden=secret_leads,
         ),
-        Case("POST", "/me/forget", "/me/forget", (404, 200, 200, 404, 401), data={"w": "shell/local"}),
+        Case(
+            "POST", "/me/forget", "/me/forget", (404, 200, 200, 404, 401), data={"w": "shell/local"}
+        ),
         # ---- destructive: last
         Case(
             "POST",
@@ -196,7 +202,11 @@ def cases(ids: dict[str, Any]) -> list[Case]:
         Case("POST", c + "/memory", g + "/memory", (303, 303, 403, 404, 401), data={"on": "1"}),
         Case("POST", c + "/memory", rnd + "/memory", (303, 404, 404, 403, 401), data={"on": "1"}),
         Case(
-            "POST", "/me/opt-out", "/me/opt-out", (404, 303, 303, 404, 401), data={"w": "shell/local", "out": "0"}
+            "POST",
+            "/me/opt-out",
+            "/me/opt-out",
+            (404, 303, 303, 404, 401),
+            data={"w": "shell/local", "out": "0"},
         ),
         Case(
             "POST",
@@ -263,7 +273,9 @@ async def test_every_route_for_the_role(role: str, console_store: Path, tmp_path
         for case in cases(await _ids(rc)):
             status, body = await _request(http, rc, role, case)
             if status != case.status_for(role):
-                wrong.append(f"{case.method} {case.path}: {status}, expected {case.status_for(role)}")
+                wrong.append(
+                    f"{case.method} {case.path}: {status}, expected {case.status_for(role)}"
+                )
             for text in case.hidden.get(role, []):
                 if text in body:
                     wrong.append(f"{case.method} {case.path} shows {text!r} to {role}")
@@ -353,9 +365,13 @@ async def test_memory_off_hides_a_channel_from_members_but_not_admins(
         ) as resp:
             assert resp.status == 303
         member = rc.session("member")
-        async with http.get(rc.url + "/c/shell/local/general", headers=rc.cookie_header(member)) as r:
+        async with http.get(
+            rc.url + "/c/shell/local/general", headers=rc.cookie_header(member)
+        ) as r:
             assert r.status == 404
-        async with http.get(rc.url + "/c/shell/local/general", headers=rc.cookie_header(admin)) as r:
+        async with http.get(
+            rc.url + "/c/shell/local/general", headers=rc.cookie_header(admin)
+        ) as r:
             assert r.status == 200 and "Turn memory on" in await r.text()
         entries = await rc.console.state.governance.audit(5)
         assert entries[0]["action"] == "channel-off" and entries[0]["actor"] == "web:shell:alice"

@@ -98,7 +98,9 @@ async def build_store(db_path: Path) -> None:
             t0 = datetime(2025, 3, 20, 9, 0, tzinfo=UTC)
             for uid, name, _ in OTHER_TEXTS[:2]:
                 await bot.dispatcher.handle(
-                    RosterEvent(scope=RANDOM, action=RosterAction.JOIN, user_id=uid, name=name, at=t0)
+                    RosterEvent(
+                        scope=RANDOM, action=RosterAction.JOIN, user_id=uid, name=name, at=t0
+                    )
                 )
             for i, (uid, name, text) in enumerate(OTHER_TEXTS):
                 await bot.dispatcher.handle(

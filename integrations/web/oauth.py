@@ -130,9 +130,10 @@ class DiscordOAuth:
         nonce: str,
         known: Collection[Workspace],
     ) -> SignIn:
-        auth = aiohttp.BasicAuth(self.client_id, self.client_secret.get_secret_value())
+        pair = f"{self.client_id}:{self.client_secret.get_secret_value()}".encode()
+        headers = {"Authorization": "Basic " + base64.b64encode(pair).decode()}
         form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
-        async with http.post(f"{self.api_url}/oauth2/token", data=form, auth=auth) as resp:
+        async with http.post(f"{self.api_url}/oauth2/token", data=form, headers=headers) as resp:
             grant = await _json(resp, "Discord's token exchange")
         token = grant.get("access_token") if isinstance(grant, Mapping) else None
         if not isinstance(token, str) or not token:
