@@ -9,9 +9,10 @@ they go through `memory.governance.service.Governance`, with its cascade, audit 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from memory.engine import MemoryEngine, SearchMode
@@ -23,6 +24,10 @@ from memory.store import Store
 from memory.store.console import PersonCounts, PersonRow
 from memory.store.diagnostics import last_writer_run
 
+log = logging.getLogger(__name__)
+
+COUNTS_TTL_S = 30.0
+"""How old the channels' message, record and member counts may get before a recount."""
 LLM_PROBE_TTL_S = 30.0
 """How long an LLM reachability answer is reused (the overview must not wait on the LLM)."""
 LLM_PROBE_TIMEOUT_S = 2.0
@@ -133,6 +138,47 @@ class _ProbeCache:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+class _CountSnapshot:
+    """The channels' counts, recounted in the background once older than `COUNTS_TTL_S`: a
+    page waits for a count only when there is none yet (or a channel is new to it)."""
+
+    def __init__(self, count: Callable[[], Awaitable[dict[Scope, ChannelSummary]]]) -> None:
+        self._count = count
+        self._value: dict[Scope, ChannelSummary] | None = None
+        self._at = float("-inf")
+        self._lock = asyncio.Lock()
+        self._refresh: asyncio.Task[None] | None = None
+
+    def drop(self) -> None:
+        self._value = None
+
+    async def get(self, wanted: set[Scope]) -> dict[Scope, ChannelSummary]:
+        value = self._value
+        if value is None or not wanted <= value.keys():
+            return await self._recount(value)
+        if time.monotonic() - self._at > COUNTS_TTL_S and (
+            self._refresh is None or self._refresh.done()
+        ):
+            self._refresh = asyncio.create_task(self._background(), name="console-counts")
+        return value
+
+    async def _recount(
+        self, seen: dict[Scope, ChannelSummary] | None
+    ) -> dict[Scope, ChannelSummary]:
+        async with self._lock:
+            if self._value is not None and self._value is not seen:
+                return self._value  # another request recounted meanwhile
+            self._value = await self._count()
+            self._at = time.monotonic()
+            return self._value
+
+    async def _background(self) -> None:
+        try:
+            await self._recount(self._value)
+        except Exception:  # the old counts stay; the next page tries again
+            log.warning("console: recounting the channels failed", exc_info=True)
+
+
 class ConsoleReads:
     """Read-only views over the engine's store for the console's pages."""
 
@@ -147,6 +193,7 @@ class ConsoleReads:
         self.link = link
         self.llm_probe = llm_probe
         self._probe = _ProbeCache()
+        self._counts = _CountSnapshot(self._count_channels)
 
     @property
     def _store(self) -> Store:
@@ -164,42 +211,59 @@ class ConsoleReads:
         return list(await self._store.channels.readable_channels(platform, workspace, user_id))
 
     async def all_channels(self) -> list[Scope]:
-        return [c["scope"] for c in await self._store.channels.all()]
+        """Every channel the store knows (no counting: cheap on every request)."""
+        return [scope for _, scope in await self._store.governance.channels_with_pk()]
+
+    async def _count_channels(self) -> dict[Scope, ChannelSummary]:
+        """Each channel with its message, record and member counts (a few hundred ms on a
+        channel of a million messages: what `_CountSnapshot` keeps off the page's path)."""
+        records = await self._store.console.active_records_per_channel()
+        return {
+            c["scope"]: ChannelSummary(
+                scope=c["scope"],
+                name=c["name"],
+                is_private=bool(c["is_private"]),
+                on=True,
+                messages=int(c["messages"]),
+                records=records.get(int(c["pk"]), 0),
+                members=int(c["members"]),
+            )
+            for c in await self._store.channels.all()
+        }
 
     # ---- channels -----------------------------------------------------------------------
 
     async def channels(self, scopes: Iterable[Scope]) -> list[ChannelSummary]:
-        """Summaries of the given channels the store knows, by workspace then name."""
+        """Summaries of the given channels the store knows, by workspace then name. The
+        counts are the latest snapshot (at most `COUNTS_TTL_S` old); memory on/off is now."""
         wanted = set(scopes)
         if not wanted:
             return []
-        rows = [c for c in await self._store.channels.all() if c["scope"] in wanted]
-        records = await self._store.console.active_records_per_channel()
+        snapshot = await self._counts.get(wanted)
+        rows = [row for scope, row in snapshot.items() if scope in wanted]
         default_on = self.engine.config.governance.channel_default_enabled
         switches: dict[Scope, bool | None] = {}
         by_workspace: dict[tuple[str, str], list[Scope]] = {}
-        for c in rows:
-            s: Scope = c["scope"]
-            by_workspace.setdefault((s.platform, s.workspace), []).append(s)
+        for row in rows:
+            by_workspace.setdefault((row.scope.platform, row.scope.workspace), []).append(row.scope)
         for (platform, workspace), group in by_workspace.items():
             found = await self._store.governance.channel_switches(
                 platform, workspace, [s.channel for s in group]
             )
             switches.update({s: found.get(s.channel) for s in group})
         out = [
-            ChannelSummary(
-                scope=c["scope"],
-                name=c["name"],
-                is_private=bool(c["is_private"]),
-                on=channel_enabled(switches.get(c["scope"]), default_on),
-                messages=int(c["messages"]),
-                records=records.get(int(c["pk"]), 0),
-                members=int(c["members"]),
-            )
-            for c in rows
+            replace(row, on=channel_enabled(switches.get(row.scope), default_on)) for row in rows
         ]
         out.sort(key=lambda c: (c.scope.platform, c.scope.workspace, c.label.lower()))
         return out
+
+    def counts_changed(self) -> None:
+        """Forget the count snapshot (after a forget or purge: the next page recounts)."""
+        self._counts.drop()
+
+    async def warm(self) -> None:
+        """Take the first count snapshot (the console does this as it starts)."""
+        await self._counts.get(set())
 
     async def channel(self, scope: Scope) -> ChannelDetail | None:
         """One channel's state: memory on/off, retention, last message, catch-up cursors."""
@@ -262,16 +326,8 @@ class ConsoleReads:
         self, scopes: Sequence[Scope], person: str, *, limit: int = 50, offset: int = 0
     ) -> tuple[list[DerivedRecord], int]:
         """A page of the active records about or from `person` in these channels."""
-        records: list[DerivedRecord] = []
-        total = 0
-        for pk in await self.engine.channel_pks(scopes):
-            page, n = await self._store.console.person_records(
-                pk, person, limit=limit + offset, offset=0
-            )
-            records.extend(page)
-            total += n
-        records.sort(key=lambda r: (r.time, r.id), reverse=True)
-        return records[offset : offset + limit], total
+        pks = await self.engine.channel_pks(scopes)
+        return await self._store.console.person_records(pks, person, limit=limit, offset=offset)
 
     async def record(self, record_id: int) -> RecordView | None:
         """A record with its cited messages (and their permalinks) and its update chain."""

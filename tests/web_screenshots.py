@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 async def shoot(out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+    """Build the store, sign in, and save each page to `out` (an existing folder)."""
     written: list[Path] = []
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "console.db"
@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if why is not None:
         print(f"cannot take screenshots: {why}", file=sys.stderr)
         return 2
+    args.out.mkdir(parents=True, exist_ok=True)
     for path in asyncio.run(shoot(args.out)):
         print(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
     return 0

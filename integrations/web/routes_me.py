@@ -32,15 +32,28 @@ def _mine(viewer: Viewer, value: str | None) -> tuple[str, str, str]:
 
 
 async def me(request: web.Request) -> web.StreamResponse:
+    """What the bot holds about me in the channels I can read now (`/memory mine`, cut to
+    those channels: the counts too)."""
     viewer = await guard(request)
-    governance = request.app[STATE].governance
+    state = request.app[STATE]
     held = []
     for m in viewer.session.principal.memberships:
         readable = viewer.can.channels_in(m.platform, m.workspace)
-        data = await governance.mine(
-            m.platform, m.workspace, m.user_id, readable=readable, limit=MINE_LIMIT
+        records, total = await state.reads.person_records(readable, m.user_id, limit=MINE_LIMIT)
+        _, messages = await state.reads.speaker_messages(readable, m.user_id, limit=0)
+        held.append(
+            {
+                "platform": m.platform,
+                "workspace": m.workspace,
+                "admin": m.admin,
+                "records": records,
+                "total_records": total,
+                "messages": messages,
+                "opted_out": await state.governance.is_opted_out(
+                    m.platform, m.workspace, m.user_id
+                ),
+            }
         )
-        held.append({"platform": m.platform, "workspace": m.workspace, "admin": m.admin, **data})
     return render(request, "me.html", page(viewer, held=held))
 
 
@@ -102,9 +115,11 @@ async def forget_me(request: web.Request) -> web.StreamResponse:
 async def forget_me_confirm(request: web.Request) -> web.StreamResponse:
     viewer = await guard(request)
     platform, workspace, user_id = _mine(viewer, str(viewer.form.get("w") or ""))
-    receipt = await request.app[STATE].governance.forget_user(
+    state = request.app[STATE]
+    receipt = await state.governance.forget_user(
         platform, workspace, user_id, actor=viewer.actor(), action="forget-me"
     )
+    state.reads.counts_changed()
     return render(
         request, "receipt.html", page(viewer, title="Forgotten", receipt=receipt, back="/me")
     )

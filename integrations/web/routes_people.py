@@ -213,12 +213,12 @@ async def forget_message(request: web.Request) -> web.StreamResponse:
 
 async def forget_message_confirm(request: web.Request) -> web.StreamResponse:
     viewer, scope, message_id = await _message_target(request)
+    state = request.app[STATE]
     try:
-        receipt = await request.app[STATE].governance.forget_message(
-            scope, message_id, actor=viewer.actor()
-        )
+        receipt = await state.governance.forget_message(scope, message_id, actor=viewer.actor())
     except GovernanceError:
         raise not_found() from None
+    state.reads.counts_changed()
     return render(
         request,
         "receipt.html",

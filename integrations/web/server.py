@@ -8,6 +8,8 @@ login limits are `integrations.web.sessions`; who sees what is `integrations.web
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -166,6 +168,7 @@ class WebConsole:
         )
         self.app = build_app(self.state)
         self._runner: web.AppRunner | None = None
+        self._warm: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
@@ -189,6 +192,7 @@ class WebConsole:
         if sockets:
             self.port = sockets[0].getsockname()[1]
         self.state.public_url = self.url
+        self._warm = asyncio.create_task(self.state.reads.warm(), name="console-warm")
         log.info("web console on %s (bound to %s:%s)", self.url, self.host, self.port)
         if self.out is not None:
             self._announce(self.out)
@@ -210,6 +214,11 @@ class WebConsole:
         out.flush()
 
     async def stop(self) -> None:
+        if self._warm is not None:
+            self._warm.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warm
+            self._warm = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -76,18 +76,22 @@ class ConsoleRepo:
         return out
 
     async def person_records(
-        self, channel_pk: int, person: str, *, limit: int, offset: int = 0
+        self, channel_pks: Sequence[int], person: str, *, limit: int, offset: int = 0
     ) -> tuple[list[DerivedRecord], int]:
-        """A page of the channel's active records about or from `person`, newest first, and
-        how many there are in all."""
+        """A page of these channels' active records about or from `person`, newest first,
+        and how many there are in all."""
+        if not channel_pks:
+            return [], 0
+        marks, pks = in_list(channel_pks)
         where = (
-            "FROM records WHERE channel_pk = ? AND state = 'active' AND (owner = ? OR source = ?)"
+            f"FROM records WHERE channel_pk IN ({marks}) AND state = 'active'"
+            " AND (owner = ? OR source = ?)"
         )
-        params = (channel_pk, person, person)
+        params = [*pks, person, person]
         total = await self.db.read(f"SELECT count(*) {where}", params)
         rows = await self.db.read(
             f"SELECT {RECORD_COLUMNS} {where} ORDER BY time DESC, id DESC LIMIT ? OFFSET ?",
-            (*params, limit, offset),
+            [*params, limit, offset],
         )
         return [record_from_row(r) for r in rows], int(total[0][0])
 
