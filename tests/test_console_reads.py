@@ -177,3 +177,22 @@ async def test_health_reads_the_queue_and_probes_the_llm_once_per_ttl(engine: Me
     assert first.llm_configured and first.llm_reachable is True and calls == 1
     assert second.db_bytes > 0 and first.writer_pending >= 0
     assert (await ConsoleReads(engine).health()).llm_reachable is None
+
+
+async def test_counts_come_from_a_snapshot_recounted_in_the_background(
+    engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _store(engine)
+    reads = ConsoleReads(engine)
+    assert (await reads.channels([GEN]))[0].messages == 4
+    await engine.ingest(msg(GEN, "m5", "Cy", "one more about the picnic", 20))
+    assert (await reads.channels([GEN]))[0].messages == 4  # the snapshot, fresh enough
+    monkeypatch.setattr("memory.console.COUNTS_TTL_S", 0.0)
+    assert (await reads.channels([GEN]))[0].messages == 4  # stale: served, recount started
+    refresh = reads._counts._refresh
+    assert refresh is not None
+    await refresh
+    assert (await reads.channels([GEN]))[0].messages == 5
+    await Governance(engine).forget_message(GEN, "m5", actor="t")
+    reads.counts_changed()
+    assert (await reads.channels([GEN]))[0].messages == 4  # dropped: counted again now

@@ -375,3 +375,29 @@ async def test_memory_off_hides_a_channel_from_members_but_not_admins(
             assert r.status == 200 and "Turn memory on" in await r.text()
         entries = await rc.console.state.governance.audit(5)
         assert entries[0]["action"] == "channel-off" and entries[0]["actor"] == "web:shell:alice"
+
+
+async def test_a_forgotten_message_leaves_the_counts_at_once(
+    console_store: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    db = copy_store(console_store, tmp_path)
+    async with (
+        running_console(db) as rc,
+        aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http,
+    ):
+        admin = rc.session("admin")
+        assert admin is not None
+        headers = rc.cookie_header(admin)
+        async with http.get(rc.url + "/api/channels", headers=headers) as resp:
+            before = {c["channel"]: c["messages"] for c in await resp.json()}
+        form = {"platform": "shell", "workspace": "local", "channel": "general"}
+        async with http.post(
+            rc.url + "/messages/forget/confirm",
+            data={**form, "message_id": "g031", "csrf": admin.csrf},
+            headers=headers,
+        ) as resp:
+            assert resp.status == 200 and "messages 1" in await resp.text()
+        async with http.get(rc.url + "/api/channels", headers=headers) as resp:
+            after = {c["channel"]: c["messages"] for c in await resp.json()}
+        assert after[str(GENERAL)] == before[str(GENERAL)] - 1
