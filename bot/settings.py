@@ -172,6 +172,23 @@ class Settings(BaseSettings):
     ops_host: str = "0.0.0.0"
     ops_port: int | None = Field(default=None, ge=0, le=65535)
 
+    # web console (integrations/web): `speakermem web`, or inside `run` when a port is set
+    web_host: str = "127.0.0.1"
+    web_port: int | None = Field(default=None, ge=0, le=65535)
+    web_admin_token: SecretStr | None = None
+    """The operator's sign-in token; unset = a new random one each start, printed as a link."""
+    web_public_url: str | None = None
+    """The console's address as browsers see it (behind a proxy); https makes cookies Secure."""
+    web_session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
+    web_login_attempts: int = Field(default=10, ge=1, le=10_000)
+    """Sign-in attempts allowed per client address per minute."""
+    web_discord_client_id: str | None = None
+    web_discord_client_secret: SecretStr | None = None
+    web_discord_authorize_url: str = "https://discord.com/oauth2/authorize"
+    web_slack_client_id: str | None = None
+    web_slack_client_secret: SecretStr | None = None
+    web_slack_authorize_url: str = "https://slack.com/openid/connect/authorize"
+
     @field_validator("discord_shard_ids", mode="before")
     @classmethod
     def _parse_shard_ids(cls, value: Any) -> Any:

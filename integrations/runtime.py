@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from typing import Protocol
+import sys
+from typing import TYPE_CHECKING, Protocol
 
 from bot.dispatch import Dispatcher
 from bot.health import LLMHealth
@@ -24,9 +25,15 @@ from integrations.ops.heap import fix_mmap_threshold, trim_every
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
 from integrations.recall_processes import RecallProcesses
+from memory.console import ConsoleReads
+from memory.engine import MemoryEngine
 from memory.governance.service import Governance
+from memory.ports import LLM
 from memory.query.pipeline import Recaller, RecallPipeline
 from memory.writer.runner import Writer
+
+if TYPE_CHECKING:
+    from integrations.web.server import WebConsole
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +110,32 @@ def build_adapters(settings: Settings, dispatcher: Dispatcher, engine: object) -
 
             adapters.append(DiscordAdapter(settings, dispatcher, engine))  # type: ignore[arg-type]
     return adapters
+
+
+async def start_console(
+    settings: Settings,
+    engine: MemoryEngine,
+    governance: Governance,
+    recaller: Recaller,
+    llm: LLM | None,
+) -> WebConsole | None:
+    """The web console on SPEAKERMEM_WEB_PORT beside the bot (None when unset), over the
+    bot's own governance (one audit log) and recall path."""
+    if settings.web_port is None:
+        return None
+    from integrations.web.server import WebConsole
+
+    probe = llm_probe(llm) if llm is not None else None
+    console = WebConsole(
+        settings,
+        ConsoleReads(engine, llm_probe=probe),
+        governance,
+        recaller=recaller,
+        port=settings.web_port,
+        out=sys.stdout,
+    )
+    await console.start()
+    return console
 
 
 async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
@@ -186,6 +219,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                 port=settings.ops_port,
             )
             await ops.start()  # before the adapters: a probe sees 503 until they connect
+        web = await start_console(settings, engine, governance, recaller, llm)
         started: list[Adapter] = []
         try:
             for adapter in adapters:
@@ -227,6 +261,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             await engine.stop_background_interactions()
             if ops is not None:
                 await ops.stop()
+            if web is not None:
+                await web.stop()
     if exit_code:
         log.error("stopped after a platform connection failed (exit %d)", exit_code)
         return exit_code

@@ -105,6 +105,7 @@ def _register_extra() -> None:
         commands_platform,
         commands_recall,
         commands_run,
+        commands_web,
         commands_worker,
         commands_writer,
     )
@@ -122,6 +123,7 @@ def _register_extra() -> None:
             commands_ops.register,
             commands_governance.register,
             commands_migrate.register,
+            commands_web.register,
         ]
     )
 

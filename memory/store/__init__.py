@@ -5,6 +5,7 @@ from __future__ import annotations
 from memory.config import StoreConfig
 from memory.store.catchup import CatchupRepo
 from memory.store.channels import ChannelRepo
+from memory.store.console import ConsoleRepo
 from memory.store.database import Database, StoreBusy, StoreError
 from memory.store.driver import DriverUnavailable, pick_driver, stdlib_can_load_extensions
 from memory.store.forget_jobs import ForgetJob, ForgetJobRepo
@@ -49,6 +50,7 @@ class Store:
         self.governance = GovernanceRepo(self.db, self.channels)
         self.interactions = InteractionRepo(self.db)
         self.catchup = CatchupRepo(self.db)
+        self.console = ConsoleRepo(self.db, self.channels)
         self.locks = JobLocks()
         self.tombstones = TombstoneRepo(self.db, self.channels)
         self.forget_jobs = ForgetJobRepo(self.db)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memory.config import StoreConfig
 from memory.store import Store
+from memory.store.console import ConsoleRepo
 from memory.store.forget_jobs import ForgetJobRepo
 from memory.store.pg.catchup import PgCatchupRepo
 from memory.store.pg.channels import PgChannelRepo
@@ -34,6 +35,7 @@ class PgStore(Store):
         self.governance = PgGovernanceRepo(self.db, self.channels)
         self.interactions = PgInteractionRepo(self.db)
         self.catchup = PgCatchupRepo(self.db)
+        self.console = ConsoleRepo(self.db, self.channels)
         self.locks = PgJobLocks(self.db)
         self.tombstones = TombstoneRepo(self.db, self.channels)
         self.forget_jobs = ForgetJobRepo(self.db)

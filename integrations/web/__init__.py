@@ -1,0 +1,1 @@
+"""The web console: see, search and govern what the bot remembers (`speakermem web`)."""
