@@ -149,7 +149,9 @@ def _machine_specific(field: FieldInfo) -> bool:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """A table cell: pipes escaped, except inside code spans (the table reads those whole)."""
+    parts = text.split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def settings_page() -> str:
@@ -395,7 +397,7 @@ def commands_page() -> str:
         usage = f"/memory {sub.name}{' ' + sub.args if sub.args else ''}"
         who = "admin" if sub.admin_only else "member"
         confirm = "yes" if sub.destructive else "no"
-        out.append(f"| `{_cell(usage)}` | {who} | {confirm} | {_cell(sub.description)} |")
+        out.append(f"| {_cell(f'`{usage}`')} | {who} | {confirm} | {_cell(sub.description)} |")
     out += [
         "",
         "## As Discord registers them",

@@ -26,7 +26,7 @@ NO_LLM_HINT = (
     "OpenAI-compatible endpoint, e.g.\n"
     "  SPEAKERMEM_LLM_BASE_URL=http://localhost:11434/v1 SPEAKERMEM_LLM_MODEL=qwen2.5:7b-instruct "
     "SPEAKERMEM_LLM_STRUCTURED_MODE=json_object speakermem demo\n"
-    "(README: 'Which Writer model')."
+    "(docs/guides/writer-model.md: which model, and where to run it)."
 )
 
 
