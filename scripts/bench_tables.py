@@ -105,7 +105,8 @@ def render_field(text: str, scope: Any, where: str) -> str:
     try:
         return format(value, spec)
     except (TypeError, ValueError) as exc:
-        raise BenchDataError(f"{where}: {expr!r} = {value!r} does not format as {spec!r}: {exc}")
+        msg = f"{where}: {expr!r} = {value!r} does not format as {spec!r}: {exc}"
+        raise BenchDataError(msg) from None
 
 
 def _has(field: str, item: Any) -> bool:
