@@ -26,8 +26,8 @@ class StoreConfig(BaseModel):
     --db is set)."""
     db_url: SecretStr | None = None
     """postgresql://user:password@host/db puts the memory in PostgreSQL + pgvector instead of
-    the SQLite file, shared by several bot processes and Writer workers (install the
-    `postgres` extra); unset keeps SQLite. A secret: shown masked."""
+    the SQLite file, shared by several bot processes and Writer workers (install the driver
+    with `bash deploy/install.sh --postgres`); unset keeps SQLite. A secret: shown masked."""
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = "auto"
     """auto: Python's sqlite3 when it can load extensions, else the bundled sqlean.py; or
     force stdlib or sqlean."""

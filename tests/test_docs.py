@@ -32,6 +32,12 @@ def test_readme_is_at_most_200_lines() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
 
+def test_no_path_from_a_development_machine() -> None:
+    machine = re.compile(r"/work/|/home/\w|/root\b|/Users/|/tmp/")
+    found = [f"{p.relative_to(ROOT)}: {m}" for p in PAGES for m in machine.findall(p.read_text())]
+    assert not found, found
+
+
 # ---- links ----------------------------------------------------------------------------------
 
 
