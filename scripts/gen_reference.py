@@ -136,16 +136,15 @@ def default_value(field: FieldInfo) -> str | None:
         return _number(value)
     if isinstance(value, tuple):
         return ",".join(map(str, value))
-    text = str(value)
-    home = str(Path.home())
-    if isinstance(value, Path) and text.startswith(home + "/"):
-        return "~" + text[len(home) :]
-    return text
+    if _machine_specific(field):
+        return f"~/{value.relative_to(Path.home())}"
+    return str(value)
 
 
 def _machine_specific(field: FieldInfo) -> bool:
+    """A default under the home directory of whoever runs this (written with `~`)."""
     value = field.get_default(call_default_factory=True)
-    return isinstance(value, Path) and str(value).startswith(str(Path.home()) + "/")
+    return isinstance(value, Path) and value.is_relative_to(Path.home())
 
 
 def _cell(text: str) -> str:
