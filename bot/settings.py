@@ -185,7 +185,8 @@ class Settings(BaseSettings):
     """Total number of shards across all processes; set it to use the auto-sharded client (large
     bots)."""
     discord_shard_ids: Annotated[tuple[int, ...] | None, NoDecode] = None
-    """Shards this process runs ("0-3", "0,2"); needs discord_shard_count. None = all."""
+    """Shards this process runs, e.g. 0-3 or 0,2 (within the shard count; one range per process
+    when several processes share the shards); unset = all shards in this process."""
 
     # governance (issue 8): defaults are GovernanceConfig's
     channel_default_enabled: bool = inherit(GovernanceConfig, "channel_default_enabled")
