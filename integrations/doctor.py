@@ -134,7 +134,7 @@ def settings_checks(settings: Settings) -> list[Check]:
             bool(platforms),
             ", ".join(platforms) or "none: `run` needs one; `shell` and `demo` do not",
             "set SPEAKERMEM_SLACK_BOT_TOKEN (+ signing secret or app token) or "
-            "SPEAKERMEM_DISCORD_TOKEN (README: Setting up the platforms)",
+            "SPEAKERMEM_DISCORD_TOKEN (docs/getting-started/slack.md, discord.md)",
             bad="warn",
         )
     )
@@ -350,8 +350,8 @@ async def llm_checks(settings: Settings) -> list[Check]:
                 name="configured",
                 status="warn",
                 detail="no LLM: the Writer is off; /recall answers extractively from System 1",
-                fix="set SPEAKERMEM_LLM_BASE_URL and SPEAKERMEM_LLM_MODEL (README: Which Writer "
-                "model)",
+                fix="set SPEAKERMEM_LLM_BASE_URL and SPEAKERMEM_LLM_MODEL "
+                "(docs/guides/writer-model.md)",
             )
         ]
     import openai

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from memory.writer.gate import (
     DEFAULT_DENSE_THRESHOLD,
@@ -20,22 +20,29 @@ from memory.writer.gate import (
 
 
 class StoreConfig(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
     db_path: Path = Path("speakermem.db")
+    """The SQLite file (`speakermem demo` and `shell` use ./speakermem-demo.db unless this or
+    --db is set)."""
     db_url: SecretStr | None = None
-    """postgresql://... selects the PostgreSQL backend (memory.store.pg); None keeps the
-    SQLite file at `db_path`. Secret: the URL may carry a password."""
+    """postgresql://user:password@host/db puts the memory in PostgreSQL + pgvector instead of
+    the SQLite file, shared by several bot processes and Writer workers (install the driver
+    with `bash deploy/install.sh --postgres`); unset keeps SQLite. A secret: shown masked."""
     sqlite_driver: Literal["auto", "stdlib", "sqlean"] = "auto"
+    """auto: Python's sqlite3 when it can load extensions, else the bundled sqlean.py; or
+    force stdlib or sqlean."""
     readers: int = Field(default=4, ge=1, le=16)
     """Reader connections: /recall runs its rankings concurrently, one per connection."""
+    # Why one budget per process: per-connection caches (8 MiB each, five per process) let a
+    # bot under steady traffic grow for five minutes, three processes filling 120 MiB of
+    # them. At 8 MiB a recall process, which reads only the channels it is asked about,
+    # still filled its budget until ~2½ minutes into bench/bench_load.py (+2.7 MB each over
+    # the last three); at 4 it is full by the second and /recall was no slower (p95 150-183
+    # ms against 171-184, MiniLM, two recall processes).
     cache_mib: int = Field(default=4, ge=1, le=4096)
     """SQLite memory of one process (its writer and readers together), in MiB: the page
     caches share it, so memory levels off once it is used (the OS page cache still serves
-    re-reads). Per-connection caches (8 MiB each, five per process) let a bot under steady
-    traffic grow for five minutes, three processes filling 120 MiB of them. At 8 MiB a
-    recall process, which reads only the channels it is asked about, still filled its
-    budget until ~2½ minutes into bench/bench_load.py (+2.7 MB each over the last three);
-    at 4 it is full by the second and /recall was no slower (p95 150-183 ms against
-    171-184, MiniLM, two recall processes)."""
+    re-reads)."""
     busy_timeout_ms: int = Field(default=5_000, ge=0)
     lock_wait_s: float = Field(default=60.0, gt=0, le=3600)
     """How long a write waits for another process's write lock (a backup, a CLI import)
@@ -52,22 +59,30 @@ class StoreConfig(BaseModel):
 
 
 class IngestConfig(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
     session_gap_minutes: float = Field(default=30.0, gt=0)
+    """Idle minutes that start a new session and close the channel's Writer segment."""
     segment_window: int = Field(default=25, ge=1, le=500)
+    """Messages per Writer segment."""
 
 
 class SearchConfig(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
     rrf_k0: int = Field(default=60, ge=1)
+    """RRF constant of `speakermem search`'s hybrid fusion."""
     lexical_weight: float = Field(default=1.0, ge=0)
     dense_weight: float = Field(default=1.0, ge=0)
     pool: int = Field(default=40, ge=1, le=1000)
 
 
 class RecallConfig(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
     """/recall budgets (SPEC §5 defaults: recall-n=40, top-k=10, S2 k=2, source-k=1, no ASK)."""
 
     pool: int = Field(default=40, ge=1, le=1000)
+    """Candidates /recall (and search) draw from each ranking (SPEC recall-n)."""
     top_k: int = Field(default=10, ge=1, le=100)
+    """Verbatim messages kept as evidence (SPEC top-k)."""
     rrf_k0: int = Field(default=20, ge=1)
     """RRF constant of the recall fusion (SPEC's 60 is kept for the hybrid `search`)."""
     session_aggregate_top: int = Field(default=10, ge=1)
@@ -90,16 +105,23 @@ class RecallConfig(BaseModel):
     fallback_expand_anchors: int = Field(default=0, ge=0, le=10)
     """Anchors expanded without an LLM (measured: expanding the top hits blindly hurt)."""
     expand_radius: int = Field(default=1, ge=0, le=10)
+    """Neighbouring turns added on each side of an expanded anchor."""
     ask: bool = False
+    """ASK: one extra search when the LLM judges the evidence insufficient."""
     s2_k: int = Field(default=2, ge=0, le=20)
+    """System 2 records per row (a person or GROUP)."""
     s2_source_k: int = Field(default=1, ge=0, le=20)
+    """Records a row's person provided about others."""
     s2_fallback_messages: int = Field(default=2, ge=0, le=20)
     s2_max_people: int = Field(default=5, ge=1, le=50)
     """PERSON rows read for one question: an ALL question reads the people most relevant to
     it (speakers of the top evidence, people it mentions, owners of matching records), never
     the whole roster; named people beyond this are left out (and --explain says so)."""
     scope: Literal["channel", "workspace"] = "channel"
+    """channel: answer only from the channel asked in; workspace: also from other public
+    channels the asker can read (a private channel never answers outside itself)."""
     answer_max_tokens: int = Field(default=400, ge=16)
+    """Longest answer the LLM may write, in tokens."""
     dense_oversample_fraction: float = Field(default=0.0, ge=0, le=1)
     """The dense ranking's share of a large partition as coarse candidates (the store's
     default applies to `search`); 0 keeps the fixed `dense_oversample`."""
@@ -139,9 +161,13 @@ class RecallConfig(BaseModel):
 
 
 class WriterConfig(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
     budget_per_message: int = Field(default=2, ge=1)
+    """Writer actions allowed per message of a segment."""
     budget_cap: int = Field(default=40, ge=1)
+    """Writer actions allowed per segment at most."""
     heads_token_budget: int = Field(default=1500, ge=0)
+    """Token budget of the current System 2 heads shown to the Writer with each segment."""
     concurrency: int = Field(default=2, ge=1, le=64)
     """LLM calls at once to start with; the Writer adapts it (memory/writer/pacing.py)."""
     max_concurrency: int = Field(default=32, ge=1, le=256)
@@ -149,7 +175,9 @@ class WriterConfig(BaseModel):
     a server that says how many it serves at once lowers it). Set it to `concurrency` for
     a fixed number."""
     retry_base_s: float = Field(default=30.0, gt=0)
+    """First retry delay, in seconds, of a segment whose LLM call failed; doubles each time."""
     retry_max_s: float = Field(default=1800.0, gt=0)
+    """Longest retry delay, in seconds: bounds the wait after a long LLM outage."""
     max_tokens: int = Field(default=2048, ge=64)
     prompt_price_per_mtok: float = Field(default=0.0, ge=0)
     """What the endpoint charges per million prompt tokens (USD), for the cost in `status`
@@ -157,11 +185,17 @@ class WriterConfig(BaseModel):
     completion_price_per_mtok: float = Field(default=0.0, ge=0)
     """The same per million completion tokens (thinking included)."""
     gate_mode: GateMode = DEFAULT_GATE_MODE
+    """Evidence gate: does a proposed record's content overlap its cited messages? lexical,
+    dense, either or both."""
     gate_lexical_threshold: float = Field(default=DEFAULT_LEXICAL_THRESHOLD, ge=0, le=1)
+    """Lexical gate threshold: the share of the record's content words its cited messages
+    contain (calibrated on LoCoMo by bench/calibrate_gate.py)."""
     gate_dense_threshold: float = Field(default=DEFAULT_DENSE_THRESHOLD, ge=-1, le=1)
+    """Dense gate threshold: cosine between the record and its cited messages."""
 
 
 class GovernanceConfig(BaseModel):
+    model_config = ConfigDict(use_attribute_docstrings=True)
     """What admins and members control (issue 8)."""
 
     channel_default_enabled: bool = True

@@ -254,7 +254,7 @@ def test_speakermem_shell_reads_a_piped_script(tmp_path: Path) -> None:
     env = {**os.environ, "SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
     proc = subprocess.run(
         [sys.executable, "-m", "integrations.cli.main", "--db", str(tmp_path / "s.db"), "shell"],
-        input="n\n/as alice\nThe offsite is in Lisbon.\n/recall where is the offsite?\n",
+        input="/as alice\nThe offsite is in Lisbon.\n/recall where is the offsite?\n",
         capture_output=True,
         text=True,
         env=env,
@@ -263,3 +263,53 @@ def test_speakermem_shell_reads_a_piped_script(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "Lisbon" in proc.stdout and "[1] Alice · #general" in proc.stdout
+
+
+def _shell_cmd(db: Path) -> list[str]:
+    return [sys.executable, "-m", "integrations.cli.main", "--db", str(db), "shell"]
+
+
+SHELL_ENV = {"SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
+
+
+def test_piped_script_on_an_empty_database_runs_its_first_line(tmp_path: Path) -> None:
+    """`speakermem shell < session.txt`: no demo offer eats the first command."""
+    proc = subprocess.run(
+        _shell_cmd(tmp_path / "empty.db"),
+        input="/as carol\nThe offsite is in Lisbon.\n/who\n",
+        capture_output=True,
+        text=True,
+        env={**os.environ, **SHELL_ENV},
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Load the demo" not in proc.stdout
+    assert "you are now Carol (carol)" in proc.stdout
+    assert "#general (public): Carol" in proc.stdout
+
+
+def test_terminal_on_an_empty_database_is_offered_the_demo(tmp_path: Path) -> None:
+    """On a terminal the shell still asks, and the answer line is taken as the answer."""
+    import pty
+
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            _shell_cmd(tmp_path / "empty.db"),
+            stdin=follower,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **SHELL_ENV},
+            cwd=tmp_path,
+        )
+        os.close(follower)
+        os.write(leader, b"n\n/as carol\n/quit\n")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.close(leader)
+    assert proc.returncode == 0, err
+    assert "is empty. Load the demo conversation" in out
+    assert "you are now Carol (carol)" in out
+    assert "Loaded 227 messages" not in out  # "n" declined it

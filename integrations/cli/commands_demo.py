@@ -26,7 +26,7 @@ NO_LLM_HINT = (
     "OpenAI-compatible endpoint, e.g.\n"
     "  SPEAKERMEM_LLM_BASE_URL=http://localhost:11434/v1 SPEAKERMEM_LLM_MODEL=qwen2.5:7b-instruct "
     "SPEAKERMEM_LLM_STRUCTURED_MODE=json_object speakermem demo\n"
-    "(README: 'Which Writer model')."
+    "(docs/guides/writer-model.md: which model, and where to run it)."
 )
 
 
@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         help="chat in the terminal: post as anyone, in any channel, and ask /recall",
         description="A terminal chat adapter on the same events, dispatcher, Writer scheduler "
         "and /recall as Slack and Discord. Reads lines from stdin, so it can be scripted. "
-        "Uses ./speakermem-demo.db unless --db is given; offers the demo on an empty one.",
+        "Uses ./speakermem-demo.db unless --db is given; on a terminal, offers the demo on an "
+        "empty one.",
     )
     common(p)
     p.add_argument(
@@ -212,7 +213,9 @@ async def open_shell(
 async def cmd_shell(settings: Settings, args: argparse.Namespace) -> int:
     settings = local_settings(settings)
     _quiet_logs(args)
+    # Offer the demo only to someone at a terminal: a piped script's first line is a command.
+    offer = sys.stdin.isatty()
     async with local_bot(settings, background=False) as bot:
         return await open_shell(
-            bot, sys.stdin, sys.stdout, args.speaker, args.channel, args.workspace, offer_demo=True
+            bot, sys.stdin, sys.stdout, args.speaker, args.channel, args.workspace, offer_demo=offer
         )

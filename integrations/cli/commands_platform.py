@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction, common: Callable) -> None:  # type
     """Add the platform commands to the `speakermem` parser."""
     p = sub.add_parser(
         "discord-sync",
-        help="register the /recall slash command with Discord",
+        help="register /recall, /memory and /memory-admin with Discord",
         description="Log in with SPEAKERMEM_DISCORD_TOKEN and register the application "
         "commands: globally, or in one guild with --guild (available at once there; handy "
         "while testing). Run it after installing or upgrading, not on every start.",

@@ -7,7 +7,7 @@ copy is written next to the target and renamed into place only after it passes S
 integrity check, so a failed or interrupted backup never leaves a half file at PATH.
 
 Restore: stop the bot, replace the database file with the backup and delete any
-`-wal`/`-shm` files beside it, then start the bot (see the README).
+`-wal`/`-shm` files beside it, then start the bot (see docs/guides/operators.md).
 
 A PostgreSQL store (StoreConfig.db_url) is dumped by memory/store/pg/backup.py instead;
 `backup_store` picks the one the configuration selects.

@@ -11,7 +11,7 @@ The password never reaches a command line or a message: pg_dump gets the connect
 it and reads it from PGPASSWORD; anything printed from pg_dump is passed through `masked_url`
 and has the password itself replaced.
 
-Restore (documented in the README): into an empty database,
+Restore (documented in docs/guides/operators.md): into an empty database,
     pg_restore --clean --if-exists --no-owner --dbname URL PATH
 """
 
