@@ -26,6 +26,7 @@ import discord
 from bot.catchup import CatchUp, Start
 from bot.dispatch import Dispatcher
 from bot.events import MessageEvent, Scope
+from bot.reconcile import Reconciler
 from integrations.discord import translate as tr
 from integrations.payload import PayloadError
 from memory.store.catchup import CatchupRepo
@@ -95,10 +96,14 @@ class DiscordCatchUp:
         parents: Callable[[str], dict[str, str]] | None = None,
         names: Callable[[], Mapping[Scope, str]] | None = None,
         shard_of: Callable[[str], int | None] | None = None,
+        reconcile: Reconciler | None = None,
     ) -> None:
         """`shard_of` (a sharded client): a guild id's shard when this process runs it,
-        else None; without it every stored Discord channel is this process's."""
-        self.catchup = CatchUp(dispatcher, repo, DiscordHistory(client, parents=parents))
+        else None; without it every stored Discord channel is this process's. `reconcile`:
+        what was deleted or edited meanwhile is checked after each pass."""
+        self.catchup = CatchUp(
+            dispatcher, repo, DiscordHistory(client, parents=parents), reconcile=reconcile
+        )
         self.names = names or dict
         self.shard_of = shard_of
         self._pending: dict[int | None, dict[Scope, Start]] = {}

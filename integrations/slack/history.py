@@ -45,6 +45,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.catchup import CatchUp, ChannelProgress, Start
 from bot.dispatch import Dispatcher
 from bot.events import MessageEvent, Scope
+from bot.reconcile import Reconciler
 from integrations.slack.roster_sync import RateLimitedApi, Sleep
 from integrations.slack.translate import PLATFORM, PayloadError, translate_event
 from memory.store.catchup import CatchupRepo
@@ -246,9 +247,11 @@ class SlackCatchUp:
         workspace: str | None = None,
         names: Callable[[], Mapping[Scope, str]] | None = None,
         on_page: Callable[[ChannelProgress, int], None] | None = None,
+        reconcile: Reconciler | None = None,
     ) -> None:
+        """`reconcile`: what was deleted or edited meanwhile is checked after each pass."""
         self.history = history
-        self.catchup = CatchUp(dispatcher, repo, history, on_page=on_page)
+        self.catchup = CatchUp(dispatcher, repo, history, on_page=on_page, reconcile=reconcile)
         self.workspace = workspace
         self.names = names or dict
         self._pending: dict[Scope, Start] = {}

@@ -435,6 +435,13 @@ finding the due segments checked every pending segment against every other (51,0
 after an outage: 308 s for one `due()`, 4 s with the channel index, 0.1 ms with both)."""
 
 
+RECONCILE_DETAIL = """
+-- Reconciliation after downtime (bot/reconcile.py) keeps its state in a cursor of kind
+-- 'reconcile': the windows still to check, newest first, and what it found, as JSON.
+ALTER TABLE catchup_cursors ADD COLUMN detail TEXT;
+"""
+
+
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [
@@ -450,4 +457,5 @@ def migrations(chunk_size: int) -> list[Migration]:
         Migration(
             8, "writer: pending segments indexed in order and by channel", PENDING_SEGMENT_INDEXES
         ),
+        Migration(9, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
     ]
