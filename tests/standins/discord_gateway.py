@@ -186,6 +186,8 @@ class DiscordStandIn:
         self.history: dict[str, list[dict[str, Any]]] = {}
         """channel id -> messages (ascending ids) served by GET /channels/{id}/messages."""
         self.history_rate_limits: list[float] = []
+        self.backward_rate_limits: list[float] = []
+        """Retry-After values for the next history GETs that page backwards (``before=``)."""
         self.history_queries: list[tuple[str, dict[str, str]]] = []
         """(channel id, query) of every history GET: ``after=`` pages forward (catch-up),
         ``before=`` backwards (reconciliation)."""
@@ -500,8 +502,11 @@ class DiscordStandIn:
         self.history_queries.append((channel_id, dict(query)))
         if channel_id in self.deleted_channels:
             return _json({"message": "Unknown Channel", "code": 10003}, status=404)
-        if self.history_rate_limits:
-            retry = self.history_rate_limits.pop(0)
+        limits = self.history_rate_limits
+        if not limits and "before" in query:
+            limits = self.backward_rate_limits
+        if limits:
+            retry = limits.pop(0)
             return web.Response(
                 body=json.dumps(
                     {
