@@ -380,7 +380,9 @@ class Reconciler:
         except asyncio.CancelledError:
             raise
         except Gone:
-            await self.deletions.forget_channel(scope, receipt, reason="platform-reconcile")
+            state.deleted += await self.deletions.forget_deleted_channel(
+                scope, receipt, reason="platform-reconcile", actor=ACTOR
+            )
             state.todo = []
             state.channel_gone = True
         except OutOfBudget as exc:

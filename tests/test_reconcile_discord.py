@@ -176,9 +176,13 @@ async def test_a_deleted_channel_is_forgotten_live_and_after_downtime(tmp_path: 
             await run.adapter.wait_processed(before + 1)
             assert secret["id"] not in await live_rows(run.engine)
             assert general["id"] in await live_rows(run.engine)
-            (entry,) = await Governance(run.engine).audit(5, platform="discord")
+            gov = Governance(run.engine)
+            (entry,) = await gov.audit(5, platform="discord")
             assert entry["action"] == "platform-channel-delete"
             assert entry["receipt"]["messages"] == 1
+            # memory is off there: nothing more is stored or caught up in it
+            assert not await gov.channel_enabled(CHANNEL.model_copy(update={"channel": SECRET}))
+            assert await gov.channel_enabled(CHANNEL)
         finally:
             await run.stop()
 

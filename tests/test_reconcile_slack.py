@@ -378,6 +378,7 @@ async def test_deleted_channels_are_forgotten_live_and_after_downtime(tmp_path: 
             rec = next(e for e in reconcile_entries(status) if e["channel"].endswith(GENERAL))
             assert rec["detail"]["channel_gone"]
             assert "was deleted on the platform" in render_status(status).text
+            assert not await Governance(run.engine).channel_enabled(SCOPE)  # memory off
             infos = [a for m, a in standin.calls if m == "conversations.info"]
             assert any(a.get("channel") == GENERAL for a in infos)
         finally:

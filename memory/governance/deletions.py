@@ -36,27 +36,39 @@ class PlatformDeletions:
         self, scope: Scope, message_ids: Sequence[str], receipt: Receipt, *, reason: str
     ) -> int:
         """Forget these messages of the channel; returns how many it held."""
-        pks = await self.repo.message_pks(scope, list(dict.fromkeys(message_ids)))
-        await self._forget(pks, receipt, reason)
+        ids = tuple(dict.fromkeys(message_ids))
+        pks = await self.repo.message_pks(scope, list(ids))
+        await self._forget(scope, ids, pks, receipt, reason)
         return len(pks)
 
     async def forget_thread(
         self, scope: Scope, thread_id: str, receipt: Receipt, *, reason: str
     ) -> int:
         """Forget every stored reply of a thread of the channel."""
-        pks = await self.rows.thread_message_pks(scope, thread_id)
-        await self._forget(pks, receipt, reason)
-        return len(pks)
+        found = await self.rows.thread_messages(scope, thread_id)
+        await self._forget(
+            scope, tuple(m for _pk, m in found), [pk for pk, _m in found], receipt, reason
+        )
+        return len(found)
 
     async def forget_channel(self, scope: Scope, receipt: Receipt, *, reason: str) -> int:
         """Forget everything the channel holds: its messages and, as a final sweep, any
         record left in it."""
         pks = await self.repo.channel_message_pks(scope)
-        await self._forget(pks, receipt, reason)
+        await self._forget(scope, None, pks, receipt, reason)
         left = await self.repo.channel_record_ids(scope)
         if left:
             await self.repo.withdraw(left, receipt, reason=reason, requeue=False)
         return len(pks)
+
+    async def forget_deleted_channel(
+        self, scope: Scope, receipt: Receipt, *, reason: str, actor: str
+    ) -> int:
+        """A channel that no longer exists: memory off (nothing more is stored or caught up
+        there), then everything it held forgotten."""
+        await self.repo.set_channel_enabled(scope, False, actor)
+        receipt.add("channel_policy", 1)
+        return await self.forget_channel(scope, receipt, reason=reason)
 
     async def thread_deleted(self, scope: Scope, thread_id: str, *, actor: str) -> Receipt:
         receipt = Receipt(action="platform-thread-delete", target=f"{scope}/{thread_id}")
@@ -69,7 +81,9 @@ class PlatformDeletions:
 
     async def channel_deleted(self, scope: Scope, *, actor: str) -> Receipt:
         receipt = Receipt(action="platform-channel-delete", target=str(scope))
-        await self.forget_channel(scope, receipt, reason="platform-channel-delete")
+        await self.forget_deleted_channel(
+            scope, receipt, reason="platform-channel-delete", actor=actor
+        )
         await self.audit(scope, actor, receipt, {})
         return receipt
 
@@ -104,7 +118,18 @@ class PlatformDeletions:
         )
         log.info("%s by %s on %s: %s", receipt.action, actor, receipt.target, receipt.summary())
 
-    async def _forget(self, pks: Sequence[int], receipt: Receipt, reason: str) -> None:
+    async def _forget(
+        self,
+        scope: Scope,
+        message_ids: tuple[str, ...] | None,
+        pks: Sequence[int],
+        receipt: Receipt,
+        reason: str,
+    ) -> None:
+        """The cascade over `pks`, the messages `message_ids` of the channel (None: all of
+        it): every forget of this module goes through here."""
+        what = "everything held" if message_ids is None else f"{len(message_ids)} message(s)"
+        log.debug("%s: forgetting %s in %s", reason, what, scope)
         if pks:
             await self.repo.forget_messages(
                 pks, receipt, reason=reason, batch=self.governance.cfg.forget_batch

@@ -62,10 +62,11 @@ class ReconcileRepo:
         )
         return int(rows[0][0]) if rows else 0
 
-    async def thread_message_pks(self, scope: Scope, thread_id: str) -> list[int]:
-        """The stored messages of a thread of the channel (its replies; the message that
-        started it belongs to the channel)."""
+    async def thread_messages(self, scope: Scope, thread_id: str) -> list[tuple[int, str]]:
+        """(pk, message id) of the stored messages of a thread of the channel (its replies;
+        the message that started it belongs to the channel)."""
         rows = await self.db.read(
-            "SELECT m.id " + _CHANNEL + " AND m.thread_id = ?", (*scope.key(), thread_id)
+            "SELECT m.id, m.message_id " + _CHANNEL + " AND m.thread_id = ?",
+            (*scope.key(), thread_id),
         )
-        return [int(r[0]) for r in rows]
+        return [(int(r[0]), str(r[1])) for r in rows]
