@@ -14,8 +14,8 @@ Where a channel starts:
   before the adapter connects, or when a gateway session is lost).
 Channels with nothing stored are not caught up: importing old history is `backfill`.
 
-After a catch-up pass, a `Reconciler` (bot/reconcile.py), when given, checks what was
-deleted or edited on the platform meanwhile.
+After a catch-up pass, a `Reconciler` (bot/reconcile.py), when given, checks in the
+background what was deleted or edited on the platform meanwhile.
 """
 
 from __future__ import annotations
@@ -152,11 +152,8 @@ class CatchUp:
             out = []
             for scope, start in starts.items():
                 out.append(await self._channel(scope, start, known.get(scope)))
-            if self.reconcile is not None:
-                try:
-                    await self.reconcile.run({s: ts for s, (_id, ts) in starts.items()}, known)
-                except Exception:  # catch-up stands; the next pass reconciles again
-                    log.exception("reconciliation after catch-up failed")
+            if self.reconcile is not None:  # in the background: see bot/reconcile.py
+                self.reconcile.begin({s: ts for s, (_id, ts) in starts.items()}, known)
             return out
 
     async def _channel(self, scope: Scope, start: Start, name: str | None) -> ChannelProgress:

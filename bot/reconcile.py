@@ -27,6 +27,7 @@ left, the progress line) as pure functions, and the walk; the platforms' readers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -305,8 +306,16 @@ class ChannelReconcile:
         return state_line(label, self.state)
 
 
+def merge_spans(a: Interval | None, b: Interval | None) -> Interval | None:
+    """One span covering both (two outages' windows waiting for one pass)."""
+    if a is None or b is None:
+        return a or b
+    return (min(a[0], b[0]), max(a[1], b[1]))
+
+
 class Reconciler:
-    """Runs reconciliation for one platform's history after each catch-up pass."""
+    """Runs reconciliation for one platform's history after each catch-up pass, in a task of
+    its own: a slow, rate-limited pass never delays the catch-up of a later outage."""
 
     def __init__(
         self,
@@ -327,20 +336,64 @@ class Reconciler:
         self.budget_s = budget_s
         self._sleep = sleep
         self.progress: dict[Scope, ChannelReconcile] = {}
+        self._pending: dict[Scope, Interval | None] = {}
+        self._names: dict[Scope, str] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.runs = 0
+
+    def begin(
+        self, outages: Mapping[Scope, float | None], names: Mapping[Scope, str] | None = None
+    ) -> None:
+        """Reconcile in the background after an outage; `outages` maps each channel to the
+        time of its newest message stored before it. Outages reported while a pass runs are
+        merged and reconciled by the next pass."""
+        for scope, outage_ts in outages.items():
+            span = window(outage_ts, self.lookback_s)
+            self._pending[scope] = merge_spans(self._pending.get(scope), span)
+        self._names.update(names or {})
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="speakermem-reconcile")
+
+    async def _loop(self) -> None:
+        while self._pending:
+            spans, self._pending = self._pending, {}
+            self.runs += 1
+            try:
+                await self.run(spans, self._names)
+            except Exception:
+                log.exception("reconciliation failed; the next pass resumes it")
+                return
+
+    async def wait(self) -> None:
+        """Until no pass is running or pending."""
+        while self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Cancel a running pass: its state is saved per page, so the next one resumes."""
+        self._pending = {}
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
 
     async def run(
-        self, outages: Mapping[Scope, float | None], names: Mapping[Scope, str] | None = None
+        self, spans: Mapping[Scope, Interval | None], names: Mapping[Scope, str] | None = None
     ) -> list[ChannelReconcile]:
-        """Reconcile every channel, one after another; `outages` maps each to the time of
-        the newest message stored before the outage. One audit receipt per workspace."""
+        """One pass: every channel, one after another, its span (`window`) and what earlier
+        passes left unchecked, newest first. One audit receipt per workspace."""
         receipts: dict[tuple[str, str], tuple[Receipt, list[ChannelReconcile]]] = {}
         out: list[ChannelReconcile] = []
-        for scope, outage_ts in outages.items():
+        for scope, span in spans.items():
             key = (scope.platform, scope.workspace)
             if key not in receipts:
                 receipts[key] = (Receipt(action="platform-reconcile", target="/".join(key)), [])
             receipt, done = receipts[key]
-            prog = await self._channel(scope, outage_ts, (names or {}).get(scope), receipt)
+            prog = await self._channel(scope, span, (names or {}).get(scope), receipt)
             if prog is not None:
                 done.append(prog)
                 out.append(prog)
@@ -355,11 +408,11 @@ class Reconciler:
         return out
 
     async def _channel(
-        self, scope: Scope, outage_ts: float | None, name: str | None, receipt: Receipt
+        self, scope: Scope, span: Interval | None, name: str | None, receipt: Receipt
     ) -> ChannelReconcile | None:
         prev = await self.repo.cursor(scope, KIND)
         pending = cursor_state(prev.detail).todo if prev is not None and not prev.finished else []
-        todo = plan(window(outage_ts, self.lookback_s), pending)
+        todo = plan(span, pending)
         if not todo:
             return None
         state = ReconcileState(todo=todo, window=(min(s[0] for s in todo), max(s[1] for s in todo)))
@@ -409,7 +462,11 @@ class Reconciler:
     ) -> None:
         """Compare one page with what the store holds in its span: the channel's own
         messages first, then each thread with replies stored in the span."""
-        rows = await self.rows.window(scope, seen.low, seen.high)
+        # only what is still unchecked: a page's newest message may be the previous
+        # page's oldest (Slack's and Discord's paging both repeat nothing, but the span
+        # bounds are inclusive)
+        top = min(seen.high, state.todo[0][1]) if state.todo else seen.high
+        rows = await self.rows.window(scope, seen.low, top)
         seen_ids.update(seen.messages)
         threads: dict[str, list[StoredRow]] = {}
         for row in rows:

@@ -4,8 +4,10 @@ is reconciled newest first and `status` reports what was left; deleted channels 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,13 @@ WORDS = (
 )
 
 
-async def start(standin: SlackApiStandIn, tmp_path: Path, **settings: Any) -> Run:
+async def start(
+    standin: SlackApiStandIn,
+    tmp_path: Path,
+    *,
+    thread_lookback_s: float = 24 * 3600.0,
+    **settings: Any,
+) -> Run:
     engine = await MemoryEngine.open(make_config(tmp_path), embedder=HashEmbedder())
     adapter = SlackAdapter(
         Settings(
@@ -67,9 +75,16 @@ async def start(standin: SlackApiStandIn, tmp_path: Path, **settings: Any) -> Ru
         Dispatcher(engine, RecallPipeline(engine)),
         engine,
         process_before_response=True,
+        thread_lookback_s=thread_lookback_s,
     )
     await adapter.start()
     return Run(standin, engine, adapter)
+
+
+async def until(predicate: Callable[[], Awaitable[bool]], within: float = 30.0) -> None:
+    async with asyncio.timeout(within):
+        while not await predicate():  # noqa: ASYNC110 - polling
+            await asyncio.sleep(0.05)
 
 
 async def wait_pass(run: Run) -> None:
@@ -381,6 +396,48 @@ async def test_deleted_channels_are_forgotten_live_and_after_downtime(tmp_path: 
             assert not await Governance(run.engine).channel_enabled(SCOPE)  # memory off
             infos = [a for m, a in standin.calls if m == "conversations.info"]
             assert any(a.get("channel") == GENERAL for a in infos)
+        finally:
+            await run.stop()
+    finally:
+        await standin.close()
+
+
+async def test_a_slow_reconciliation_does_not_hold_up_the_next_catch_up(tmp_path: Path) -> None:
+    """Reconciliation runs in a task of its own: while it waits out Slack's history cap, a
+    Socket Mode reconnect's catch-up goes ahead and stores what was missed."""
+    standin = await new_standin().start()
+    try:
+        posted = notes(standin, 90)
+        run = await start(standin, tmp_path)
+        try:
+            await post_all(run, posted)
+        finally:
+            await run.stop()
+        # 6 pages of reconciliation, 2 s apart; catch-up reads from the newest message only
+        # (no thread lookback), a page or two
+        standin.cap_history(interval_s=2, page=15)
+        run = await start(standin, tmp_path, reconcile_budget_s=60.0, thread_lookback_s=0)
+        try:
+            assert run.adapter.catchup is not None
+            reconcile = run.adapter.catchup.catchup.reconcile
+            assert reconcile is not None
+
+            async def reconciling() -> bool:
+                return reconcile.running
+
+            await until(reconciling)
+            missed = standin.add_message(GENERAL, "sent while the socket was down", user="U2")
+            await run.adapter.catchup.on_reconnect()  # what the socket listener calls
+
+            async def caught_up() -> bool:
+                return await live_text(run.engine, missed["ts"]) is not None
+
+            await until(caught_up)
+            assert reconcile.running  # still at it: the catch-up did not wait for it
+            await wait_pass(run)
+            status = await Governance(run.engine).status("slack", TEAM_ID)
+            (rec,) = reconcile_entries(status)
+            assert rec["finished"] and rec["detail"]["checked"] == 90
         finally:
             await run.stop()
     finally:

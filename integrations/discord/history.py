@@ -153,14 +153,19 @@ class DiscordCatchUp:
         log.info("discord catch-up done: %d channel(s), %d message(s)", len(results), total)
 
     async def wait(self) -> None:
+        """Until the pass (of catch-up, then of the reconciliation after it) is done."""
         if self._task is not None:
             await asyncio.shield(self._task)
+        if self.catchup.reconcile is not None:
+            await self.catchup.reconcile.wait()
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.catchup.reconcile is not None:
+            await self.catchup.reconcile.stop()
 
     def lines(self) -> list[str]:
         return self.catchup.lines()

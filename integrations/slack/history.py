@@ -304,9 +304,14 @@ class SlackCatchUp:
             )
 
     async def wait(self) -> None:
-        """Until no pass is running or pending."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
+        """Until no pass (of catch-up, or of the reconciliation after it) is running or
+        pending."""
+        reconcile = self.catchup.reconcile
+        while self.running or (reconcile is not None and reconcile.running):
+            if self._task is not None and not self._task.done():
+                await asyncio.shield(self._task)
+            elif reconcile is not None:
+                await reconcile.wait()
 
     async def stop(self) -> None:
         """Cancel a running pass; its cursors are saved per page, so the next start resumes."""
@@ -315,6 +320,8 @@ class SlackCatchUp:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.catchup.reconcile is not None:
+            await self.catchup.reconcile.stop()
 
     @property
     def running(self) -> bool:
