@@ -465,8 +465,8 @@ class Reconciler:
         # only what is still unchecked: a page's newest message may be the previous
         # page's oldest (Slack's and Discord's paging both repeat nothing, but the span
         # bounds are inclusive)
-        top = min(seen.high, state.todo[0][1]) if state.todo else seen.high
-        rows = await self.rows.window(scope, seen.low, top)
+        upper = min(seen.high, state.todo[0][1]) if state.todo else seen.high
+        rows = await self.rows.window(scope, seen.low, upper)
         seen_ids.update(seen.messages)
         threads: dict[str, list[StoredRow]] = {}
         for row in rows:
