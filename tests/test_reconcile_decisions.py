@@ -17,6 +17,7 @@ from bot.reconcile import (
     ReconcileState,
     after_page,
     compare,
+    merge_spans,
     plan,
     state_line,
     window,
@@ -47,6 +48,13 @@ def test_plan_checks_the_new_window_and_what_an_earlier_run_left_newest_first() 
     assert plan(new, [(T - 1.5 * DAY, T - 0.5 * DAY)]) == [(T - 1.5 * DAY, T)]
     assert plan(None, [older]) == [older]
     assert plan(None, []) == []
+
+
+def test_two_outages_waiting_for_one_pass_are_checked_as_one_span() -> None:
+    first, second = (T - DAY, T), (T + 3600 - DAY, T + 3600)
+    assert merge_spans(first, second) == (T - DAY, T + 3600)
+    assert merge_spans(None, second) == second and merge_spans(first, None) == first
+    assert merge_spans(None, None) is None
 
 
 def test_after_a_page_the_span_left_ends_just_below_its_oldest_message() -> None:
