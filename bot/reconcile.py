@@ -385,38 +385,55 @@ class Reconciler:
         self, spans: Mapping[Scope, Interval | None], names: Mapping[Scope, str] | None = None
     ) -> list[ChannelReconcile]:
         """One pass: every channel, one after another, its span (`window`) and what earlier
-        passes left unchecked, newest first. One audit receipt per workspace."""
-        receipts: dict[tuple[str, str], tuple[Receipt, list[ChannelReconcile]]] = {}
-        out: list[ChannelReconcile] = []
-        for scope, span in spans.items():
-            key = (scope.platform, scope.workspace)
-            if key not in receipts:
-                receipts[key] = (Receipt(action="platform-reconcile", target="/".join(key)), [])
-            receipt, done = receipts[key]
-            prog = await self._channel(scope, span, (names or {}).get(scope), receipt)
-            if prog is not None:
-                done.append(prog)
-                out.append(prog)
-        for (platform, workspace), (receipt, done) in receipts.items():
-            if done:
-                await self.deletions.audit(
-                    Scope(platform=platform, workspace=workspace, channel="*"),
-                    ACTOR,
-                    receipt,
-                    _run_args(done),
-                )
-        return out
+        passes left unchecked, newest first. One audit receipt per workspace, also when the
+        pass is cancelled part-way (what it did is recorded; the rest resumes next time)."""
+        runs: dict[tuple[str, str], tuple[Receipt, list[ChannelReconcile]]] = {}
+        try:
+            for scope, span in spans.items():
+                key = (scope.platform, scope.workspace)
+                if key not in runs:
+                    runs[key] = (Receipt(action="platform-reconcile", target="/".join(key)), [])
+                receipt, done = runs[key]
+                await self._channel(scope, span, (names or {}).get(scope), receipt, done)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._audit(runs, interrupted=True))
+            raise
+        await self._audit(runs, interrupted=False)
+        return [prog for _receipt, done in runs.values() for prog in done]
+
+    async def _audit(
+        self,
+        runs: Mapping[tuple[str, str], tuple[Receipt, list[ChannelReconcile]]],
+        *,
+        interrupted: bool,
+    ) -> None:
+        for (platform, workspace), (receipt, done) in runs.items():
+            if not done:
+                continue
+            args = _run_args(done)
+            if interrupted:
+                args["interrupted"] = True
+            await self.deletions.audit(
+                Scope(platform=platform, workspace=workspace, channel="*"), ACTOR, receipt, args
+            )
 
     async def _channel(
-        self, scope: Scope, span: Interval | None, name: str | None, receipt: Receipt
-    ) -> ChannelReconcile | None:
+        self,
+        scope: Scope,
+        span: Interval | None,
+        name: str | None,
+        receipt: Receipt,
+        done: list[ChannelReconcile],
+    ) -> None:
+        """Reconcile one channel; its progress joins `done` as soon as it starts."""
         prev = await self.repo.cursor(scope, KIND)
         pending = cursor_state(prev.detail).todo if prev is not None and not prev.finished else []
         todo = plan(span, pending)
         if not todo:
-            return None
+            return
         state = ReconcileState(todo=todo, window=(min(s[0] for s in todo), max(s[1] for s in todo)))
         prog = self.progress[scope] = ChannelReconcile(scope=scope, name=name, state=state)
+        done.append(prog)
         await self._save(scope, state)
         budget = Budget(self.budget_s, sleep=self._sleep)
         seen_ids: set[str] = set()
@@ -449,7 +466,6 @@ class Reconciler:
             log.warning("reconcile: %s", prog.line())
         else:
             log.info("%s", prog.line())
-        return prog
 
     async def _page(
         self,

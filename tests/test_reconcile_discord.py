@@ -285,7 +285,7 @@ async def test_reconciliation_stops_at_its_budget_when_history_is_rate_limited(
         standin.delete_message(GENERAL, general["id"])
         # catch-up's read (forwards) goes through; reconciliation's first read (backwards)
         # is told to wait 30 s, which discord.py would sleep through
-        standin.backward_rate_limits = [30.0]
+        standin.backward_rate_limits = {GENERAL: [30.0]}
         run = await start(standin, tmp_path, reconcile_budget_s=1.0)
         try:
             assert run.adapter.catchup is not None
@@ -305,6 +305,61 @@ async def test_reconciliation_stops_at_its_budget_when_history_is_rate_limited(
             assert run.adapter.catchup is not None
             await run.adapter.catchup.wait()
             assert general["id"] not in await live_rows(run.engine)
+        finally:
+            await run.stop()
+    finally:
+        await standin.close()
+
+
+async def test_a_pass_stopped_part_way_records_what_it_did_and_resumes(tmp_path: Path) -> None:
+    """Shutdown while a pass waits on a rate limit: the deletion it already applied is in
+    an audit receipt marked interrupted, and the next start finishes the window."""
+    standin = await DiscordStandIn().start()
+    try:
+        thread, general = thread_and_general(standin)
+        run = await start(standin, tmp_path)
+        try:
+            await post_and_store(run, standin, [*thread, general])
+        finally:
+            await run.stop()
+        standin.delete_message(GENERAL, general["id"])
+        standin.delete_message(THREAD, thread[0]["id"])
+        standin.backward_rate_limits = {THREAD: [30.0]}  # the thread's read waits 30 s
+        run = await start(standin, tmp_path, reconcile_budget_s=120.0)
+        try:
+            assert run.adapter.catchup is not None
+            reconcile = run.adapter.catchup.catchup.reconcile
+            assert reconcile is not None
+
+            async def general_checked() -> bool:
+                return general["id"] not in await live_rows(run.engine)
+
+            await until(general_checked)  # #general's own page is done; the thread waits
+            assert reconcile.running
+        finally:
+            await run.stop()  # cancels the pass in its wait
+        engine = await MemoryEngine.open(make_config(tmp_path))
+        try:
+            (entry,) = [
+                e
+                for e in await Governance(engine).audit(5, platform="discord")
+                if e["action"] == "platform-reconcile"
+            ]
+            assert entry["args"]["interrupted"] is True
+            assert entry["receipt"]["messages"] == 1
+            assert thread[0]["id"] in await live_rows(engine)  # not checked yet
+            status = await Governance(engine).status("discord", GUILD_ID)
+            (rec,) = [e for e in status["catchup"] if e["kind"] == "reconcile"]
+            assert not rec["finished"]
+            assert "reconciling," in render_status(status).text
+        finally:
+            await engine.close()
+
+        run = await start(standin, tmp_path)
+        try:
+            assert run.adapter.catchup is not None
+            await run.adapter.catchup.wait()
+            assert thread[0]["id"] not in await live_rows(run.engine)
         finally:
             await run.stop()
     finally:

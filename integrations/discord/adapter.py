@@ -444,8 +444,7 @@ class DiscordAdapter:
         self._worker: asyncio.Task[None] | None = None
         self._endpoints: contextlib.ExitStack | None = None
         self.catchup: DiscordCatchUp | None = None
-        self.deletions = PlatformDeletions(dispatcher.governance)
-        """Forgets deleted threads, channels and guilds the bot left (memory/governance)."""
+        self._deletions: PlatformDeletions | None = None
         self._stopping = False
         """Set by stop(): the disconnect our own close causes needs no catch-up snapshot (it
         would read a database that is about to close)."""
@@ -609,6 +608,13 @@ class DiscordAdapter:
         shard = (int(guild_id) >> 22) % count
         ids = self.settings.discord_shard_ids
         return shard if ids is None or shard in ids else None
+
+    @property
+    def deletions(self) -> PlatformDeletions:
+        """Forgets deleted threads, channels and guilds the bot left (memory/governance)."""
+        if self._deletions is None:
+            self._deletions = PlatformDeletions(self.dispatcher.governance)
+        return self._deletions
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

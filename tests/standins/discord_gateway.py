@@ -186,8 +186,9 @@ class DiscordStandIn:
         self.history: dict[str, list[dict[str, Any]]] = {}
         """channel id -> messages (ascending ids) served by GET /channels/{id}/messages."""
         self.history_rate_limits: list[float] = []
-        self.backward_rate_limits: list[float] = []
-        """Retry-After values for the next history GETs that page backwards (``before=``)."""
+        self.backward_rate_limits: dict[str, list[float]] = {}
+        """channel id -> Retry-After values for its next history GETs that page backwards
+        (``before=``, reconciliation's reads)."""
         self.history_queries: list[tuple[str, dict[str, str]]] = []
         """(channel id, query) of every history GET: ``after=`` pages forward (catch-up),
         ``before=`` backwards (reconciliation)."""
@@ -504,7 +505,7 @@ class DiscordStandIn:
             return _json({"message": "Unknown Channel", "code": 10003}, status=404)
         limits = self.history_rate_limits
         if not limits and "before" in query:
-            limits = self.backward_rate_limits
+            limits = self.backward_rate_limits.get(channel_id, [])
         if limits:
             retry = limits.pop(0)
             return web.Response(
