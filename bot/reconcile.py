@@ -17,7 +17,8 @@ apps one ``conversations.history`` request a minute), so the window is walked ne
 page by page, and each channel gets a time `budget_s` per run: a rate limit that asks to wait
 past it stops the channel there. What is left is saved (a cursor of kind "reconcile", detail
 = the windows still to check), counted, shown in `status` and the log, and checked first on
-the next run. Every run writes one audit receipt per workspace.
+the next run. Every run writes one audit receipt per workspace. Passes run in a task of
+their own, so a slow one never holds up the catch-up of a later outage.
 
 This module holds the decisions (which window, what counts as deleted or edited, what is
 left, the progress line) as pure functions, and the walk; the platforms' readers
@@ -336,6 +337,7 @@ class Reconciler:
         self.budget_s = budget_s
         self._sleep = sleep
         self.progress: dict[Scope, ChannelReconcile] = {}
+        """Each channel's latest pass in this process (`status` reads the saved cursors)."""
         self._pending: dict[Scope, Interval | None] = {}
         self._names: dict[Scope, str] = {}
         self._task: asyncio.Task[None] | None = None
@@ -534,9 +536,6 @@ class Reconciler:
             finished=state.finished,
             detail=state.model_dump(mode="json"),
         )
-
-    def lines(self) -> list[str]:
-        return [p.line() for p in self.progress.values()]
 
 
 def _run_args(done: Sequence[ChannelReconcile]) -> dict[str, object]:
