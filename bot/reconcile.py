@@ -44,7 +44,7 @@ from memory.governance.policy import Receipt
 from memory.models import EditEvent, Scope
 from memory.store import ChangeStatus
 from memory.store.catchup import CatchupRepo
-from memory.store.reconcile import ReconcileRepo, StoredRow
+from memory.store.reconcile import StoredRow
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +330,7 @@ class Reconciler:
     ) -> None:
         self.deletions = deletions
         self.governance = deletions.governance
-        self.rows = ReconcileRepo(deletions.governance.engine.store.db)
+        self.rows = deletions.rows
         self.repo = repo
         self.source = source
         self.lookback_s = lookback_s

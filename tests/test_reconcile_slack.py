@@ -403,29 +403,28 @@ async def test_deleted_channels_are_forgotten_live_and_after_downtime(tmp_path: 
 
 
 async def test_a_slow_reconciliation_does_not_hold_up_the_next_catch_up(tmp_path: Path) -> None:
-    """Reconciliation runs in a task of its own: while it waits out Slack's history cap, a
+    """Reconciliation runs in a task of its own: while it is stuck on a slow history read, a
     Socket Mode reconnect's catch-up goes ahead and stores what was missed."""
     standin = await new_standin().start()
     try:
-        posted = notes(standin, 90)
+        posted = notes(standin, 5)
+        reply = standin.add_message(
+            GENERAL, "a reply", user="U2", at=T0 + 10, thread_ts=posted[4]["ts"]
+        )
         run = await start(standin, tmp_path)
         try:
-            await post_all(run, posted)
+            await post_all(run, [*posted, reply])
         finally:
             await run.stop()
-        # 6 pages of reconciliation, 2 s apart; catch-up reads from the newest message only
-        # (no thread lookback), a page or two
-        standin.cap_history(interval_s=2, page=15)
-        run = await start(standin, tmp_path, reconcile_budget_s=60.0, thread_lookback_s=0)
+        # the thread's read (reconciliation's; catch-up without thread lookback makes none)
+        # hangs until released
+        entered, release = standin.hold("conversations.replies")
+        run = await start(standin, tmp_path, thread_lookback_s=0)
         try:
             assert run.adapter.catchup is not None
             reconcile = run.adapter.catchup.catchup.reconcile
             assert reconcile is not None
-
-            async def reconciling() -> bool:
-                return reconcile.running
-
-            await until(reconciling)
+            await asyncio.wait_for(entered.wait(), 20)
             missed = standin.add_message(GENERAL, "sent while the socket was down", user="U2")
             await run.adapter.catchup.on_reconnect()  # what the socket listener calls
 
@@ -434,11 +433,15 @@ async def test_a_slow_reconciliation_does_not_hold_up_the_next_catch_up(tmp_path
 
             await until(caught_up)
             assert reconcile.running  # still at it: the catch-up did not wait for it
+            standin._holds.clear()
+            release.set()
             await wait_pass(run)
             status = await Governance(run.engine).status("slack", TEAM_ID)
             (rec,) = reconcile_entries(status)
-            assert rec["finished"] and rec["detail"]["checked"] == 90
+            assert rec["finished"] and rec["detail"]["unchecked"] == 0
         finally:
+            standin._holds.clear()
+            release.set()
             await run.stop()
     finally:
         await standin.close()

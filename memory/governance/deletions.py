@@ -16,7 +16,6 @@ from typing import Any
 from memory.governance.policy import Receipt
 from memory.governance.service import Governance
 from memory.models import Scope
-from memory.store.reconcile import ReconcileRepo
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +29,7 @@ class PlatformDeletions:
     def __init__(self, governance: Governance) -> None:
         self.governance = governance
         self.repo = governance.repo
-        self.rows = ReconcileRepo(governance.engine.store.db)
+        self.rows = governance.engine.store.reconcile
 
     async def forget_messages(
         self, scope: Scope, message_ids: Sequence[str], receipt: Receipt, *, reason: str

@@ -11,6 +11,7 @@ from memory.store.governance import AuditEntry, ChannelPolicy, GovernanceRepo, R
 from memory.store.interactions import InteractionRepo
 from memory.store.locks import JobLocks
 from memory.store.messages import ChangeStatus, IngestOutcome, IngestStatus, MessageRepo
+from memory.store.reconcile import ReconcileRepo
 from memory.store.records import ChainConflict, RecordRepo, WriterRunLog
 from memory.store.segments import SegmentRepo
 
@@ -46,6 +47,7 @@ class Store:
         self.governance = GovernanceRepo(self.db, self.channels)
         self.interactions = InteractionRepo(self.db)
         self.catchup = CatchupRepo(self.db)
+        self.reconcile = ReconcileRepo(self.db)
         self.locks = JobLocks()
 
     @property

@@ -13,12 +13,13 @@ from memory.store.pg.locks import PgJobLocks
 from memory.store.pg.messages import PgMessageRepo
 from memory.store.pg.records import PgRecordRepo
 from memory.store.pg.segments import PgSegmentRepo
+from memory.store.reconcile import ReconcileRepo
 
 
 class PgStore(Store):
     """The same attributes as the SQLite `Store` (channels, messages, records, segments,
-    governance, interactions, catchup, db), each a repository whose SQL PostgreSQL runs:
-    a PostgreSQL subclass where the SQLite one has SQLite-only SQL."""
+    governance, interactions, catchup, reconcile, db), each a repository whose SQL
+    PostgreSQL runs: a PostgreSQL subclass where the SQLite one has SQLite-only SQL."""
 
     def __init__(self, config: StoreConfig, *, gap_seconds: float, window: int) -> None:
         # no super().__init__: that would build the SQLite Database
@@ -32,6 +33,7 @@ class PgStore(Store):
         self.governance = PgGovernanceRepo(self.db, self.channels)
         self.interactions = PgInteractionRepo(self.db)
         self.catchup = PgCatchupRepo(self.db)
+        self.reconcile = ReconcileRepo(self.db)  # portable SQL
         self.locks = PgJobLocks(self.db)
 
     @property
