@@ -13,6 +13,9 @@ Where a channel starts:
 - else the newest message stored *before* live events resumed (`snapshot()` is taken
   before the adapter connects, or when a gateway session is lost).
 Channels with nothing stored are not caught up: importing old history is `backfill`.
+
+After a catch-up pass, a `Reconciler` (bot/reconcile.py), when given, checks in the
+background what was deleted or edited on the platform meanwhile.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol
 
 from bot.events import MessageEvent, Scope
+from bot.reconcile import Reconciler, entry_line
 from memory.store.catchup import CatchupRepo
 
 if TYPE_CHECKING:  # bot.dispatch imports bot.governance_commands, which uses cursor_line
@@ -72,7 +76,10 @@ class ChannelProgress:
 def cursor_line(entry: Mapping[str, object]) -> str:
     """A saved cursor (an entry of `Governance.status()["catchup"]`) as a progress line, for
     `speakermem status` and `/memory status`: a run in another process, or an interrupted
-    one (it resumes at the next start), reads as "catching up, at …"."""
+    one (it resumes at the next start), reads as "catching up, at …". A reconciliation
+    cursor reads as what it checked and what it left (bot.reconcile)."""
+    if entry.get("kind") == "reconcile":
+        return entry_line(entry)
     platform, workspace, channel = str(entry["channel"]).split("/", 2)
     ts = entry.get("cursor_ts")
     fetched = entry.get("fetched")
@@ -113,12 +120,14 @@ class CatchUp:
         *,
         kind: str = "catchup",
         on_page: Callable[[ChannelProgress, int], None] | None = None,
+        reconcile: Reconciler | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.repo = repo
         self.source = source
         self.kind = kind
         self.on_page = on_page
+        self.reconcile = reconcile
         self.progress: dict[Scope, ChannelProgress] = {}
         self._names: dict[Scope, str] = {}
         self._lock = asyncio.Lock()
@@ -150,6 +159,8 @@ class CatchUp:
             out = []
             for scope, start in starts.items():
                 out.append(await self._channel(scope, start, known.get(scope)))
+            if self.reconcile is not None:  # in the background: see bot/reconcile.py
+                self.reconcile.begin({s: ts for s, (_id, ts) in starts.items()}, known)
             return out
 
     async def _channel(self, scope: Scope, start: Start, name: str | None) -> ChannelProgress:

@@ -220,6 +220,16 @@ class Dispatcher:
         delete first removes the words of its message waiting there (a forget)."""
         assert self.spill is not None
         what = f"{type(event).__name__} {getattr(event, 'message_id', '')} in {event.scope}"
+        if isinstance(event, MessageEvent | EditEvent):
+            # a redelivered forgotten message, or a forgotten author's words, gets no copy
+            # here either (the gate would refuse it at replay, but the spill is kept text)
+            try:
+                refused = await self.engine.refusal(event)
+            except Exception:  # the store cannot even be read: keep it (forgets filter it)
+                refused = None
+            if refused is not None:
+                self.stats.ignored[refused] += 1
+                return True
         try:
             if isinstance(event, DeleteEvent):
                 await self._forget_in_spill(_deleted(event))

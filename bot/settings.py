@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from bot import spill
+from bot import reconcile, spill
 from memory.config import (
     GovernanceConfig,
     IngestConfig,
@@ -197,6 +197,14 @@ class Settings(BaseSettings):
     discord_shard_ids: Annotated[tuple[int, ...] | None, NoDecode] = None
     """Shards this process runs, e.g. 0-3 or 0,2 (within the shard count; one range per process
     when several processes share the shards); unset = all shards in this process."""
+
+    # reconciliation after downtime (bot/reconcile.py)
+    reconcile_lookback_s: float = Field(default=reconcile.LOOKBACK_S, ge=0)
+    """Stored messages this long before an outage are checked against the platform after it
+    (deleted ones forgotten, edits applied); 0 = no reconciliation."""
+    reconcile_budget_s: float = Field(default=reconcile.BUDGET_S, gt=0)
+    """Seconds one catch-up pass spends reconciling one channel, rate-limit waits included;
+    what is left is reported in `status` and checked first next time."""
 
     # governance (issue 8): defaults are GovernanceConfig's
     channel_default_enabled: bool = inherit(GovernanceConfig, "channel_default_enabled")

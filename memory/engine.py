@@ -18,6 +18,7 @@ import numpy as np
 
 from memory.background import Foreground, WakeWorker
 from memory.config import MemoryConfig
+from memory.governance.policy import Refusal, admission
 from memory.interactions import interaction_names
 from memory.models import (
     DeleteEvent,
@@ -140,6 +141,33 @@ class MemoryEngine:
         if status is ChangeStatus.APPLIED:
             self._embedding.wake()
         return status
+
+    async def refusal(self, event: MessageEvent | EditEvent) -> str | None:
+        """Why a copy of this event (the bot's spill, while the store cannot take it) must
+        not be kept, as the admission gate would decide now, read outside a write; None: it
+        may wait. A message the store already holds (live, or a forgotten one's tombstone)
+        is "duplicate": its words need no copy. An edit of a forgotten or deleted message is
+        "deleted"; one by (or of a message by) an opted-out or forgotten author is refused."""
+        scope = event.scope
+        policy = self.store.channels.policy
+        stored = await self.store.messages.get(scope, event.message_id)
+        people = await policy.exclusions(scope.platform, scope.workspace)
+        if isinstance(event, MessageEvent):
+            if stored is not None:
+                return IngestStatus.DUPLICATE.value
+            on = (await policy.channels_on([scope], self.channel_default))[scope]
+            why = admission(
+                is_bot=event.speaker_is_bot, channel_on=on, author=people.reason(event.speaker_id)
+            )
+            return None if why is None else why.value
+        if stored is not None and stored.deleted:
+            return "deleted"
+        author = stored.speaker_id if stored is not None else event.author_id
+        if author and (why := people.reason(author)) is not None:
+            return why.value
+        if stored is None and not (await policy.channels_on([scope], self.channel_default))[scope]:
+            return Refusal.CHANNEL_OFF.value
+        return None
 
     async def delete(self, event: DeleteEvent) -> ChangeStatus:
         return await self.store.messages.delete(event)

@@ -151,12 +151,9 @@ def gateway(*guilds_per_shard: int) -> ShardedGateway:
 
 
 def history_reads(standin: ShardedGateway) -> list[str]:
-    """The channel of every history read (GET /channels/{id}/messages), in order."""
-    return [
-        path.split("/")[2]
-        for method, path, _ in standin.requests
-        if method == "GET" and path.startswith("/channels/") and path.endswith("/messages")
-    ]
+    """The channel of every catch-up history read (GET /channels/{id}/messages?after=), in
+    order. Reconciliation's reads (``before=``) are tested in test_reconcile_discord.py."""
+    return [channel for channel, query in standin.history_queries if "after" in query]
 
 
 def on_shard(standin: ShardedGateway, shard: int) -> list[str]:

@@ -193,6 +193,54 @@ async def test_a_forget_takes_its_words_out_of_the_spill(
     assert await d.replay_spill() == 2 and await live(engine) == ["x1", "x3"]
 
 
+async def test_a_platform_deletion_takes_its_words_out_of_the_spill(
+    engine: MemoryEngine, tmp_path: Path
+) -> None:
+    """Messages found deleted on the platform (reconciliation) and a deleted channel leave
+    the spill too, not only the store."""
+    from memory.governance.deletions import PlatformDeletions
+    from memory.governance.policy import Receipt
+
+    other = Scope(platform="test", workspace="w1", channel="other")
+    d = Dispatcher(engine, RecallPipeline(engine), spill=Spill(tmp_path / "s.jsonl"))
+    with locked(engine.store.db.path):
+        for i in range(3):
+            assert await d.handle(msg(GENERAL, f"g{i}", "Ann", f"snarkleberry general {i}", i))
+        assert await d.handle(msg(other, "o1", "Ann", "snarkleberry other channel", 5))
+    assert d.spill is not None and d.spill.count == 4
+    deletions = PlatformDeletions(d.governance)
+    await deletions.forget_messages(GENERAL, ["g1"], Receipt(action="t"), reason="reconcile")
+    text = (tmp_path / "s.jsonl").read_text()
+    assert "general 1" not in text and "general 0" in text and "general 2" in text
+    await deletions.channel_deleted(other, actor="platform")
+    assert "other channel" not in (tmp_path / "s.jsonl").read_text()
+    assert await d.replay_spill() == 2 and await live(engine) == ["g0", "g2"]
+
+
+async def test_a_redelivered_forgotten_message_gets_no_copy_in_the_spill(
+    engine: MemoryEngine, tmp_path: Path
+) -> None:
+    """While events wait in the spill, a new one goes behind them; a redelivery (catch-up,
+    a retried event) of a forgotten person's message, or of a forgotten message, is turned
+    away there too instead of waiting in the spill with its words."""
+    d = Dispatcher(engine, RecallPipeline(engine), spill=Spill(tmp_path / "s.jsonl"))
+    await d.handle(msg(GENERAL, "a0", "Alice", "frobnitzel alice stored", 0))
+    await d.handle(msg(GENERAL, "b0", "Bob", "frobnitzel bob stored", 1))
+    await d.governance.forget_user("test", "w1", "alice", actor="cli")
+    await d.governance.forget_message(GENERAL, "b0", actor="cli")
+    with locked(engine.store.db.path):
+        assert await d.handle(msg(GENERAL, "b1", "Bob", "bob while locked", 2))
+    assert d.spill is not None and d.spill.count == 1
+    for event in (
+        msg(GENERAL, "a0", "Alice", "frobnitzel alice stored", 0),
+        msg(GENERAL, "a9", "Alice", "frobnitzel alice new", 3),
+        msg(GENERAL, "b0", "Bob", "frobnitzel bob stored", 1),
+    ):
+        assert await d.handle(event)  # accounted for: turned away
+    assert "frobnitzel" not in (tmp_path / "s.jsonl").read_text() and d.spill.count == 1
+    assert d.stats.ignored["forgotten"] == 1 and d.stats.ignored["duplicate"] == 2
+
+
 async def test_the_cli_forget_clears_the_running_bots_spill(
     engine: MemoryEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -138,7 +138,13 @@ async def first_run(standin: SlackApiStandIn, tmp_path: Path) -> dict[str, Any]:
 
 
 def history_calls(standin: SlackApiStandIn, since: int = 0) -> list[dict[str, Any]]:
-    return [a for m, a in standin.calls[since:] if m == "conversations.history"]
+    """Catch-up's conversations.history calls (exclusive of `oldest`). Reconciliation's,
+    which ask for inclusive spans after a pass, are tested in test_reconcile_slack.py."""
+    return [
+        a
+        for m, a in standin.calls[since:]
+        if m == "conversations.history" and a.get("inclusive") != "1"
+    ]
 
 
 async def test_300_messages_posted_while_down_are_stored_exactly_once(tmp_path: Path) -> None:
@@ -224,7 +230,7 @@ async def test_300_messages_posted_while_down_are_stored_exactly_once(tmp_path: 
             assert run.adapter.stats["catchup_messages"] == 302  # exported with /metrics
             # `/memory status` (and `speakermem status`) read the same line from the cursor
             status = await Governance(run.engine).status("slack", TEAM_ID)
-            (entry,) = status["catchup"]
+            (entry,) = [e for e in status["catchup"] if e["kind"] == "catchup"]
             assert entry["fetched"] == 302 and entry["name"] == "cgeneral" and entry["finished"]
             shown = render_status(status).text.splitlines()
             assert f"• History: {run.adapter.catchup_lines()[0]}" in shown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -98,3 +99,25 @@ def test_lock_wait_setting_reaches_the_store(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setenv("SPEAKERMEM_DB_LOCK_WAIT_S", "7.5")
     assert Settings().memory_config().store.lock_wait_s == 7.5
+
+
+async def test_a_write_cancelled_while_it_begins_leaves_the_store_writable(
+    tmp_path: Path, scope: Scope
+) -> None:
+    """A task cancelled while its BEGIN runs (a catch-up or reconciliation pass stopped at
+    shutdown): aiosqlite runs the BEGIN anyway, and the transaction it opened must not stay
+    open on the one writer connection, or every later write fails."""
+    engine = await MemoryEngine.open(config(tmp_path / "t.db"))
+    try:
+        for turns in range(4):  # cancelled at each of its first awaits
+            task = asyncio.create_task(engine.ingest(msg(scope, f"c{turns}", "Alice", "x", 0)))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await engine.ingest(msg(scope, f"after{turns}", "Bob", "still writable", 1))
+        rows = await engine.store.db.read("SELECT message_id FROM messages")
+        assert {f"after{t}" for t in range(4)} <= {r[0] for r in rows}
+    finally:
+        await engine.close()

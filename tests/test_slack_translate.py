@@ -18,6 +18,7 @@ from bot.events import (
 )
 from integrations.payload import PayloadError
 from integrations.slack.translate import (
+    deleted_channel,
     display_name,
     mentioned_users,
     translate_command,
@@ -361,3 +362,13 @@ def test_translate_command_bad_text():
     with pytest.raises(PayloadError, match="UTF-8"):
         translate_command(command_form(text="\ud800"))
     assert translate_command(command_form(text="")).text == ""
+
+
+def test_deleted_channel_names_the_channel_of_channel_and_group_deleted():
+    for kind in ("channel_deleted", "group_deleted"):
+        body = {"team_id": TEAM, "event": {"type": kind, "channel": "C9"}}
+        assert deleted_channel(body) == Scope(platform="slack", workspace=TEAM, channel="C9")
+    assert deleted_channel({"team_id": TEAM, "event": {"type": "channel_archive"}}) is None
+    assert deleted_channel({"team_id": TEAM, "event": {"type": "message", "text": "x"}}) is None
+    with pytest.raises(PayloadError, match="channel"):
+        deleted_channel({"team_id": TEAM, "event": {"type": "channel_deleted"}})

@@ -60,6 +60,7 @@ from bot.commands import COMMANDS, MEMORY, RECALL, CommandSpec
 from bot.dispatch import GROUP_MAX, Dispatcher
 from bot.events import MessageEvent, RosterAction, RosterEvent, Scope
 from bot.governance import CommandReply, ConfirmPrompt
+from bot.reconcile import Reconciler
 from bot.settings import Settings
 from integrations.discord import translate as tr
 from integrations.discord.commands import (
@@ -71,9 +72,11 @@ from integrations.discord.commands import (
 )
 from integrations.discord.history import DiscordCatchUp
 from integrations.discord.members import PermissionCache, member_from_message
+from integrations.discord.reconcile import DiscordHistoryCheck
 from integrations.discord.render import render_embed
 from integrations.payload import PayloadError, opt_str, req_dict, req_str
 from memory.engine import MemoryEngine
+from memory.governance.deletions import PlatformDeletions
 from memory.query.answer import RecallAnswer
 
 __all__ = [
@@ -441,6 +444,7 @@ class DiscordAdapter:
         self._worker: asyncio.Task[None] | None = None
         self._endpoints: contextlib.ExitStack | None = None
         self.catchup: DiscordCatchUp | None = None
+        self._deletions: PlatformDeletions | None = None
         self._stopping = False
         """Set by stop(): the disconnect our own close causes needs no catch-up snapshot (it
         would read a database that is about to close)."""
@@ -530,13 +534,27 @@ class DiscordAdapter:
                 catchup.on_ready(shard_id)
 
         sharded = isinstance(client, discord.AutoShardedClient)
+
+        def parents(gid: str) -> dict[str, str]:
+            return self.guilds[gid].parents() if gid in self.guilds else {}
+
+        reconcile = None
+        if self.settings.reconcile_lookback_s > 0:
+            reconcile = Reconciler(
+                self.deletions,
+                self.engine.store.catchup,
+                DiscordHistoryCheck(client, parents=parents),
+                lookback_s=self.settings.reconcile_lookback_s,
+                budget_s=self.settings.reconcile_budget_s,
+            )
         catchup = self.catchup = DiscordCatchUp(
             self.dispatcher,
             self.engine.store.catchup,
             client,
-            parents=lambda gid: self.guilds[gid].parents() if gid in self.guilds else {},
+            parents=parents,
             names=self._channel_names,
             shard_of=self._own_shard if sharded else None,
+            reconcile=reconcile,
         )
         await catchup.before_connect()
         client.event(on_socket_raw_receive)
@@ -590,6 +608,13 @@ class DiscordAdapter:
         shard = (int(guild_id) >> 22) % count
         ids = self.settings.discord_shard_ids
         return shard if ids is None or shard in ids else None
+
+    @property
+    def deletions(self) -> PlatformDeletions:
+        """Forgets deleted threads, channels and guilds the bot left (memory/governance)."""
+        if self._deletions is None:
+            self._deletions = PlatformDeletions(self.dispatcher.governance)
+        return self._deletions
 
     def _runner_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -934,11 +959,14 @@ class DiscordAdapter:
         await self._reconcile(state, leaves=state.complete)
 
     async def _on_guild_delete(self, d: dict[str, Any]) -> None:
+        """Removed from the guild (kicked, or it was deleted): what it held is forgotten.
+        ``unavailable: true`` is an outage of the guild, not a deletion: nothing changes."""
         if not d.get("unavailable"):
             gid = req_str(d, "id", "discord GUILD_DELETE")
             self.guilds.pop(gid, None)
             self.granted.pop(gid, None)
             log.info("discord: removed from guild %s", gid)
+            await self.deletions.workspace_left(tr.PLATFORM, gid, actor=tr.PLATFORM)
 
     async def _on_guild_role_create(self, d: dict[str, Any]) -> None:
         state = self._state(d, "discord GUILD_ROLE")
@@ -980,10 +1008,15 @@ class DiscordAdapter:
     _on_channel_update = _on_channel_create
 
     async def _on_channel_delete(self, d: dict[str, Any]) -> None:
+        """A deleted channel: everything it held is forgotten (its threads' replies are
+        stored in it), then it leaves the roster."""
+        cid = req_str(d, "id", "discord CHANNEL_DELETE")
+        gid = opt_str(d, "guild_id", "discord CHANNEL_DELETE")
+        if gid:
+            await self.deletions.channel_deleted(self._scope(gid, cid), actor=tr.PLATFORM)
         state = self._state(d, "discord CHANNEL_DELETE")
         if state is None:
             return
-        cid = req_str(d, "id", "discord CHANNEL_DELETE")
         self.permissions.invalidate_guild(state.guild_id)
         state.threads.pop(cid, None)
         if state.channels.pop(cid, None) is None:
@@ -1002,9 +1035,19 @@ class DiscordAdapter:
     _on_thread_update = _on_thread_create
 
     async def _on_thread_delete(self, d: dict[str, Any]) -> None:
-        state = self._state(d, "discord THREAD_DELETE")
+        """A deleted thread: its replies (stored in its parent channel) are forgotten."""
+        where = "discord THREAD_DELETE"
+        tid = req_str(d, "id", where)
+        gid = opt_str(d, "guild_id", where)
+        parent = opt_str(d, "parent_id", where)
+        state = self._state(d, where)
         if state is not None:
-            state.threads.pop(req_str(d, "id", "discord THREAD_DELETE"), None)
+            known = state.threads.pop(tid, None)
+            parent = parent or (known[0] if known else None)
+        if gid:
+            # without a parent: a thread whose messages were stored as a channel of its own
+            scope = self._scope(gid, parent or tid)
+            await self.deletions.thread_deleted(scope, tid, actor=tr.PLATFORM)
 
     async def _on_thread_list_sync(self, d: dict[str, Any]) -> None:
         state = self._state(d, "discord THREAD_LIST_SYNC")

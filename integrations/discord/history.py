@@ -26,6 +26,7 @@ import discord
 from bot.catchup import CatchUp, Start
 from bot.dispatch import Dispatcher
 from bot.events import MessageEvent, Scope
+from bot.reconcile import Reconciler
 from integrations.discord import translate as tr
 from integrations.payload import PayloadError
 from memory.store.catchup import CatchupRepo
@@ -95,10 +96,14 @@ class DiscordCatchUp:
         parents: Callable[[str], dict[str, str]] | None = None,
         names: Callable[[], Mapping[Scope, str]] | None = None,
         shard_of: Callable[[str], int | None] | None = None,
+        reconcile: Reconciler | None = None,
     ) -> None:
         """`shard_of` (a sharded client): a guild id's shard when this process runs it,
-        else None; without it every stored Discord channel is this process's."""
-        self.catchup = CatchUp(dispatcher, repo, DiscordHistory(client, parents=parents))
+        else None; without it every stored Discord channel is this process's. `reconcile`:
+        what was deleted or edited meanwhile is checked after each pass."""
+        self.catchup = CatchUp(
+            dispatcher, repo, DiscordHistory(client, parents=parents), reconcile=reconcile
+        )
         self.names = names or dict
         self.shard_of = shard_of
         self._pending: dict[int | None, dict[Scope, Start]] = {}
@@ -148,14 +153,19 @@ class DiscordCatchUp:
         log.info("discord catch-up done: %d channel(s), %d message(s)", len(results), total)
 
     async def wait(self) -> None:
+        """Until the pass (of catch-up, then of the reconciliation after it) is done."""
         if self._task is not None:
             await asyncio.shield(self._task)
+        if self.catchup.reconcile is not None:
+            await self.catchup.reconcile.wait()
 
     async def stop(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.catchup.reconcile is not None:
+            await self.catchup.reconcile.stop()
 
     def lines(self) -> list[str]:
         return self.catchup.lines()

@@ -56,8 +56,10 @@ from bot.dispatch import Dispatcher
 from bot.events import Event, MessageEvent, RosterAction, RosterEvent, Scope
 from bot.governance import CommandReply
 from bot.inflight import InFlight
+from bot.reconcile import Reconciler
 from bot.settings import Settings
 from integrations.slack.history import SlackCatchUp, SlackHistory
+from integrations.slack.reconcile import SlackHistoryCheck
 from integrations.slack.render import (
     CANCEL_ACTION,
     CONFIRM_ACTION,
@@ -71,11 +73,13 @@ from integrations.slack.translate import (
     PLATFORM,
     PayloadError,
     channel_privacy,
+    deleted_channel,
     display_name,
     translate_command,
     translate_event,
 )
 from memory.engine import MemoryEngine
+from memory.governance.deletions import PlatformDeletions
 from memory.query.answer import RecallAnswer
 from memory.query.links import default_link
 
@@ -231,6 +235,8 @@ class SlackAdapter:
         self.thread_lookback_s = thread_lookback_s
         self.catchup: SlackCatchUp | None = None
         """History catch-up at start and after Socket Mode reconnects (slack/history.py)."""
+        self.deletions = PlatformDeletions(dispatcher.governance)
+        """Forgets deleted channels, and what reconciliation finds deleted (bot/reconcile.py)."""
         self._hellos = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -271,6 +277,7 @@ class SlackAdapter:
                 ),
                 workspace=team if isinstance(team, str) and team else None,
                 on_page=lambda _prog, n: self.stats.update(catchup_messages=n),
+                reconcile=self._reconciler(),
             )
             await self.catchup.before_connect()  # before any live event can move it
         if self.mode == "socket":
@@ -302,6 +309,23 @@ class SlackAdapter:
         )
         if self.catchup is not None:
             self.catchup.begin()
+
+    def _reconciler(self) -> Reconciler | None:
+        """Reconciliation after each catch-up pass, unless SPEAKERMEM_RECONCILE_LOOKBACK_S=0.
+        Its reads use a client without the SDK's rate-limit retries: a Retry-After is waited
+        out only within the run's budget (integrations/slack/reconcile.py)."""
+        if self.settings.reconcile_lookback_s <= 0:
+            return None
+        client = AsyncWebClient(
+            token=self.client.token, base_url=self.client.base_url, session=self.client.session
+        )
+        return Reconciler(
+            self.deletions,
+            self.engine.store.catchup,
+            SlackHistoryCheck(client, page_size=self.catchup_page_size),
+            lookback_s=self.settings.reconcile_lookback_s,
+            budget_s=self.settings.reconcile_budget_s,
+        )
 
     async def _on_socket_message(self, message: WSMessage) -> None:
         """Every Socket Mode text frame, read before the next: a ``hello`` after the first
@@ -414,7 +438,8 @@ class SlackAdapter:
     async def handle_event_body(self, body: Mapping[str, Any]) -> Event | None:
         """Translate one Events API body and apply it; never raises. Returns what was applied."""
         try:
-            event = translate_event(body, user_names=self._known_names(body))
+            gone = deleted_channel(body)
+            event = translate_event(body, user_names=self._known_names(body)) if not gone else None
         except PayloadError as exc:
             self.stats["malformed"] += 1
             log.warning("malformed slack event skipped (%s)", _brief(exc))
@@ -422,6 +447,9 @@ class SlackAdapter:
         except Exception as exc:  # the translator is pure; anything else is still a bad payload
             self.stats["malformed"] += 1
             log.warning("unreadable slack event skipped (%s)", _brief(exc))
+            return None
+        if gone is not None:
+            await self._channel_deleted(gone)
             return None
         if event is None:
             self.stats["ignored"] += 1
@@ -445,6 +473,16 @@ class SlackAdapter:
         if isinstance(event, RosterEvent):
             self._after_roster_event(event)
         return event
+
+    async def _channel_deleted(self, scope: Scope) -> None:
+        """A channel deleted on Slack: everything it held is forgotten, with an audit entry."""
+        try:
+            await self.deletions.channel_deleted(scope, actor=PLATFORM)
+        except Exception:
+            self.stats["errors"] += 1
+            log.exception("forgetting the deleted slack channel %s failed", scope.channel)
+            return
+        self.stats["channel_deleted"] += 1
 
     async def _note_privacy(self, event: Event, private: bool | None) -> None:
         """Record what the event's channel_type says about privacy (only when it changes)."""

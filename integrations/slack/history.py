@@ -45,6 +45,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.catchup import CatchUp, ChannelProgress, Start
 from bot.dispatch import Dispatcher
 from bot.events import MessageEvent, Scope
+from bot.reconcile import Reconciler
 from integrations.slack.roster_sync import RateLimitedApi, Sleep
 from integrations.slack.translate import PLATFORM, PayloadError, translate_event
 from memory.store.catchup import CatchupRepo
@@ -246,9 +247,11 @@ class SlackCatchUp:
         workspace: str | None = None,
         names: Callable[[], Mapping[Scope, str]] | None = None,
         on_page: Callable[[ChannelProgress, int], None] | None = None,
+        reconcile: Reconciler | None = None,
     ) -> None:
+        """`reconcile`: what was deleted or edited meanwhile is checked after each pass."""
         self.history = history
-        self.catchup = CatchUp(dispatcher, repo, history, on_page=on_page)
+        self.catchup = CatchUp(dispatcher, repo, history, on_page=on_page, reconcile=reconcile)
         self.workspace = workspace
         self.names = names or dict
         self._pending: dict[Scope, Start] = {}
@@ -301,9 +304,14 @@ class SlackCatchUp:
             )
 
     async def wait(self) -> None:
-        """Until no pass is running or pending."""
-        while self._task is not None and not self._task.done():
-            await asyncio.shield(self._task)
+        """Until no pass (of catch-up, or of the reconciliation after it) is running or
+        pending."""
+        reconcile = self.catchup.reconcile
+        while self.running or (reconcile is not None and reconcile.running):
+            if self._task is not None and not self._task.done():
+                await asyncio.shield(self._task)
+            elif reconcile is not None:
+                await reconcile.wait()
 
     async def stop(self) -> None:
         """Cancel a running pass; its cursors are saved per page, so the next start resumes."""
@@ -312,6 +320,8 @@ class SlackCatchUp:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self.catchup.reconcile is not None:
+            await self.catchup.reconcile.stop()
 
     @property
     def running(self) -> bool:

@@ -50,6 +50,7 @@ __all__ = [
     "WORKSPACE_CHANNEL",
     "PayloadError",
     "channel_privacy",
+    "deleted_channel",
     "display_name",
     "mentioned_users",
     "message_event",
@@ -333,6 +334,23 @@ def translate_event(
 
     log.debug("ignoring slack event type %s", kind)
     return None
+
+
+CHANNEL_DELETED_EVENTS = frozenset({"channel_deleted", "group_deleted"})
+"""A public (scope channels:read) or private (groups:read) channel was deleted."""
+
+
+def deleted_channel(body: Mapping[str, Any], *, team_id: str | None = None) -> Scope | None:
+    """The channel a ``channel_deleted`` / ``group_deleted`` event names; None for any other
+    event. These are no `Event`: the adapter has everything the channel held forgotten."""
+    if not isinstance(body, Mapping):
+        raise PayloadError(f"slack event: expected an object, got {type(body).__name__}")
+    event = body.get("event", body)
+    if not isinstance(event, Mapping) or event.get("type") not in CHANNEL_DELETED_EVENTS:
+        return None
+    where = f"slack {event.get('type')}"
+    channel = req_str(event, "channel", where)
+    return _scope(_team(body, event, team_id), channel)
 
 
 _PRIVATE_TYPES = frozenset({"group", "mpim", "im", "G", "D"})

@@ -120,7 +120,7 @@ class Forgetting:
         return lambda r: self._person_steps(platform, workspace, target, action, r)
 
     async def _message_steps(self, scope: Scope, message_id: str, receipt: Receipt) -> None:
-        await self._hooks(
+        await self.run_hooks(
             Forgotten(
                 scope.platform, scope.workspace, channel=scope.channel, message_ids=(message_id,)
             )
@@ -139,7 +139,7 @@ class Forgetting:
         new = not await tombstones.is_forgotten(platform, workspace, user_id)
         named = await tombstones.bury(platform, workspace, user_id, names)
         receipt.add("forgotten_people", int(new))
-        await self._hooks(Forgotten(platform, workspace, user_id=user_id))
+        await self.run_hooks(Forgotten(platform, workspace, user_id=user_id))
         people = {user_id}
         pks = await self.repo.user_message_pks(platform, workspace, user_id)
         await self.repo.forget_messages(
@@ -158,7 +158,7 @@ class Forgetting:
     async def _channel_steps(self, scope: Scope, actor: str, receipt: Receipt) -> None:
         await self.repo.set_channel_enabled(scope, False, actor)
         receipt.counts["channel_policy"] = 1
-        await self._hooks(Forgotten(scope.platform, scope.workspace, channel=scope.channel))
+        await self.run_hooks(Forgotten(scope.platform, scope.workspace, channel=scope.channel))
         pks = await self.repo.channel_message_pks(scope)
         await self.repo.forget_messages(
             pks, receipt, reason="channel-purge", batch=self.cfg.forget_batch
@@ -168,7 +168,8 @@ class Forgetting:
         if left:
             await self.repo.withdraw(left, receipt, reason="channel-purge", requeue=False)
 
-    async def _hooks(self, forgotten: Forgotten) -> None:
+    async def run_hooks(self, forgotten: Forgotten) -> None:
+        """Tell the copies outside the store (the bot's spill) what a forget covers."""
         for hook in self.hooks:
             await hook(forgotten)
 

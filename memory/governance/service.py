@@ -398,7 +398,9 @@ class Governance:
         self, platform: str | None, workspace: str | None, channels: list[dict[str, Any]]
     ) -> list[dict[str, Any]]:
         """Saved catch-up/backfill cursors (bot.catchup): how far each channel's history
-        fetch got, so `status` shows a run in progress, finished or interrupted."""
+        fetch got, so `status` shows a run in progress, finished or interrupted; and each
+        channel's reconciliation after downtime (bot.reconcile), with what it left unchecked
+        in `detail`."""
         repo = self.engine.store.catchup
         names = {c["channel"]: c["name"] for c in channels}
         platforms = (
@@ -406,7 +408,7 @@ class Governance:
         )
         out: list[dict[str, Any]] = []
         for plat in platforms:
-            for kind in ("catchup", "backfill"):
+            for kind in ("catchup", "backfill", "reconcile"):
                 for cur in await repo.cursors(plat, kind):
                     if workspace is not None and cur.scope.workspace != workspace:
                         continue
@@ -419,6 +421,7 @@ class Governance:
                             "fetched": cur.fetched,
                             "finished": cur.finished,
                             "updated_at": cur.updated_at,
+                            "detail": cur.detail,
                         }
                     )
         return out

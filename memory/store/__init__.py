@@ -13,6 +13,7 @@ from memory.store.governance import AuditEntry, ChannelPolicy, GovernanceRepo, R
 from memory.store.interactions import InteractionRepo
 from memory.store.locks import JobLocks
 from memory.store.messages import ChangeStatus, IngestOutcome, IngestStatus, MessageRepo
+from memory.store.reconcile import ReconcileRepo
 from memory.store.records import ChainConflict, RecordRepo, WriterRunLog
 from memory.store.segments import SegmentRepo
 from memory.store.tombstones import TombstoneRepo
@@ -51,6 +52,7 @@ class Store:
         self.interactions = InteractionRepo(self.db)
         self.catchup = CatchupRepo(self.db)
         self.console = ConsoleRepo(self.db, self.channels)
+        self.reconcile = ReconcileRepo(self.db)
         self.locks = JobLocks()
         self.tombstones = TombstoneRepo(self.db, self.channels)
         self.forget_jobs = ForgetJobRepo(self.db)

@@ -3,12 +3,17 @@
 A run records, per channel, the newest message it has fetched (`cursor_id`, `cursor_ts`)
 after every page, and `finished` once it reached the present. The next run starts from an
 unfinished cursor, else from the newest message stored before live events resumed.
+
+Reconciliation after downtime (bot/reconcile.py) keeps a cursor of kind "reconcile" whose
+`detail` holds its own state (the windows still to check and what it found) as JSON.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from memory.models import Scope
 from memory.store.database import Database
@@ -23,6 +28,7 @@ class Cursor:
     fetched: int
     finished: bool
     updated_at: float
+    detail: dict[str, Any] = field(default_factory=dict)
 
 
 class CatchupRepo:
@@ -53,21 +59,19 @@ class CatchupRepo:
     async def cursors(self, platform: str, kind: str = "catchup") -> list[Cursor]:
         rows = await self.db.read(
             "SELECT platform, workspace, channel, kind, cursor_id, cursor_ts, fetched, finished,"
-            " updated_at FROM catchup_cursors WHERE platform = ? AND kind = ?",
+            " updated_at, detail FROM catchup_cursors WHERE platform = ? AND kind = ?",
             (platform, kind),
         )
-        return [
-            Cursor(
-                scope=Scope(platform=r[0], workspace=r[1], channel=r[2]),
-                kind=r[3],
-                cursor_id=r[4],
-                cursor_ts=r[5],
-                fetched=int(r[6]),
-                finished=bool(r[7]),
-                updated_at=float(r[8]),
-            )
-            for r in rows
-        ]
+        return [_cursor(r) for r in rows]
+
+    async def cursor(self, scope: Scope, kind: str) -> Cursor | None:
+        rows = await self.db.read(
+            "SELECT platform, workspace, channel, kind, cursor_id, cursor_ts, fetched, finished,"
+            " updated_at, detail FROM catchup_cursors WHERE platform = ? AND workspace = ?"
+            " AND channel = ? AND kind = ?",
+            (*scope.key(), kind),
+        )
+        return _cursor(rows[0]) if rows else None
 
     async def save(
         self,
@@ -78,14 +82,39 @@ class CatchupRepo:
         cursor_ts: float | None,
         fetched: int,
         finished: bool,
+        detail: dict[str, Any] | None = None,
     ) -> None:
         async with self.db.transaction() as tx:
             await tx.execute(
                 "INSERT INTO catchup_cursors (platform, workspace, channel, kind, cursor_id,"
-                " cursor_ts, fetched, finished, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " cursor_ts, fetched, finished, updated_at, detail)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (platform, workspace, channel, kind) DO UPDATE SET"
                 " cursor_id = excluded.cursor_id, cursor_ts = excluded.cursor_ts,"
                 " fetched = excluded.fetched, finished = excluded.finished,"
-                " updated_at = excluded.updated_at",
-                (*scope.key(), kind, cursor_id, cursor_ts, fetched, int(finished), time.time()),
+                " updated_at = excluded.updated_at, detail = excluded.detail",
+                (
+                    *scope.key(),
+                    kind,
+                    cursor_id,
+                    cursor_ts,
+                    fetched,
+                    int(finished),
+                    time.time(),
+                    json.dumps(detail, sort_keys=True) if detail else None,
+                ),
             )
+
+
+def _cursor(r: Any) -> Cursor:
+    detail = json.loads(r[9]) if r[9] else {}
+    return Cursor(
+        scope=Scope(platform=r[0], workspace=r[1], channel=r[2]),
+        kind=r[3],
+        cursor_id=r[4],
+        cursor_ts=r[5],
+        fetched=int(r[6]),
+        finished=bool(r[7]),
+        updated_at=float(r[8]),
+        detail=detail if isinstance(detail, dict) else {},
+    )

@@ -154,7 +154,14 @@ class Database:
         """One write transaction (BEGIN IMMEDIATE ... COMMIT), rolled back on any error."""
         async with self._write_lock:
             conn = self.writer
-            await self._begin(conn)
+            try:
+                await self._begin(conn)
+            except asyncio.CancelledError:
+                # aiosqlite runs the BEGIN in its thread even when the await is cancelled:
+                # an open transaction left on the one writer would fail every later write
+                with contextlib.suppress(Exception):
+                    await conn.execute("ROLLBACK")
+                raise
             tx = Transaction(conn)
             try:
                 yield tx

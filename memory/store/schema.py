@@ -490,6 +490,13 @@ CREATE INDEX forget_jobs_open ON forget_jobs (id) WHERE done_at IS NULL;
 """
 
 
+RECONCILE_DETAIL = """
+-- Reconciliation after downtime (bot/reconcile.py) keeps its state in a cursor of kind
+-- 'reconcile': the windows still to check, newest first, and what it found, as JSON.
+ALTER TABLE catchup_cursors ADD COLUMN detail TEXT;
+"""
+
+
 def migrations(chunk_size: int) -> list[Migration]:
     """All migrations in order. The vec0 chunk size is fixed when the table is created."""
     return [
@@ -506,4 +513,5 @@ def migrations(chunk_size: int) -> list[Migration]:
             8, "writer: pending segments indexed in order and by channel", PENDING_SEGMENT_INDEXES
         ),
         Migration(9, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
+        Migration(10, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
     ]

@@ -186,6 +186,14 @@ class DiscordStandIn:
         self.history: dict[str, list[dict[str, Any]]] = {}
         """channel id -> messages (ascending ids) served by GET /channels/{id}/messages."""
         self.history_rate_limits: list[float] = []
+        self.backward_rate_limits: dict[str, list[float]] = {}
+        """channel id -> Retry-After values for its next history GETs that page backwards
+        (``before=``, reconciliation's reads)."""
+        self.history_queries: list[tuple[str, dict[str, str]]] = []
+        """(channel id, query) of every history GET: ``after=`` pages forward (catch-up),
+        ``before=`` backwards (reconciliation)."""
+        self.deleted_channels: set[str] = set()
+        """Channels and threads `delete_channel` removed: their history is a 404."""
         self.resumable = True
         """Whether a RESUME (op 6) succeeds (RESUMED) or gets INVALID_SESSION."""
         self.resumes = 0
@@ -471,10 +479,35 @@ class DiscordStandIn:
         msgs.sort(key=lambda x: int(x["id"]))
         return msg
 
+    def delete_message(self, channel_id: str, message_id: str) -> None:
+        """A message deleted (while the bot is away: no MESSAGE_DELETE is sent)."""
+        msgs = self.history.get(channel_id, [])
+        msgs[:] = [m for m in msgs if m["id"] != message_id]
+
+    def edit_message(self, channel_id: str, message_id: str, content: str) -> dict[str, Any]:
+        """A message edited (while the bot is away): new content, an ``edited_timestamp``."""
+        msg = next(m for m in self.history.get(channel_id, []) if m["id"] == message_id)
+        msg.update(content=content, edited_timestamp=datetime.now(UTC).isoformat())
+        return msg
+
+    def delete_channel(self, channel_id: str) -> None:
+        """A channel or thread deleted: its history answers 404 Unknown Channel (10003), and
+        the next GUILD_CREATE no longer lists it."""
+        self.deleted_channels.add(channel_id)
+        self.history.pop(channel_id, None)
+        for key in ("channels", "threads"):
+            self.guild[key] = [c for c in self.guild.get(key, []) if c["id"] != channel_id]
+
     def _history(self, channel_id: str, query: Any) -> web.Response:
         """Discord's paging: `after` gives the `limit` messages right after it, newest first."""
-        if self.history_rate_limits:
-            retry = self.history_rate_limits.pop(0)
+        self.history_queries.append((channel_id, dict(query)))
+        if channel_id in self.deleted_channels:
+            return _json({"message": "Unknown Channel", "code": 10003}, status=404)
+        limits = self.history_rate_limits
+        if not limits and "before" in query:
+            limits = self.backward_rate_limits.get(channel_id, [])
+        if limits:
+            retry = limits.pop(0)
             return web.Response(
                 body=json.dumps(
                     {

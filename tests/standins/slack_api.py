@@ -15,11 +15,14 @@ users.info, users.list (paged like conversations.members), chat.getPermalink,
 chat.postMessage, chat.postEphemeral, conversations.history and conversations.replies
 (a message list per channel in `history`, added with `add_message`; newest first /
 thread oldest first, ``oldest``/``latest``/``inclusive``, cursor paging capped at
-`history_page_size`),
+`history_page_size`; `delete_message`, `edit_message` and `delete_channel` change them as
+Slack does: a deleted parent with replies stays as a ``tombstone``, an edit carries ``edited``,
+a deleted channel is ``channel_not_found``),
 apps.connections.open (returns ``ws://…/socket``). `rate_limit(method)` makes the
-next call(s) answer 429 with ``Retry-After``. ``/response/{key}`` records what
-``respond()`` posts. The socket sends ``hello`` then queued envelopes and
-records the acks.
+next call(s) answer 429 with ``Retry-After``; `cap_history` limits history reads the way
+Slack does for some apps (one call a minute per method, short pages).
+``/response/{key}`` records what ``respond()`` posts. The socket sends ``hello`` then
+queued envelopes and records the acks.
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class SlackApiStandIn:
         self.acks: list[dict[str, Any]] = []
         self.socket_connections = 0
         self._rate_limits: dict[str, list[int]] = {}
+        self._caps: dict[str, float] = {}
+        """method -> seconds between two calls it serves (`cap_history`)."""
+        self._served: dict[str, float] = {}
         self._holds: dict[str, tuple[asyncio.Event, asyncio.Event]] = {}
         self._envelopes: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._ack_event = asyncio.Condition()
@@ -127,6 +133,15 @@ class SlackApiStandIn:
     def rate_limit(self, method: str, *, retry_after: int = 1, times: int = 1) -> None:
         """Answer the next `times` calls of `method` with 429 and ``Retry-After``."""
         self._rate_limits.setdefault(method, []).extend([retry_after] * times)
+
+    def cap_history(self, *, interval_s: float = 60.0, page: int = 15) -> None:
+        """Slack's limits on conversations.history and .replies for commercially distributed
+        apps outside the Marketplace: one call per `interval_s` per method (a call sooner is
+        answered 429 with ``Retry-After: interval_s``) and at most `page` messages a page."""
+        for method in ("conversations.history", "conversations.replies"):
+            self._caps[method] = interval_s
+            self._served.pop(method, None)
+        self.history_page_size = page
 
     def hold(self, method: str) -> tuple[asyncio.Event, asyncio.Event]:
         """Hold calls of `method` until released: returns (entered, release) events; a call
@@ -170,6 +185,17 @@ class SlackApiStandIn:
         failing = self._failures.get(method)
         if failing:
             return web.json_response({"ok": False, "error": failing.pop(0)})
+        cap = self._caps.get(method)
+        if cap is not None:
+            now = time.monotonic()
+            last = self._served.get(method)
+            if last is not None and now - last < cap:
+                return web.json_response(
+                    {"ok": False, "error": "ratelimited"},
+                    status=429,
+                    headers={"Retry-After": str(int(cap))},
+                )
+            self._served[method] = now
         pending = self._rate_limits.get(method)
         if pending:
             retry_after = pending.pop(0)
@@ -251,6 +277,41 @@ class SlackApiStandIn:
                 msg["parent_user_id"] = parent.get("user")
         self.history.setdefault(channel, []).append(msg)
         return msg
+
+    def _find(self, channel: str, ts: str) -> dict[str, Any]:
+        return next(m for m in self.history.get(channel, []) if m["ts"] == ts)
+
+    def delete_message(self, channel: str, ts: str) -> None:
+        """Delete a message: gone from history, or, for a thread parent that has replies,
+        left as a ``tombstone`` (what Slack shows as "This message was deleted.")."""
+        msg = self._find(channel, ts)
+        if self._thread(channel, ts):
+            msg.clear()
+            msg.update(
+                type="message",
+                subtype="tombstone",
+                text="This message was deleted.",
+                ts=ts,
+                thread_ts=ts,
+                user="USLACKBOT",
+                hidden=True,
+            )
+        else:
+            self.history[channel].remove(msg)
+
+    def edit_message(
+        self, channel: str, ts: str, text: str, *, at: float | None = None
+    ) -> dict[str, Any]:
+        """Edit a message's text; it carries ``edited`` ({user, ts}) from then on."""
+        msg = self._find(channel, ts)
+        edited_ts = f"{int(at if at is not None else time.time())}.000000"
+        msg.update(text=text, edited={"user": msg.get("user"), "ts": edited_ts})
+        return msg
+
+    def delete_channel(self, channel: str) -> None:
+        """Delete a channel: its history and members go; it is ``channel_not_found``."""
+        self.history.pop(channel, None)
+        self.members.pop(channel, None)
 
     @staticmethod
     def _flag(value: Any) -> bool:

@@ -28,7 +28,7 @@ from memory.store.pg.messages_schema import (
     messages_unembedded_sql,
 )
 from memory.store.pg.records_schema import records_search_sql, segment_claims_sql
-from memory.store.schema import EMBED_DIM, PENDING_SEGMENT_INDEXES, Migration
+from memory.store.schema import EMBED_DIM, PENDING_SEGMENT_INDEXES, RECONCILE_DETAIL, Migration
 
 T = 'TEXT COLLATE "C"'
 """Text compared bytewise, as SQLite does."""
@@ -478,6 +478,7 @@ def migrations(config: StoreConfig) -> list[Migration]:
             10, "writer: pending segments indexed in order and by channel", PENDING_SEGMENT_INDEXES
         ),
         Migration(11, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
+        Migration(12, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
     ]
 
 

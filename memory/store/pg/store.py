@@ -15,13 +15,14 @@ from memory.store.pg.locks import PgJobLocks
 from memory.store.pg.messages import PgMessageRepo
 from memory.store.pg.records import PgRecordRepo
 from memory.store.pg.segments import PgSegmentRepo
+from memory.store.reconcile import ReconcileRepo
 from memory.store.tombstones import TombstoneRepo
 
 
 class PgStore(Store):
     """The same attributes as the SQLite `Store` (channels, messages, records, segments,
-    governance, interactions, catchup, db), each a repository whose SQL PostgreSQL runs:
-    a PostgreSQL subclass where the SQLite one has SQLite-only SQL."""
+    governance, interactions, catchup, reconcile, db), each a repository whose SQL
+    PostgreSQL runs: a PostgreSQL subclass where the SQLite one has SQLite-only SQL."""
 
     def __init__(self, config: StoreConfig, *, gap_seconds: float, window: int) -> None:
         # no super().__init__: that would build the SQLite Database
@@ -36,6 +37,7 @@ class PgStore(Store):
         self.interactions = PgInteractionRepo(self.db)
         self.catchup = PgCatchupRepo(self.db)
         self.console = ConsoleRepo(self.db, self.channels)
+        self.reconcile = ReconcileRepo(self.db)  # portable SQL
         self.locks = PgJobLocks(self.db)
         self.tombstones = TombstoneRepo(self.db, self.channels)
         self.forget_jobs = ForgetJobRepo(self.db)
