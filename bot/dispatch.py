@@ -37,14 +37,12 @@ from bot.events import (
 from bot.governance import CommandReply, PendingActions
 from bot.governance_commands import run_confirmed, run_memory_command
 from bot.spill import Spill, SpillFull, StorableEvent
-from memory.engine import MemoryEngine
+from memory.engine import IngestOutcome, IngestStatus, MemoryEngine, StoreFull
 from memory.governance.policy import Forgotten
 from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
 from memory.query.pipeline import AccessDenied, Recaller, RecallRequest
-from memory.store import IngestOutcome, IngestStatus
-from memory.store.database import StoreFull
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +121,7 @@ class Dispatcher:
     def _transient(self, exc: BaseException) -> bool:
         """A store failure the same write survives later (full, locked, connection lost):
         the event is kept for then. Anything else is a bad event or a bug."""
-        return self.engine.store.retryable(exc)
+        return self.engine.retryable(exc)
 
     async def handle(self, event: Event) -> bool:
         """Apply one event; errors are logged and counted, never raised (the funnel).

@@ -542,14 +542,14 @@ class DiscordAdapter:
         if self.settings.reconcile_lookback_s > 0:
             reconcile = Reconciler(
                 self.deletions,
-                self.engine.store.catchup,
+                self.engine.cursors,
                 DiscordHistoryCheck(client, parents=parents),
                 lookback_s=self.settings.reconcile_lookback_s,
                 budget_s=self.settings.reconcile_budget_s,
             )
         catchup = self.catchup = DiscordCatchUp(
             self.dispatcher,
-            self.engine.store.catchup,
+            self.engine.cursors,
             client,
             parents=parents,
             names=self._channel_names,

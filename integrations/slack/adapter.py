@@ -267,7 +267,7 @@ class SlackAdapter:
             team = auth.get("team_id")
             self.catchup = SlackCatchUp(
                 self.dispatcher,
-                self.engine.store.catchup,
+                self.engine.cursors,
                 SlackHistory(
                     self.client,
                     names=self.user_info,
@@ -321,7 +321,7 @@ class SlackAdapter:
         )
         return Reconciler(
             self.deletions,
-            self.engine.store.catchup,
+            self.engine.cursors,
             SlackHistoryCheck(client, page_size=self.catchup_page_size),
             lookback_s=self.settings.reconcile_lookback_s,
             budget_s=self.settings.reconcile_budget_s,
