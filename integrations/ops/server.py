@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.health import (
+    QUEUE_WARN,
     HealthFacts,
     HealthReport,
     LLMHealth,
@@ -45,7 +46,7 @@ class OpsServer:
         spill: Spill | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        queue_warn: int = 1_000,
+        queue_warn: int = QUEUE_WARN,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
