@@ -5,8 +5,8 @@ API into pages of `MessageEvent`s, oldest first, newer than a given message; it 
 and the platform's rate-limit headers. This module decides where each channel starts,
 feeds every event through `Dispatcher.handle` (the same funnel, governance and idempotency
 as live events: a message already stored is a duplicate, not a second row), saves a cursor
-after every page so an interrupted run resumes where it stopped, and reports progress:
-"#eng caught up to 14:02, 1,240 messages".
+after every page (`engine.cursors`) so an interrupted run resumes where it stopped, and
+reports progress (bot/progress.py): "#eng caught up to 14:02, 1,240 messages".
 
 Where a channel starts:
 - an unfinished cursor of an earlier run (it was interrupted): from that cursor;

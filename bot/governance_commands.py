@@ -46,6 +46,8 @@ from memory.models import Scope
 
 
 class Counted(Protocol):
+    """The dispatcher's counters (`DispatchStats`): what `/memory` ran or refused."""
+
     @property
     def handled(self) -> Counter[str]: ...
 

@@ -227,8 +227,9 @@ async def _discord_source(
 
 
 async def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.catchup import CatchUp, ChannelProgress
+    from bot.catchup import CatchUp
     from bot.dispatch import Dispatcher
+    from bot.progress import ChannelProgress
     from integrations.app import open_engine
     from integrations.cli.commands_governance import governance
     from integrations.cli.ingest import embed_all
