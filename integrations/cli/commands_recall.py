@@ -11,14 +11,10 @@ from rich.table import Table
 
 from bot.settings import Settings
 from integrations.app import build_llm, open_engine
-from integrations.cli.commands_store import (
-    DATASET_READERS,
-    embed_all,
-    ingest_events,
-    resolve_channel,
-)
+from integrations.cli.commands_store import embed_all, ingest_events, resolve_channel
 from integrations.cli.errors import CliError
 from integrations.cli.render import advance, console, err_console, progress_bar
+from memory.datasets import DATASET_READERS, read_dataset
 from memory.engine import MemoryEngine
 from memory.eval.answer_metrics import JUDGE_PROMPT_VERSION
 from memory.eval.harness import EvalHarness, markdown_table
@@ -61,7 +57,13 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
     )
     common(p)
     p.add_argument("dataset", choices=sorted(DATASET_READERS), help="dataset format")
-    p.add_argument("path", help="dataset file")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="dataset file (socialmembench: network files and/or folders of them)",
+    )
     p.add_argument("--out", type=Path, required=True, help="report JSON path (.md beside it)")
     p.add_argument(
         "--writer",
@@ -177,7 +179,7 @@ def explain(result: RecallResult) -> None:
 
 
 async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
-    dataset = DATASET_READERS[args.dataset](Path(args.path), sessions=not args.no_sessions)
+    dataset = read_dataset(args.dataset, args.paths, sessions=not args.no_sessions)
     llm = build_llm(settings)
     if args.writer == "llm" and llm is None:
         raise CliError("--writer llm needs an LLM: set SPEAKERMEM_LLM_BASE_URL")

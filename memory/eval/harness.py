@@ -34,6 +34,7 @@ from memory.query.pipeline import RecallPipeline, RecallRequest
 
 SYSTEMS = ("speakermem", "bm25", "bm25_speaker", "dense", "hybrid")
 CONTROL_DEPTH = 100
+DIFFICULTY_ORDER = {"easy": 0, "medium": 1, "hard": 2}
 
 
 @dataclass
@@ -78,9 +79,17 @@ def _aggregate(
 
     out = block(results)
     by_cat: dict[str, list[QuestionResult]] = defaultdict(list)
+    by_level: dict[str, list[QuestionResult]] = defaultdict(list)
     for r in results:
         by_cat[r.question.category].append(r)
+        if r.question.difficulty:
+            by_level[r.question.difficulty].append(r)
     out["by_category"] = {cat: block(items) for cat, items in sorted(by_cat.items())}
+    if by_level:
+        out["by_difficulty"] = {
+            level: block(by_level[level])
+            for level in sorted(by_level, key=lambda lv: (DIFFICULTY_ORDER.get(lv, 9), lv))
+        }
     return out
 
 
@@ -293,25 +302,36 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def markdown_table(report: dict[str, Any]) -> str:
-    """The report's headline numbers as a Markdown table (overall and per category)."""
+def _breakdown(report: dict[str, Any], key: str, title: str) -> list[str]:
+    """One table: per system, recall (and all-hit) overall and per group of `key`."""
     systems = report["systems"]
-    cats = sorted({c for s in systems.values() for c in s.get("by_category", {})})
-    head = (
-        "| system | recall@{k} | all-hit | n | ".format(k=report["k"])
-        + " | ".join(f"{c}" for c in cats)
-        + " |"
+    groups = sorted(
+        {g for s in systems.values() for g in s.get(key, {})},
+        key=lambda g: (DIFFICULTY_ORDER.get(g, 9), g),
     )
-    sep = "|" + "---|" * (4 + len(cats))
-    lines = [f"### {report['dataset']}: evidence recall@{report['k']}", "", head, sep]
+    head = f"| system | recall@{report['k']} | all-hit | n | " + " | ".join(
+        f"{g} ({systems['speakermem'].get(key, {}).get(g, {}).get('n', 0)})" for g in groups
+    )
+    lines = [f"### {report['dataset']}: {title}", "", head + " |", "|" + "---|" * (4 + len(groups))]
     for name in SYSTEMS:
         s = systems[name]
         per = " | ".join(
-            f"{s['by_category'].get(c, {}).get('evidence_recall', 0):.3f}" for c in cats
+            f"{s.get(key, {}).get(g, {}).get('evidence_recall', 0):.3f}" for g in groups
         )
         lines.append(
             f"| {name} | {s['evidence_recall']:.3f} | {s['all_hit']:.3f} | {s['n']} | {per} |"
         )
+    return lines
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The report's headline numbers as Markdown tables (overall, per category, and per
+    difficulty where the dataset grades its questions)."""
+    systems = report["systems"]
+    lines = _breakdown(report, "by_category", f"evidence recall@{report['k']} by category")
+    if any(s.get("by_difficulty") for s in systems.values()):
+        lines.append("")
+        lines += _breakdown(report, "by_difficulty", f"evidence recall@{report['k']} by difficulty")
     sm = systems["speakermem"]
     lines.append("")
     lines.append(

@@ -33,6 +33,7 @@ from memory.query.answer import (
     extractive_answer,
     render_answer_messages,
 )
+from memory.query.breadth import Breadth, question_breadth
 from memory.query.claims import check_claims
 from memory.query.compose import EvidencePack, compose
 from memory.query.links import LinkResolver, default_link
@@ -58,6 +59,7 @@ from memory.query.select import (
     render_select_messages,
     render_sufficiency_messages,
 )
+from memory.query.spread import spread
 from memory.query.system1 import (
     RANKING_WEIGHTS,
     Rankings,
@@ -120,6 +122,8 @@ class RecallTrace(BaseModel):
     """What happened, for --explain and evaluation."""
 
     projection: dict[str, Any]
+    breadth: str = "one"
+    """How much of the channel the question spans (memory.query.breadth)."""
     time_window: str | None = None
     channels: list[str] = Field(default_factory=list)
     rankings: dict[str, int] = Field(default_factory=dict)
@@ -299,8 +303,15 @@ class RecallPipeline:
         trace: RecallTrace,
         names: frozenset[str] = frozenset(),
         display: dict[str, str] | None = None,
+        breadth: Breadth = "one",
     ) -> list[StoredMessage]:
         cfg = self.cfg
+        # The evidence of a pattern, a change or everyone's view is spread over sessions
+        # (memory.query.breadth): no session is preferred, and none is scored.
+        # The evidence of a pattern, a change or everyone's view is spread over sessions
+        # (memory.query.breadth): sessions still rank by how well they match, but none
+        # draws the others' turns to it (no pool-share boost, no focus on one session).
+        broad = breadth != "one"
         want_sessions = cfg.session_bm25_weight > 0 or cfg.focus_weight > 0
         counts_task = (
             asyncio.create_task(session_term_counts(self.engine, question, pks))
@@ -321,6 +332,7 @@ class RecallPipeline:
             relation=cfg.relation_weight > 0,
             relation_max=cfg.relation_max_messages,
             speaker_candidates=cfg.speaker_candidates,
+            pair=breadth != "one",
         )
         weights = {**RANKING_WEIGHTS, "relation": cfg.relation_weight}
         fused = fuse(rankings, k0=cfg.rrf_k0, weights=weights)
@@ -347,19 +359,20 @@ class RecallPipeline:
                 bm25=bm25 if cfg.session_bm25_weight > 0 else {},
                 k0=cfg.rrf_k0,
                 aggregate_top=cfg.session_aggregate_top,
-                aggregate_weight=cfg.session_aggregate_weight,
+                aggregate_weight=0.0 if broad else cfg.session_aggregate_weight,
                 bm25_weight=cfg.session_bm25_weight,
             )
         context: list[int] = []
         if cfg.context_anchors > 0 and cfg.context_weight > 0 and fused:
             fused, context = await self._with_context(fused, messages, channel_of)
-        if cfg.focus_weight > 0 and fused:
+        if not broad and cfg.focus_weight > 0 and fused:
             fused = await self._with_focus(fused, messages, channel_of, bm25)
         pool = [pk for pk, _ in fused][: cfg.pool]
         if cfg.rerank_depth > 0 and RERANK_WEIGHTS and pool:
             pool = self._rerank(
                 question, projection, pool, rankings, messages, channel_of, bm25, context, counts
             )
+        pool = self._spread(pool, messages, channel_of, breadth)
         order, anchors = await self._select(question, pool, messages, trace)
         if cfg.ask and self.llm is not None:
             top = [messages[pk] for pk in order[: cfg.top_k] if pk in messages]
@@ -416,6 +429,28 @@ class RecallPipeline:
         trace.pool = [messages[pk].message_id for pk in pool[:10] if pk in messages]
         trace.anchors = [messages[pk].message_id for pk in anchors if pk in messages]
         return [messages[pk] for pk in final if pk in messages]
+
+    def _spread(
+        self,
+        pool: list[int],
+        messages: dict[int, StoredMessage],
+        channel_of: dict[int, int],
+        breadth: Breadth,
+    ) -> list[int]:
+        """A pattern or change question's evidence over several sessions; a question about
+        everyone's over several speakers (memory.query.spread)."""
+        cfg = self.cfg
+        if breadth in ("person", "change") and cfg.broad_session_cap > 0:
+            where = {
+                pk: (channel_of.get(pk, 0), m.session_id)
+                for pk in pool
+                if (m := messages.get(pk)) is not None
+            }
+            return spread(pool, where, cap=cfg.broad_session_cap, top_k=cfg.top_k)
+        if breadth == "group" and cfg.group_speaker_cap > 0:
+            who = {pk: m.speaker_id for pk in pool if (m := messages.get(pk)) is not None}
+            return spread(pool, who, cap=cfg.group_speaker_cap, top_k=cfg.top_k)
+        return pool
 
     def _rerank(
         self,
@@ -601,6 +636,8 @@ class RecallPipeline:
             anchor = datetime.fromtimestamp(latest, UTC) if latest else datetime.now(UTC)
             window = resolve_time(question, anchor)
         trace.projection = projection.model_dump()
+        breadth = question_breadth(question, projection)
+        trace.breadth = breadth
         trace.time_window = (
             None
             if window is None
@@ -636,6 +673,7 @@ class RecallPipeline:
                         trace,
                         terms,
                         display_names(roster),
+                        breadth,
                     )
                     if pks
                     else []

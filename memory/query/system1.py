@@ -291,6 +291,7 @@ async def recall_rankings(
     relation: bool = False,
     relation_max: int = 3_000,
     speaker_candidates: bool = False,
+    pair: bool = False,
 ) -> Rankings:
     """Every ranking of the pool, queried concurrently (each on its own reader connection).
 
@@ -349,6 +350,10 @@ async def recall_rankings(
             pool,
             relation_max,
         )
+    elif relation and pair and len(projection.speakers) == 2:
+        queries["relation"] = _pair(
+            engine, vector_task, channel_pks, projection.speakers, pool, relation_max
+        )
     if window is not None:
         queries["time"] = store.lexical(
             issue_match or words,
@@ -399,6 +404,34 @@ async def _relation(
     return await engine.store.interactions.relation_dense(
         vector, channel_pks, addressee, people, pool, max_messages=max_messages
     )
+
+
+async def _pair(
+    engine: MemoryEngine,
+    vector_task: Awaitable[np.ndarray | None],
+    channel_pks: Sequence[int],
+    people: Sequence[str],
+    pool: int,
+    max_messages: int,
+) -> list[tuple[int, float]]:
+    """What two people said to each other, both ways (their replies and the messages that
+    address the other), by dense similarity: where their relationship shows."""
+    vector = await vector_task
+    if vector is None:
+        return []
+    a, b = people[0], people[1]
+    found = await asyncio.gather(
+        engine.store.interactions.relation_dense(
+            vector, channel_pks, b, [a], pool, max_messages=max_messages
+        ),
+        engine.store.interactions.relation_dense(
+            vector, channel_pks, a, [b], pool, max_messages=max_messages
+        ),
+    )
+    best: dict[int, float] = {}
+    for pk, score in (*found[0], *found[1]):
+        best[pk] = max(score, best.get(pk, score))
+    return sorted(best.items(), key=lambda kv: -kv[1])[:pool]
 
 
 async def _dense(
