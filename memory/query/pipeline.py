@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from memory.config import RecallConfig
@@ -38,7 +39,6 @@ from memory.query.claims import check_claims
 from memory.query.compose import EvidencePack, compose
 from memory.query.links import LinkResolver, default_link
 from memory.query.projection import (
-    ALL,
     PROJECT_PROMPT_VERSION,
     PROJECT_SCHEMA,
     Projection,
@@ -304,10 +304,9 @@ class RecallPipeline:
         names: frozenset[str] = frozenset(),
         display: dict[str, str] | None = None,
         breadth: Breadth = "one",
+        vector_task: asyncio.Future[np.ndarray | None] | None = None,
     ) -> list[StoredMessage]:
         cfg = self.cfg
-        # The evidence of a pattern, a change or everyone's view is spread over sessions
-        # (memory.query.breadth): no session is preferred, and none is scored.
         # The evidence of a pattern, a change or everyone's view is spread over sessions
         # (memory.query.breadth): sessions still rank by how well they match, but none
         # draws the others' turns to it (no pool-share boost, no focus on one session).
@@ -332,7 +331,8 @@ class RecallPipeline:
             relation=cfg.relation_weight > 0,
             relation_max=cfg.relation_max_messages,
             speaker_candidates=cfg.speaker_candidates,
-            pair=breadth != "one",
+            pair=broad,
+            vector_task=vector_task,
         )
         weights = {**RANKING_WEIGHTS, "relation": cfg.relation_weight}
         fused = fuse(rankings, k0=cfg.rrf_k0, weights=weights)
@@ -643,17 +643,10 @@ class RecallPipeline:
             if window is None
             else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
-        # System 2 needs System 1's evidence only to choose the people of an ALL row; rows
-        # the question names can be read while System 1 ranks.
-        issue = projection.issue
-        qvec = (lambda: self.engine.embed_query(issue)) if pks else None
-        early_s2 = (
-            asyncio.create_task(
-                read_rows(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
-            )
-            if ALL not in projection.rows
-            else None
-        )
+        # System 2 reads after System 1: its evidence chooses the people of an ALL row, and
+        # each row prefers records that add to it (memory.query.system2).
+        # The question's embedding: System 1's dense rankings, then System 2's rows.
+        qvec = asyncio.ensure_future(self.engine.embed_query(question)) if pks else None
         with stage("system1"):
             if self.cfg.interaction_catchup > 0 and pks and not self.engine.graph_in_background:
                 index = interaction_names(roster)
@@ -674,23 +667,26 @@ class RecallPipeline:
                         terms,
                         display_names(roster),
                         breadth,
+                        qvec,
                     )
                     if pks
                     else []
                 )
             except BaseException:
-                if early_s2 is not None:
-                    early_s2.cancel()
+                if qvec is not None:
+                    qvec.cancel()
                 raise
         trace.s1_evidence = [m.message_id for m in s1]
         with stage("system2"):
             # embedded only if some row runs short of lexical matches (rarely): saves a model call
-            s2 = (
-                await early_s2
-                if early_s2 is not None
-                else await read_rows(
-                    self.engine, projection, roster, pks, self.cfg, query_vector=qvec, evidence=s1
-                )
+            s2 = await read_rows(
+                self.engine,
+                projection,
+                roster,
+                pks,
+                self.cfg,
+                query_vector=await qvec if qvec is not None else None,
+                evidence=s1,
             )
             rows = s2.rows
             support = await self._support(rows)

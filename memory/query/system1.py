@@ -292,6 +292,7 @@ async def recall_rankings(
     relation_max: int = 3_000,
     speaker_candidates: bool = False,
     pair: bool = False,
+    vector_task: Awaitable[np.ndarray | None] | None = None,
 ) -> Rankings:
     """Every ranking of the pool, queried concurrently (each on its own reader connection).
 
@@ -302,7 +303,8 @@ async def recall_rankings(
     speaker addressed to its addressee, with the addressee's replies.
     """
     store = engine.store.messages
-    vector_task = asyncio.ensure_future(engine.embed_query(question))
+    if vector_task is None:
+        vector_task = asyncio.ensure_future(engine.embed_query(question))
     issue_match = build_match(projection.issue, extra=extra_terms)
     people = [p for p in projection.speakers if p not in ("GROUP", "ALL")]
     if speaker_candidates:

@@ -7,10 +7,16 @@ address, owners of records that match the issue, fused by rank), plus GROUP. Nam
 question order and are capped the same way. A small team's ALL still reads everyone, so
 "(none)" can be said of a member who said nothing on the issue.
 
-Within a row the records the row owns are ranked by relevance to the issue (FTS5 BM25 first,
-dense similarity to fill), k per row; `source_k` more records the row's person provided
-about others are added without using the row's budget. An empty row falls back to the
-person's best verbatim messages on the issue; a row with nothing is kept as "(none)".
+Rows complement System 1, so they are read after it. Within a row the records the row owns
+are ranked by fusing three orders (RRF): FTS5 BM25 on the issue, dense similarity to the
+question (with System 1's question vector, so no extra model call; a vector still to be
+computed is spent only on rows lexical leaves short), and records citing a message linked
+by reply to the System 1 evidence (the turn an evidence message answers, or an answer to
+it: the same exchange, often its half the evidence lacks). Records whose every supporting
+message is already in the evidence go last: they add nothing to the pack. k per row;
+`source_k` more records the row's person provided about others are added without using the
+row's budget. An empty row falls back to the person's best verbatim messages on the issue;
+a row with nothing is kept as "(none)".
 
 However many people a channel has, the records of all rows come from a fixed number of
 queries: one per kind (owned, provided about others, dense pool, chains, fallback
@@ -34,14 +40,24 @@ from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
 
 DENSE_PER_OWNER = 200
-"""A row short of lexical matches is filled from its owner's latest this-many records, by
-cosine to the issue (one batched query for all short rows, not a channel-wide KNN)."""
+"""The dense order of a row ranks its owner's latest this-many records by cosine (one
+batched query for all rows, not a channel-wide KNN)."""
 OWNER_POOL_PER_PERSON = 8
 """Matching records looked at per allowed person when ranking who is relevant to an ALL row."""
 PEOPLE_RRF_K0 = 10
+ROW_RRF_K0 = 10
+DENSE_WEIGHT = 2.0
+"""A row's records: the dense order's weight against the lexical order's (1)."""
+LINKED_WEIGHT = 2.0
+"""A row's records: the weight of those citing a reply of (or the turn answered by) the
+System 1 evidence."""
+SOURCE_POOL = 4
+"""Records each person provided about others, looked at for the `source_k` extras."""
+DENSE_POOL = 4
+"""Per row, this many times k records are taken from the dense order into the fusion."""
 
 QueryVector = np.ndarray | Callable[[], Awaitable[np.ndarray | None]] | None
-"""The issue's embedding, or a function that computes it: called only if a row needs it."""
+"""The question's embedding, or a function that computes it: called only if a row needs it."""
 
 
 @dataclass
@@ -134,15 +150,56 @@ def choose_people(
     return PeopleChoice(order, len(named), max(0, len(named) - limit), "named")
 
 
-def rank_row(lexical: Sequence[int], dense: Sequence[int], owned: set[int], k: int) -> list[int]:
-    """Lexical matches first, then dense matches, among the row's own records; k at most."""
-    out: list[int] = []
-    for rid in list(lexical) + list(dense):
-        if rid in owned and rid not in out:
-            out.append(rid)
-        if len(out) >= k:
-            break
-    return out
+def rank_row(
+    lexical: Sequence[int],
+    dense: Sequence[int],
+    linked: Sequence[int],
+    owned: set[int],
+    k: int,
+    *,
+    novel: Callable[[int], bool] | None = None,
+) -> list[int]:
+    """The row's own records by fused rank (RRF of the lexical, dense and linked orders;
+    dense and linked weigh DENSE_WEIGHT and LINKED_WEIGHT), k at most; with `novel`, the
+    records that add evidence the pack lacks come first, in that order."""
+    lists = [
+        [rid for rid in lexical if rid in owned],
+        [rid for rid in dense if rid in owned],
+        [rid for rid in linked if rid in owned],
+    ]
+    fused = [
+        rid for rid, _ in rrf(lists, k0=ROW_RRF_K0, weights=[1.0, DENSE_WEIGHT, LINKED_WEIGHT])
+    ]
+    if novel is not None:
+        fused = sorted(fused, key=lambda rid: not novel(rid))
+    return fused[:k]
+
+
+async def linked_records(
+    engine: MemoryEngine, evidence: Sequence[StoredMessage], owners: Sequence[str]
+) -> tuple[dict[int, int], int]:
+    """Records of `owners` citing a message linked by reply to the System 1 evidence (the
+    turn an evidence message answers, or an answer to it): the same exchange, often the
+    part of it the evidence lacks. Record id -> the best rank of the evidence it is linked
+    to; and the number of store queries made."""
+    interactions = engine.store.interactions
+    rank = {m.pk: i for i, m in enumerate(evidence)}
+    parents = await interactions.parents(list(rank))
+    replies = await interactions.replies(list(rank))
+    near: dict[int, int] = {}
+    for pk, (parent, _) in parents.items():
+        near[parent] = min(near.get(parent, rank[pk]), rank[pk])
+    for pk, kids in replies.items():
+        for kid, _ in kids:
+            near[kid] = min(near.get(kid, rank[pk]), rank[pk])
+    for pk in rank:  # the evidence itself is already in the pack
+        near.pop(pk, None)
+    if not near:
+        return {}, 2
+    out: dict[int, int] = {}
+    for rid, pk in await engine.store.records.citing(list(near), owners):
+        out[rid] = min(out.get(rid, near[pk]), near[pk])
+    return out, 3
 
 
 async def system2(
@@ -223,44 +280,71 @@ async def read_rows(
                 )
             ]
             queries += 1
-        dense_ids: list[int] = []
-        dense_records: dict[int, DerivedRecord] = {}
-        short = [r.key for r in rows if len(lexical.get(r.key, [])) < cfg.s2_k]
+        about: dict[str, list[int]] = {}
+        if cfg.s2_source_k > 0 and persons and match:
+            about = await records.lexical_by_source(
+                match, channel_pks, persons, cfg.s2_source_k * SOURCE_POOL
+            )
+            queries += 1
+        # a vector at hand (System 1's) ranks every row's records; one still to be computed
+        # is spent only on rows lexical leaves short
+        ready = query_vector is not None and not callable(query_vector)
+        short = [r.key for r in rows if ready or len(lexical.get(r.key, [])) < cfg.s2_k]
+        dense: dict[str, list[int]] = {}
         if short:
-            candidates = await records.latest_owned(channel_pks, short, DENSE_PER_OWNER)
+            owned_by = dict(await records.latest_owned_by(channel_pks, short, DENSE_PER_OWNER))
             queries += 1
             found_already = {rid for key in short for rid in lexical.get(key, [])}
             # the question is embedded only when dense can add a record lexical did not find
             # (a sparse System 2 often has none: then the model call is saved, same rows)
-            if any(rid not in found_already for rid in candidates):
+            if any(rid not in found_already for rid in owned_by):
                 vector = await query_vector() if callable(query_vector) else query_vector
                 if vector is not None:
-                    found = await records.dense_among(vector, candidates)
-                    dense_ids = [rid for rid, _ in found]
-                    dense_records = await records.get_many(dense_ids)
-                    queries += 2
+                    for rid, _ in await records.dense_among(vector, list(owned_by)):
+                        best = dense.setdefault(owned_by[rid], [])
+                        if len(best) < cfg.s2_k * DENSE_POOL:
+                            best.append(rid)
+                    queries += 1
+        linked: dict[int, int] = {}
+        if evidence:
+            linked, n = await linked_records(engine, evidence, [r.key for r in rows])
+            queries += n
+        pooled = {
+            rid for ids in (*lexical.values(), *about.values(), *dense.values()) for rid in ids
+        }
+        candidates = await records.get_many(sorted(pooled | set(linked)))
+        queries += 1 if candidates else 0
+        covered = {m.message_id for m in evidence}
+
+        def adds_evidence(rid: int) -> bool:
+            rec = candidates.get(rid)
+            return rec is not None and not set(rec.from_ids) <= covered
+
         for row in rows:
-            lex = lexical.get(row.key, [])
-            owned = set(lex)
-            if len(lex) < cfg.s2_k:
-                source_filter = projection.source if row.key == special else None
-                owned |= {
-                    rid
-                    for rid, rec in dense_records.items()
-                    if rec.owner == row.key
-                    and rec.state.value == "active"
-                    and (source_filter is None or rec.source == source_filter)
-                }
-            chosen[row.key] = rank_row(lex, dense_ids, owned, cfg.s2_k)
-        if cfg.s2_source_k > 0 and persons and match:
-            about = await records.lexical_by_source(match, channel_pks, persons, cfg.s2_source_k)
-            queries += 1
-            for key in persons:
-                ids = [rid for rid in about.get(key, []) if rid not in chosen.get(key, [])]
-                extra[key] = ids[: cfg.s2_source_k]
+            source_filter = projection.source if row.key == special else None
+            fits = {
+                rid
+                for rid, rec in candidates.items()
+                if rec.owner == row.key
+                and rec.state.value == "active"
+                and (source_filter is None or rec.source == source_filter)
+            }
+            near = sorted((rid for rid in linked if rid in fits), key=lambda r: (linked[r], -r))
+            chosen[row.key] = rank_row(
+                lexical.get(row.key, []),
+                dense.get(row.key, []),
+                near,
+                fits | set(lexical.get(row.key, [])),
+                cfg.s2_k,
+                novel=adds_evidence,
+            )
+        for key in persons:
+            ids = [rid for rid in about.get(key, []) if rid not in chosen.get(key, [])]
+            extra[key] = sorted(ids, key=lambda rid: not adds_evidence(rid))[: cfg.s2_source_k]
+    else:
+        candidates = {}
     wanted = [rid for row in rows for rid in (*chosen.get(row.key, []), *extra.get(row.key, []))]
-    got = await records.get_many(wanted) if wanted else {}
-    queries += 1 if wanted else 0
+    got = {rid: candidates[rid] for rid in wanted if rid in candidates}
     if got:  # access: only records whose every cited message the asker may read
         visible = await visible_record_ids(engine, list(got), channel_pks)
         got = {rid: rec for rid, rec in got.items() if rid in visible}
