@@ -17,6 +17,7 @@ from integrations.cli.render import advance, console, err_console, progress_bar
 from memory.datasets import DATASET_READERS, read_dataset
 from memory.engine import MemoryEngine
 from memory.eval.answer_metrics import JUDGE_PROMPT_VERSION
+from memory.eval.answer_scoring import RUBRIC_PROMPT_VERSION
 from memory.eval.harness import EvalHarness, markdown_table
 from memory.models import Scope
 from memory.query.pipeline import (
@@ -225,7 +226,11 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
     report["writer"] = args.writer
     report["sessions"] = "inferred" if args.no_sessions else "dataset"
     report["llm"] = None if llm is None else llm.model
-    report["prompts"] = {**PROMPT_VERSIONS, "judge": JUDGE_PROMPT_VERSION}
+    report["prompts"] = {
+        **PROMPT_VERSIONS,
+        "judge": JUDGE_PROMPT_VERSION,
+        "rubric": RUBRIC_PROMPT_VERSION,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     md = markdown_table(report)

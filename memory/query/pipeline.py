@@ -116,6 +116,8 @@ class RecallRequest:
     """User id of the asker; None = operator (CLI without --as): the channel itself only."""
     readable: Sequence[Scope] | None = None
     """Channels the platform says the asker can read; None = derive from rosters."""
+    answer_note: str | None = None
+    """Shown to the answerer after the question, never searched (an evaluation's options)."""
 
 
 class RecallTrace(BaseModel):
@@ -731,7 +733,11 @@ class RecallPipeline:
             "prompts": PROMPT_VERSIONS,
         }
         with stage("answer"):
-            result = await self._answer(pack, trace) if answer else RecallAnswer(text="")
+            result = (
+                await self._answer(pack, trace, req.answer_note)
+                if answer
+                else RecallAnswer(text="")
+            )
         trace.latency_ms = timings
         return RecallResult(answer=result, pack=pack, trace=trace, rows=rows)
 
@@ -756,14 +762,16 @@ class RecallPipeline:
                 out[f"{scope}|{mid}"] = msg
         return out
 
-    async def _answer(self, pack: EvidencePack, trace: RecallTrace) -> RecallAnswer:
+    async def _answer(
+        self, pack: EvidencePack, trace: RecallTrace, note: str | None = None
+    ) -> RecallAnswer:
         text: str | None = None
         used_llm = False
         reason: ExtractiveReason | None = "no_llm" if self.llm is None else "llm_empty"
         if self.llm is not None:
             try:
                 result = await self.llm.complete_text(
-                    [ChatMessage(**m) for m in render_answer_messages(pack)],
+                    [ChatMessage(**m) for m in render_answer_messages(pack, note)],
                     max_tokens=self.cfg.answer_max_tokens,
                 )
                 trace.tokens["answer_prompt"] = result.usage.prompt_tokens
