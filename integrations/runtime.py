@@ -24,6 +24,7 @@ from integrations.ops.heap import fix_mmap_threshold, trim_every
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
 from integrations.recall_processes import RecallProcesses
+from integrations.recall_scaling import AutoRecallProcesses
 from memory.governance.service import Governance
 from memory.query.pipeline import Recaller, RecallPipeline
 from memory.writer.runner import Writer
@@ -138,8 +139,17 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
         )
         pipeline = RecallPipeline(engine, llm=answer_llm)
         recaller: Recaller = pipeline
-        processes: RecallProcesses | None = None
-        if settings.recall_processes > 0:
+        processes: RecallProcesses | AutoRecallProcesses | None = None
+        if settings.recall_processes == "auto":
+            processes = AutoRecallProcesses(
+                settings,
+                engine,
+                fallback=pipeline,
+                stored=lambda: dispatcher.stats.handled["message_stored"],
+                answer_llm=answer_llm,
+            )
+            recaller = processes
+        elif settings.recall_processes > 0:
             processes = RecallProcesses(
                 settings,
                 engine,
@@ -158,6 +168,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             spill=build_spill(settings),
             spill_retry_s=SPILL_RETRY_S,
         )
+        if isinstance(processes, AutoRecallProcesses):
+            processes.start()  # watches the dispatcher's stored count
         engine.start_background_embedding()
         engine.start_background_interactions()
         scheduler.start()

@@ -76,7 +76,7 @@ from memory.query.system1 import (
     session_scores,
     session_term_counts,
 )
-from memory.query.system2 import Row, read_rows
+from memory.query.system2 import Row, fill_rows, people_need_evidence, read_candidates
 from memory.query.timewords import TimeWindow, resolve_time
 from memory.roster_cache import derived, display_names
 from memory.search.fts_query import query_terms
@@ -645,10 +645,18 @@ class RecallPipeline:
             if window is None
             else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
-        # System 2 reads after System 1: its evidence chooses the people of an ALL row, and
-        # each row prefers records that add to it (memory.query.system2).
-        # The question's embedding: System 1's dense rankings, then System 2's rows.
+        # The question's embedding: System 1's dense rankings, then System 2's rows. System
+        # 2 reads its candidates while System 1 ranks (unless System 1's evidence must choose
+        # the people of a large ALL row) and chooses among them after it: each row prefers
+        # records that add to the evidence (memory.query.system2).
         qvec = asyncio.ensure_future(self.engine.embed_query(question)) if pks else None
+        early_s2 = (
+            asyncio.create_task(
+                read_candidates(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
+            )
+            if not people_need_evidence(projection, roster, self.cfg)
+            else None
+        )
         with stage("system1"):
             if self.cfg.interaction_catchup > 0 and pks and not self.engine.graph_in_background:
                 index = interaction_names(roster)
@@ -675,21 +683,20 @@ class RecallPipeline:
                     else []
                 )
             except BaseException:
-                if qvec is not None:
-                    qvec.cancel()
+                for task in (early_s2, qvec):
+                    if task is not None:
+                        task.cancel()
                 raise
         trace.s1_evidence = [m.message_id for m in s1]
         with stage("system2"):
-            # embedded only if some row runs short of lexical matches (rarely): saves a model call
-            s2 = await read_rows(
-                self.engine,
-                projection,
-                roster,
-                pks,
-                self.cfg,
-                query_vector=await qvec if qvec is not None else None,
-                evidence=s1,
+            cands = (
+                await early_s2
+                if early_s2 is not None
+                else await read_candidates(
+                    self.engine, projection, roster, pks, self.cfg, query_vector=qvec, evidence=s1
+                )
             )
+            s2 = await fill_rows(self.engine, cands, projection, pks, self.cfg, evidence=s1)
             rows = s2.rows
             support = await self._support(rows)
         trace.s2_people = {

@@ -25,6 +25,7 @@ messages), each batched over the rows' people; none runs once per person.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -53,11 +54,18 @@ LINKED_WEIGHT = 2.0
 System 1 evidence."""
 SOURCE_POOL = 4
 """Records each person provided about others, looked at for the `source_k` extras."""
+DENSE_NEAREST = 100
 DENSE_POOL = 4
 """Per row, this many times k records are taken from the dense order into the fusion."""
 
-QueryVector = np.ndarray | Callable[[], Awaitable[np.ndarray | None]] | None
-"""The question's embedding, or a function that computes it: called only if a row needs it."""
+QueryVector = (
+    np.ndarray
+    | asyncio.Future[np.ndarray | None]
+    | Callable[[], Awaitable[np.ndarray | None]]
+    | None
+)
+"""The question's embedding (an array, or System 1's task computing it: either is free), or
+a function that computes it: called only if a row needs it."""
 
 
 @dataclass
@@ -230,6 +238,31 @@ async def visible_record_ids(
     return visible_records(sources, set(channel_pks))
 
 
+@dataclass
+class Candidates:
+    """What System 2 reads before System 1's evidence is known: the rows' people and each
+    row's candidate records (lexical, dense, about others). `fill_rows` chooses among them."""
+
+    people: PeopleChoice
+    rows: list[Row]
+    match: str
+    special: str | None
+    """The row the question's source/owner constraint applies to (ranked on its own)."""
+    lexical: dict[str, list[int]] = field(default_factory=dict)
+    about: dict[str, list[int]] = field(default_factory=dict)
+    dense: dict[str, list[int]] = field(default_factory=dict)
+    records: dict[int, DerivedRecord] = field(default_factory=dict)
+    queries: int = 0
+
+
+def people_need_evidence(
+    projection: Projection, roster: Sequence[RosterMember], cfg: RecallConfig
+) -> bool:
+    """Whether choosing the rows' people needs System 1's evidence (an ALL question over
+    more active members than `s2_max_people`): else the candidates can be read meanwhile."""
+    return ALL in projection.rows and len(eligible_people(roster)) > cfg.s2_max_people
+
+
 async def read_rows(
     engine: MemoryEngine,
     projection: Projection,
@@ -241,6 +274,26 @@ async def read_rows(
     evidence: Sequence[StoredMessage] = (),
 ) -> S2Result:
     """Choose the rows' people, then fill every row from a fixed number of batched queries."""
+    cands = await read_candidates(
+        engine, projection, roster, channel_pks, cfg, query_vector=query_vector, evidence=evidence
+    )
+    return await fill_rows(engine, cands, projection, channel_pks, cfg, evidence=evidence)
+
+
+async def read_candidates(
+    engine: MemoryEngine,
+    projection: Projection,
+    roster: Sequence[RosterMember],
+    channel_pks: Sequence[int],
+    cfg: RecallConfig,
+    *,
+    query_vector: QueryVector,
+    evidence: Sequence[StoredMessage] = (),
+) -> Candidates:
+    """The rows' people (`evidence` chooses them for a large ALL row) and their candidate
+    records. A ready vector (an array, or System 1's embedding task) ranks the channel's
+    nearest records into their owners' rows; one still to be computed (a callable) is spent
+    only on rows lexical leaves short, and only when dense can add a record."""
     records = engine.store.records
     match = build_match(projection.issue)
     queries = 0
@@ -262,58 +315,111 @@ async def read_rows(
     )
     names = display_names(roster)
     rows = [Row(key=k, label="GROUP" if k == GROUP else names.get(k, k)) for k in people.keys]
+    special = projection.owner if projection.source and projection.owner else None
+    cands = Candidates(people=people, rows=rows, match=match, special=special)
+    if cfg.s2_k <= 0 or not rows:
+        cands.queries = queries
+        return cands
     persons = [r.key for r in rows if r.key != GROUP]
+    keys = [r.key for r in rows if r.key != special]
+    lexical = await records.lexical_by_owner(match, channel_pks, keys, cfg.s2_k * 4)
+    queries += 1 if match and keys else 0
+    if special is not None and special in people.keys and match:
+        lexical[special] = [
+            rid
+            for rid, _ in await records.lexical(
+                match, channel_pks, cfg.s2_k * 4, owner=special, source=projection.source
+            )
+        ]
+        queries += 1
+    if cfg.s2_source_k > 0 and persons and match:
+        cands.about = await records.lexical_by_source(
+            match, channel_pks, persons, cfg.s2_source_k * SOURCE_POOL
+        )
+        queries += 1
+    cands.lexical = lexical
+    if callable(query_vector):
+        queries += await _lazy_dense(engine, cands, channel_pks, cfg, query_vector)
+    elif query_vector is not None:
+        vector = await query_vector if isinstance(query_vector, asyncio.Future) else query_vector
+        if vector is not None:
+            # the channel's nearest records, each to its owner's row
+            near = [rid for rid, _ in await records.dense(vector, channel_pks, DENSE_NEAREST)]
+            cands.records = await records.get_many(near)
+            queries += 2
+            keys_set = set(people.keys)
+            for rid in near:
+                rec = cands.records.get(rid)
+                if rec is not None and rec.owner in keys_set and rec.state.value == "active":
+                    best = cands.dense.setdefault(rec.owner, [])
+                    if len(best) < cfg.s2_k * DENSE_POOL:
+                        best.append(rid)
+    cands.queries = queries
+    return cands
 
+
+async def _lazy_dense(
+    engine: MemoryEngine,
+    cands: Candidates,
+    channel_pks: Sequence[int],
+    cfg: RecallConfig,
+    query_vector: Callable[[], Awaitable[np.ndarray | None]],
+) -> int:
+    """Dense candidates for the rows lexical leaves short, from their owners' latest
+    records; the question is embedded only when dense can add a record lexical did not
+    find (a sparse System 2 often has none: then the model call is saved, same rows).
+    Returns the store queries made."""
+    records = engine.store.records
+    short = [r.key for r in cands.rows if len(cands.lexical.get(r.key, [])) < cfg.s2_k]
+    if not short:
+        return 0
+    owned_by = dict(await records.latest_owned_by(channel_pks, short, DENSE_PER_OWNER))
+    found_already = {rid for key in short for rid in cands.lexical.get(key, [])}
+    if not any(rid not in found_already for rid in owned_by):
+        return 1
+    vector = await query_vector()
+    if vector is None:
+        return 1
+    for rid, _ in await records.dense_among(vector, list(owned_by)):
+        best = cands.dense.setdefault(owned_by[rid], [])
+        if len(best) < cfg.s2_k * DENSE_POOL:
+            best.append(rid)
+    return 2
+
+
+async def fill_rows(
+    engine: MemoryEngine,
+    cands: Candidates,
+    projection: Projection,
+    channel_pks: Sequence[int],
+    cfg: RecallConfig,
+    *,
+    evidence: Sequence[StoredMessage] = (),
+) -> S2Result:
+    """Choose each row's records among the candidates, now that System 1's evidence is
+    known (records linked to it rank up; those adding nothing to it go last), then read
+    chains, apply access, and fall back to messages for empty rows."""
+    records = engine.store.records
+    rows, match, special = cands.rows, cands.match, cands.special
+    persons = [r.key for r in rows if r.key != GROUP]
+    queries = cands.queries
     chosen: dict[str, list[int]] = {}
     extra: dict[str, list[int]] = {}
+    candidates = dict(cands.records)
     if cfg.s2_k > 0 and rows:
-        # the row the question's source/owner constraint applies to is ranked on its own
-        special = projection.owner if projection.source and projection.owner else None
-        keys = [r.key for r in rows if r.key != special]
-        lexical = await records.lexical_by_owner(match, channel_pks, keys, cfg.s2_k * 4)
-        queries += 1 if match and keys else 0
-        if special is not None and special in people.keys and match:
-            lexical[special] = [
-                rid
-                for rid, _ in await records.lexical(
-                    match, channel_pks, cfg.s2_k * 4, owner=special, source=projection.source
-                )
-            ]
-            queries += 1
-        about: dict[str, list[int]] = {}
-        if cfg.s2_source_k > 0 and persons and match:
-            about = await records.lexical_by_source(
-                match, channel_pks, persons, cfg.s2_source_k * SOURCE_POOL
-            )
-            queries += 1
-        # a vector at hand (System 1's) ranks every row's records; one still to be computed
-        # is spent only on rows lexical leaves short
-        ready = query_vector is not None and not callable(query_vector)
-        short = [r.key for r in rows if ready or len(lexical.get(r.key, [])) < cfg.s2_k]
-        dense: dict[str, list[int]] = {}
-        if short:
-            owned_by = dict(await records.latest_owned_by(channel_pks, short, DENSE_PER_OWNER))
-            queries += 1
-            found_already = {rid for key in short for rid in lexical.get(key, [])}
-            # the question is embedded only when dense can add a record lexical did not find
-            # (a sparse System 2 often has none: then the model call is saved, same rows)
-            if any(rid not in found_already for rid in owned_by):
-                vector = await query_vector() if callable(query_vector) else query_vector
-                if vector is not None:
-                    for rid, _ in await records.dense_among(vector, list(owned_by)):
-                        best = dense.setdefault(owned_by[rid], [])
-                        if len(best) < cfg.s2_k * DENSE_POOL:
-                            best.append(rid)
-                    queries += 1
         linked: dict[int, int] = {}
         if evidence:
             linked, n = await linked_records(engine, evidence, [r.key for r in rows])
             queries += n
         pooled = {
-            rid for ids in (*lexical.values(), *about.values(), *dense.values()) for rid in ids
+            rid
+            for ids in (*cands.lexical.values(), *cands.about.values(), *cands.dense.values())
+            for rid in ids
         }
-        candidates = await records.get_many(sorted(pooled | set(linked)))
-        queries += 1 if candidates else 0
+        wanted_ids = sorted((pooled | set(linked)) - set(candidates))
+        if wanted_ids:
+            candidates.update(await records.get_many(wanted_ids))
+            queries += 1
         covered = {m.message_id for m in evidence}
 
         def adds_evidence(rid: int) -> bool:
@@ -329,20 +435,19 @@ async def read_rows(
                 and rec.state.value == "active"
                 and (source_filter is None or rec.source == source_filter)
             }
+            lex = cands.lexical.get(row.key, [])
             near = sorted((rid for rid in linked if rid in fits), key=lambda r: (linked[r], -r))
             chosen[row.key] = rank_row(
-                lexical.get(row.key, []),
-                dense.get(row.key, []),
+                lex,
+                cands.dense.get(row.key, []),
                 near,
-                fits | set(lexical.get(row.key, [])),
+                fits | set(lex),
                 cfg.s2_k,
                 novel=adds_evidence,
             )
         for key in persons:
-            ids = [rid for rid in about.get(key, []) if rid not in chosen.get(key, [])]
+            ids = [rid for rid in cands.about.get(key, []) if rid not in chosen.get(key, [])]
             extra[key] = sorted(ids, key=lambda rid: not adds_evidence(rid))[: cfg.s2_source_k]
-    else:
-        candidates = {}
     wanted = [rid for row in rows for rid in (*chosen.get(row.key, []), *extra.get(row.key, []))]
     got = {rid: candidates[rid] for rid in wanted if rid in candidates}
     if got:  # access: only records whose every cited message the asker may read
@@ -376,4 +481,4 @@ async def read_rows(
         queries += 2 if pks else 1
         for row in rows:
             row.fallback = [messages[pk] for pk in by_speaker.get(row.key, []) if pk in messages]
-    return S2Result(rows=rows, people=people, queries=queries)
+    return S2Result(rows=rows, people=cands.people, queries=queries)
