@@ -96,8 +96,10 @@ class AutoRecallProcesses:
         answer_llm: MeteredLLM | None = None,
         cores: int | None = None,
         tick_s: float = AUTO_TICK_S,
+        factory: type[RecallProcesses] = RecallProcesses,
     ) -> None:
-        """`stored`: the dispatcher's count of messages stored so far."""
+        """`stored`: the dispatcher's count of messages stored so far; `factory`: what
+        starts the recall processes (the runtime's `RecallProcesses`)."""
         self.settings = settings
         self.engine = engine
         self.fallback = fallback
@@ -105,6 +107,7 @@ class AutoRecallProcesses:
         self.answer_llm = answer_llm
         self.cores = usable_cores() if cores is None else cores
         self.tick_s = tick_s
+        self.factory = factory
         self.processes: RecallProcesses | None = None
         self.started = 0
         """Times recall processes were started (tests, logs)."""
@@ -172,7 +175,7 @@ class AutoRecallProcesses:
             log.info("recall runs in the bot process again (quiet for %.0f s)", AUTO_IDLE_S)
         if n == 0 or self.processes is not None:
             return
-        fresh = RecallProcesses(
+        fresh = self.factory(
             self.settings,
             self.engine,
             processes=n,

@@ -147,6 +147,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
                 fallback=pipeline,
                 stored=lambda: dispatcher.stats.handled["message_stored"],
                 answer_llm=answer_llm,
+                factory=RecallProcesses,
             )
             recaller = processes
         elif settings.recall_processes > 0:

@@ -59,7 +59,7 @@ from memory.query.select import (
     render_select_messages,
     render_sufficiency_messages,
 )
-from memory.query.spread import spread
+from memory.query.spread import spread_evidence
 from memory.query.system1 import (
     RANKING_WEIGHTS,
     Rankings,
@@ -374,7 +374,15 @@ class RecallPipeline:
             pool = self._rerank(
                 question, projection, pool, rankings, messages, channel_of, bm25, context, counts
             )
-        pool = self._spread(pool, messages, channel_of, breadth)
+        pool = spread_evidence(
+            pool,
+            messages,
+            channel_of,
+            breadth,
+            session_cap=cfg.broad_session_cap,
+            speaker_cap=cfg.group_speaker_cap,
+            top_k=cfg.top_k,
+        )
         order, anchors = await self._select(question, pool, messages, trace)
         if cfg.ask and self.llm is not None:
             top = [messages[pk] for pk in order[: cfg.top_k] if pk in messages]
@@ -431,28 +439,6 @@ class RecallPipeline:
         trace.pool = [messages[pk].message_id for pk in pool[:10] if pk in messages]
         trace.anchors = [messages[pk].message_id for pk in anchors if pk in messages]
         return [messages[pk] for pk in final if pk in messages]
-
-    def _spread(
-        self,
-        pool: list[int],
-        messages: dict[int, StoredMessage],
-        channel_of: dict[int, int],
-        breadth: Breadth,
-    ) -> list[int]:
-        """A pattern or change question's evidence over several sessions; a question about
-        everyone's over several speakers (memory.query.spread)."""
-        cfg = self.cfg
-        if breadth in ("person", "change") and cfg.broad_session_cap > 0:
-            where = {
-                pk: (channel_of.get(pk, 0), m.session_id)
-                for pk in pool
-                if (m := messages.get(pk)) is not None
-            }
-            return spread(pool, where, cap=cfg.broad_session_cap, top_k=cfg.top_k)
-        if breadth == "group" and cfg.group_speaker_cap > 0:
-            who = {pk: m.speaker_id for pk in pool if (m := messages.get(pk)) is not None}
-            return spread(pool, who, cap=cfg.group_speaker_cap, top_k=cfg.top_k)
-        return pool
 
     def _rerank(
         self,

@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
+from memory.models import StoredMessage
+from memory.query.breadth import Breadth
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -37,3 +40,28 @@ def spread(order: Sequence[int], group_of: Mapping[int, K], *, cap: int, top_k: 
         head.append(pk)
     # too few other items: the held-back ones fill the budget in their order
     return head + held
+
+
+def spread_evidence(
+    pool: Sequence[int],
+    messages: Mapping[int, StoredMessage],
+    channel_of: Mapping[int, int],
+    breadth: Breadth,
+    *,
+    session_cap: int,
+    speaker_cap: int,
+    top_k: int,
+) -> list[int]:
+    """A person's pattern or a change: at most `session_cap` of the top-k from one session;
+    everyone's view: at most `speaker_cap` from one speaker; other questions: unchanged."""
+    if breadth in ("person", "change"):
+        where = {
+            pk: (channel_of.get(pk, 0), m.session_id)
+            for pk in pool
+            if (m := messages.get(pk)) is not None
+        }
+        return spread(pool, where, cap=session_cap, top_k=top_k)
+    if breadth == "group":
+        who = {pk: m.speaker_id for pk in pool if (m := messages.get(pk)) is not None}
+        return spread(pool, who, cap=speaker_cap, top_k=top_k)
+    return list(pool)
