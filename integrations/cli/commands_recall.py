@@ -151,6 +151,7 @@ def explain(result: RecallResult) -> None:
     table.add_column("what", style="bold")
     table.add_column("value", overflow="fold")
     table.add_row("projection", json.dumps(t.projection))
+    table.add_row("breadth", t.breadth)
     table.add_row("time window", t.time_window or "-")
     table.add_row("channels", ", ".join(t.channels))
     table.add_row("rankings (pool sizes)", json.dumps(t.rankings))
