@@ -11,15 +11,15 @@ from rich.table import Table
 
 from bot.settings import Settings
 from integrations.app import open_engine
-from integrations.cli.ingest import DATASET_READERS, embed_all, ingest_events, outcomes_line
+from integrations.cli.ingest import embed_all, ingest_events, outcomes_line
 from integrations.cli.render import console, err_console, fmt_time
 from integrations.cli.targets import require_store, resolve_channel
 from memory import maintenance
-from memory.datasets.common import Dataset
+from memory.datasets import DATASET_READERS, Dataset, read_dataset
 
 
 async def import_dataset(settings: Settings, kind: str, path: Path, *, embed: bool) -> Dataset:
-    dataset = DATASET_READERS[kind](path)
+    dataset = read_dataset(kind, [path])
     async with open_engine(settings, with_embedder=embed) as engine:
         outcomes = await ingest_events(engine, dataset.messages, f"importing {kind}")
         embedded = await embed_all(engine) if embed else 0

@@ -7,12 +7,8 @@ from __future__ import annotations
 from collections import Counter
 
 from integrations.cli.render import advance, progress_bar
-from memory.datasets.friendsqa import read_friendsqa
-from memory.datasets.locomo import read_locomo
 from memory.engine import MemoryEngine
 from memory.models import MessageEvent
-
-DATASET_READERS = {"locomo": read_locomo, "friendsqa": read_friendsqa}
 
 
 async def ingest_events(
