@@ -25,7 +25,9 @@ from memory import maintenance
 from memory.admin import StoreHealth
 
 PARITY_MIN_COSINE = 0.999
-LLM_PROBE_TIMEOUT_S = 15.0
+DOCTOR_LLM_TIMEOUT_S = 15.0
+"""The doctor's LLM checks wait at most this long per request (the console's overview probe,
+`memory.console.LLM_PROBE_TIMEOUT_S`, is a quick reachability ping instead)."""
 NETWORK_TIMEOUT_S = 10.0
 
 
@@ -334,7 +336,7 @@ async def llm_checks(settings: Settings) -> list[Check]:
     import openai
 
     url = settings.llm_base_url
-    timeout = min(settings.llm_timeout_s, LLM_PROBE_TIMEOUT_S)
+    timeout = min(settings.llm_timeout_s, DOCTOR_LLM_TIMEOUT_S)
     client = openai.AsyncOpenAI(
         base_url=url,
         api_key=settings.llm_api_key.get_secret_value() or "none",
