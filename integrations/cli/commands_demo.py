@@ -22,8 +22,8 @@ from memory.query.pipeline import RecallResult
 NO_LLM_HINT = (
     "No LLM is configured, so the Writer does not run on new messages: they are kept "
     "verbatim, searched lexically and densely, and answers are extractive. To let the Writer "
-    "build System 2 (who thinks what about whom, and how it changed), point SPEAKERMEM_LLM_BASE_URL at an "
-    "OpenAI-compatible endpoint, e.g.\n"
+    "build System 2 (who thinks what about whom, and how it changed), point "
+    "SPEAKERMEM_LLM_BASE_URL at an OpenAI-compatible endpoint, e.g.\n"
     "  SPEAKERMEM_LLM_BASE_URL=http://localhost:11434/v1 SPEAKERMEM_LLM_MODEL=qwen2.5:7b-instruct "
     "SPEAKERMEM_LLM_STRUCTURED_MODE=json_object speakermem demo\n"
     "(docs/guides/writer-model.md: which model, and where to run it)."
