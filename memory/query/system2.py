@@ -210,23 +210,6 @@ async def linked_records(
     return out, 3
 
 
-async def system2(
-    engine: MemoryEngine,
-    projection: Projection,
-    roster: Sequence[RosterMember],
-    channel_pks: Sequence[int],
-    cfg: RecallConfig,
-    *,
-    query_vector: QueryVector,
-    evidence: Sequence[StoredMessage] = (),
-) -> list[Row]:
-    """The rows only (see `read_rows`)."""
-    result = await read_rows(
-        engine, projection, roster, channel_pks, cfg, query_vector=query_vector, evidence=evidence
-    )
-    return result.rows
-
-
 async def visible_record_ids(
     engine: MemoryEngine, record_ids: Sequence[int], channel_pks: Sequence[int]
 ) -> set[int]:
