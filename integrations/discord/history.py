@@ -29,7 +29,7 @@ from bot.events import MessageEvent, Scope
 from bot.reconcile import Reconciler
 from integrations.discord import translate as tr
 from integrations.payload import PayloadError
-from memory.store.catchup import CatchupRepo
+from memory.engine import MemoryEngine
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class DiscordCatchUp:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        repo: CatchupRepo,
+        engine: MemoryEngine,
         client: discord.Client,
         *,
         parents: Callable[[str], dict[str, str]] | None = None,
@@ -100,9 +100,13 @@ class DiscordCatchUp:
     ) -> None:
         """`shard_of` (a sharded client): a guild id's shard when this process runs it,
         else None; without it every stored Discord channel is this process's. `reconcile`:
-        what was deleted or edited meanwhile is checked after each pass."""
+        what was deleted or edited meanwhile is checked after each pass. The cursors are
+        saved through `engine`."""
         self.catchup = CatchUp(
-            dispatcher, repo, DiscordHistory(client, parents=parents), reconcile=reconcile
+            dispatcher,
+            engine.history_cursors(),
+            DiscordHistory(client, parents=parents),
+            reconcile=reconcile,
         )
         self.names = names or dict
         self.shard_of = shard_of
