@@ -41,7 +41,7 @@ from bot.commands import (
 )
 from bot.settings import Settings
 from integrations.discord.connection import discord_endpoints, discord_token
-from integrations.discord.translate import MANAGE_GUILD
+from integrations.discord.permissions import MANAGE_GUILD
 from integrations.payload import PayloadError, req_dict, req_str
 
 __all__ = [

@@ -25,10 +25,10 @@ from typing import Any
 from bot.events import RosterAction, RosterEvent, Scope
 from integrations.discord import translate as tr
 from integrations.discord.members import PermissionCache
+from integrations.discord.permissions import CATEGORY
 from integrations.payload import PayloadError, opt_str, req_dict, req_str
 
 __all__ = [
-    "CATEGORY",
     "PRIVATE_THREAD",
     "ChannelDeleted",
     "ChannelMeta",
@@ -44,7 +44,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PRIVATE_THREAD = 12
-CATEGORY = 4
+"""The channel type of a private thread (its messages are not stored)."""
 
 
 def scope_of(guild_id: str, channel: str) -> Scope:
