@@ -125,19 +125,38 @@ class SlackInteractions:
         )
 
     async def _respond(self, respond: Respond, answer: RecallAnswer, links: dict[int, str]) -> None:
-        ephemeral = answer.refused or self.settings.recall_ephemeral
+        await self._post(
+            respond,
+            "the /recall answer",
+            text=fallback_text(answer),
+            blocks=render_blocks(answer, links),
+            ephemeral=answer.refused or self.settings.recall_ephemeral,
+            replace_original=False,
+        )
+
+    async def _post(
+        self,
+        respond: Respond,
+        what: str,
+        *,
+        text: str,
+        blocks: list[dict[str, Any]],
+        ephemeral: bool,
+        replace_original: bool,
+    ) -> None:
+        """Post to response_url, never unfurling links; a failure is counted and logged."""
         try:
             await respond(
-                text=fallback_text(answer),
-                blocks=render_blocks(answer, links),
+                text=text,
+                blocks=blocks,
                 response_type="ephemeral" if ephemeral else "in_channel",
-                replace_original=False,
+                replace_original=replace_original,
                 unfurl_links=False,
                 unfurl_media=False,
             )
         except Exception as exc:
             self.stats["respond_failed"] += 1
-            log.warning("could not post the /recall answer to response_url (%s)", brief(exc))
+            log.warning("could not post %s to response_url (%s)", what, brief(exc))
 
     async def permalinks(self, answer: RecallAnswer) -> dict[int, str]:
         """``chat.getPermalink`` for each citation (cached); the derivable link on failure."""
@@ -212,18 +231,14 @@ class SlackInteractions:
     async def _respond_reply(
         self, respond: Respond, reply: CommandReply, *, replace_original: bool
     ) -> None:
-        try:
-            await respond(
-                text=escape(reply.text)[:3000],
-                blocks=reply_blocks(reply.text, confirm=reply.confirm, data=reply.data),
-                response_type="ephemeral",
-                replace_original=replace_original,
-                unfurl_links=False,
-                unfurl_media=False,
-            )
-        except Exception as exc:
-            self.stats["respond_failed"] += 1
-            log.warning("could not post the /memory reply to response_url (%s)", brief(exc))
+        await self._post(
+            respond,
+            "the /memory reply",
+            text=escape(reply.text)[:3000],
+            blocks=reply_blocks(reply.text, confirm=reply.confirm, data=reply.data),
+            ephemeral=True,
+            replace_original=replace_original,
+        )
 
     async def answer_confirm(self, body: Mapping[str, Any], respond: Respond) -> None:
         """A Confirm/Cancel click: who clicked and their admin rights are checked now."""
