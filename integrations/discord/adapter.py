@@ -56,6 +56,7 @@ from integrations.discord.commands import build_tree, sync_commands
 from integrations.discord.connection import (
     IDENTIFY_SPACING_S,
     MESSAGE_EVENTS,
+    Burst,
     DiscordStartError,
     Intake,
     build_intents,
@@ -92,8 +93,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-Burst = list[tuple[str, Any]]
 
 
 class DiscordAdapter:

@@ -33,6 +33,7 @@ __all__ = [
     "HANDLED_EVENTS",
     "IDENTIFY_SPACING_S",
     "MESSAGE_EVENTS",
+    "Burst",
     "DiscordStartError",
     "Intake",
     "build_intents",
@@ -179,6 +180,7 @@ def guard_parsers(client: discord.Client) -> bool:
 
 
 Burst = list[tuple[str, Any]]
+"""MESSAGE_CREATEs taken from the queue together: (event name, payload) each."""
 
 
 class Intake:
