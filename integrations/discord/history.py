@@ -42,7 +42,10 @@ def snowflake_at(ts: float) -> int:
     return max(0, (int(ts * 1000) - DISCORD_EPOCH_MS) << 22)
 
 
-class DiscordHistory:
+class ChannelReader:
+    """Reads channel history over REST (``GET /channels/{id}/messages``), `page_size`
+    messages a request, with thread → parent maps from `parents` for the translator."""
+
     platform = tr.PLATFORM
 
     def __init__(
@@ -56,6 +59,11 @@ class DiscordHistory:
         self.parents = parents or (lambda guild_id: {})
         self.page_size = page_size
         self.skipped = 0
+        """Messages the translator could not read (malformed payloads)."""
+
+
+class DiscordHistory(ChannelReader):
+    """Catch-up and backfill: a channel's messages after a point, oldest first."""
 
     async def pages(
         self, scope: Scope, *, after_id: str | None, after_ts: float | None
