@@ -114,6 +114,21 @@ def build_onnx_model(
         )
         return out
 
+    def skip_layer_norm(x: str, skip: str, prefix: str, out: str) -> str:
+        """LayerNorm(x + skip + `prefix`.dense.bias), fused: the residual after a sublayer."""
+        return ms(
+            "SkipLayerNormalization",
+            [
+                x,
+                skip,
+                const(f"{prefix}.LayerNorm.weight", w(f"{prefix}.LayerNorm.weight")),
+                const(f"{prefix}.LayerNorm.bias", w(f"{prefix}.LayerNorm.bias")),
+                const(f"{prefix}.dense.bias", w(f"{prefix}.dense.bias")),
+            ],
+            out,
+            epsilon=eps,
+        )
+
     for i in range(layers):
         p = f"encoder.layer.{i}"
         a = f"{p}.attention"
@@ -129,36 +144,14 @@ def build_onnx_model(
             ctx3 = ms("Attention", [x, wq, bq, mask_i32], f"l{i}_ctx3", num_heads=heads)
             wo = const(f"{a}.output.dense.weight_t", w(f"{a}.output.dense.weight").T)
             attn = node("MatMul", [ctx3, wo], f"l{i}_attn_mm")
-            x1 = ms(
-                "SkipLayerNormalization",
-                [
-                    attn,
-                    x,
-                    const(f"{a}.output.LayerNorm.weight", w(f"{a}.output.LayerNorm.weight")),
-                    const(f"{a}.output.LayerNorm.bias", w(f"{a}.output.LayerNorm.bias")),
-                    const(f"{a}.output.dense.bias", w(f"{a}.output.dense.bias")),
-                ],
-                f"l{i}_ln1",
-                epsilon=eps,
-            )
+            x1 = skip_layer_norm(attn, x, f"{a}.output", f"l{i}_ln1")
             wi = const(f"{p}.intermediate.dense.weight_t", w(f"{p}.intermediate.dense.weight").T)
             bi = const(f"{p}.intermediate.dense.bias", w(f"{p}.intermediate.dense.bias"))
             inter = node("MatMul", [x1, wi], f"l{i}_inter_mm")
             gelu = ms("BiasGelu", [inter, bi], f"l{i}_gelu")
             wout = const(f"{p}.output.dense.weight_t", w(f"{p}.output.dense.weight").T)
             out = node("MatMul", [gelu, wout], f"l{i}_out_mm")
-            x = ms(
-                "SkipLayerNormalization",
-                [
-                    out,
-                    x1,
-                    const(f"{p}.output.LayerNorm.weight", w(f"{p}.output.LayerNorm.weight")),
-                    const(f"{p}.output.LayerNorm.bias", w(f"{p}.output.LayerNorm.bias")),
-                    const(f"{p}.output.dense.bias", w(f"{p}.output.dense.bias")),
-                ],
-                f"l{i}_ln2",
-                epsilon=eps,
-            )
+            x = skip_layer_norm(out, x1, f"{p}.output", f"l{i}_ln2")
             continue
         q = linear(x, f"{a}.self.query", f"l{i}_q")
         k = linear(x, f"{a}.self.key", f"l{i}_k")
