@@ -208,25 +208,45 @@ class SlackInteractions:
 
     async def answer_memory(self, command: Mapping[str, Any], respond: Respond) -> None:
         """Run `/memory …` after the ack; the reply is always ephemeral; never raises."""
-        try:
+
+        async def run() -> CommandReply:
             inv = translate_command(command)
             inv = inv.model_copy(
                 update={"is_admin": await self.is_admin(inv.scope.workspace, inv.user_id)}
             )
-            reply = await self.dispatcher.memory_command(inv)
-        except PayloadError as exc:
-            self.stats["malformed"] += 1
-            log.warning("malformed slack /memory command skipped (%s)", brief(exc))
-            reply = CommandReply(text="Sorry, I could not read that command.", refused=True)
-        except Exception:
-            self.stats["memory_failed"] += 1
-            log.exception("slack /memory failed")
-            reply = CommandReply(
-                text="Sorry, something went wrong with that command. Please try again.",
-                refused=True,
-            )
+            return await self.dispatcher.memory_command(inv)
+
+        reply = await self._refusing_on_error(
+            run,
+            malformed="/memory command",
+            unreadable="command",
+            failed="/memory",
+            sorry="Sorry, something went wrong with that command. Please try again.",
+        )
         self.stats["memory_refused" if reply.refused else "memory_answered"] += 1
         await self._respond_reply(respond, reply, replace_original=False)
+
+    async def _refusing_on_error(
+        self,
+        run: Callable[[], Awaitable[CommandReply]],
+        *,
+        malformed: str,
+        unreadable: str,
+        failed: str,
+        sorry: str,
+    ) -> CommandReply:
+        """`run()`'s reply, or a refusal: for a payload it cannot read (counted as malformed)
+        or for any other failure (logged with its traceback)."""
+        try:
+            return await run()
+        except PayloadError as exc:
+            self.stats["malformed"] += 1
+            log.warning("malformed slack %s skipped (%s)", malformed, brief(exc))
+            return CommandReply(text=f"Sorry, I could not read that {unreadable}.", refused=True)
+        except Exception:
+            self.stats["memory_failed"] += 1
+            log.exception("slack %s failed", failed)
+            return CommandReply(text=sorry, refused=True)
 
     async def _respond_reply(
         self, respond: Respond, reply: CommandReply, *, replace_original: bool
@@ -242,7 +262,8 @@ class SlackInteractions:
 
     async def answer_confirm(self, body: Mapping[str, Any], respond: Respond) -> None:
         """A Confirm/Cancel click: who clicked and their admin rights are checked now."""
-        try:
+
+        async def run() -> CommandReply:
             user = _mapping(body.get("user"))
             team_obj = _mapping(body.get("team"))
             actions = body.get("actions")
@@ -251,22 +272,20 @@ class SlackInteractions:
             team = team_obj.get("id") or user.get("team_id")
             if not (isinstance(user_id, str) and isinstance(token, str) and isinstance(team, str)):
                 raise PayloadError("slack block_actions: no user, team or token")
-            reply = await self.dispatcher.confirm(
+            return await self.dispatcher.confirm(
                 token,
                 user_id=user_id,
                 is_admin=await self.is_admin(team, user_id),
                 accept=action.get("action_id") == CONFIRM_ACTION,
             )
-        except PayloadError as exc:
-            self.stats["malformed"] += 1
-            log.warning("malformed slack button click skipped (%s)", brief(exc))
-            reply = CommandReply(text="Sorry, I could not read that click.", refused=True)
-        except Exception:
-            self.stats["memory_failed"] += 1
-            log.exception("slack confirmation failed")
-            reply = CommandReply(
-                text="Sorry, something went wrong. Please try again.", refused=True
-            )
+
+        reply = await self._refusing_on_error(
+            run,
+            malformed="button click",
+            unreadable="click",
+            failed="confirmation",
+            sorry="Sorry, something went wrong. Please try again.",
+        )
         self.stats["confirm_refused" if reply.refused else "confirm_done"] += 1
         # done or cancelled: the buttons are replaced by the outcome; a refusal is a new
         # message so the requester's buttons stay usable
