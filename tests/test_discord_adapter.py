@@ -330,7 +330,7 @@ async def test_stop_drains_a_backlog_for_as_long_as_it_keeps_moving(bot: Bot):
         await bot.standin.dispatch("MESSAGE_CREATE", m)
         edit = {**m, "content": f"backlog note {i} (edited)", "edited_timestamp": m["timestamp"]}
         await bot.standin.dispatch("MESSAGE_UPDATE", edit)
-    await until(lambda: bot.adapter.processed + bot.adapter._queue.qsize() >= 15)
+    await until(lambda: bot.adapter.processed + bot.adapter.intake.queue.qsize() >= 15)
     # 16 steps of 0.2 s (3.2 s) against windows of 1 s: the old fixed drain would have left
     # most of the backlog behind, while one step (a PostgreSQL commit on a loaded CI machine
     # beside the 0.2 s) stays well inside a window (0.3 s windows flaked there)
@@ -349,7 +349,7 @@ async def test_stop_gives_up_on_a_backlog_that_does_not_move(bot: Bot):
     bot.dispatcher.handle_many = never  # type: ignore[method-assign]
     for i in range(3):
         await bot.standin.dispatch("MESSAGE_CREATE", message(bot.standin, f"stuck {i}"))
-    await until(lambda: bot.adapter._queue.qsize() + bot.adapter.processed >= 1)
+    await until(lambda: bot.adapter.intake.queue.qsize() + bot.adapter.processed >= 1)
     started = asyncio.get_running_loop().time()
     await bot.adapter.stop(drain_timeout=0.3, drain_limit=20.0)
     assert asyncio.get_running_loop().time() - started < 5.0  # one window, not the limit
@@ -545,7 +545,7 @@ class _Forgetful(dict):  # type: ignore[type-arg]
 
 
 async def test_recall_without_the_raw_payload_rebuilds_it_from_the_interaction(bot: Bot):
-    bot.adapter._interactions = _Forgetful()  # type: ignore[assignment]
+    bot.adapter.intake.interactions = _Forgetful()  # type: ignore[assignment]
     secret = await post(bot, "the vault code is 4321", author_index=2, channel_id=SECRET)
     embed = await bot.recall("what is the vault code?", member_index=2, channel_id=SECRET)
     assert bot.adapter.stats["interaction_rebuilt"] == 1

@@ -97,7 +97,7 @@ async def test_creates_waiting_together_are_stored_as_one_burst_in_order(tmp_pat
         ]
         before = b.adapter.processed
         # all 61 wait in the queue at once (no await in between), as under a busy gateway
-        queue = b.adapter._queue
+        queue = b.adapter.intake.queue
         for payload in first:
             queue.put_nowait(("MESSAGE_CREATE", payload))
         queue.put_nowait(("MESSAGE_UPDATE", edit))

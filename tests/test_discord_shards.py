@@ -29,6 +29,7 @@ import integrations.discord.adapter as adapter_module
 from bot.dispatch import Dispatcher
 from bot.settings import Settings, parse_shard_ids
 from integrations.discord.adapter import DiscordAdapter
+from integrations.discord.connection import make_client
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from memory.query.pipeline import RecallPipeline
@@ -419,8 +420,7 @@ def settings(**extra: Any) -> Settings:
 
 def built_client(**extra: Any) -> discord.Client:
     """The client the adapter would connect (never connected here: nothing to close)."""
-    adapter = DiscordAdapter(settings(**extra), None, None)  # type: ignore[arg-type]
-    return adapter._make_client()
+    return make_client(settings(**extra), guild_ready_timeout=2.0)
 
 
 def test_range_builds_client_for_those_shards():

@@ -322,6 +322,24 @@ def test_wrong_weights_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()
 
 
+@needs_model
+def test_a_model_the_graph_cannot_build_is_refused(tmp_path: Path) -> None:
+    official = minilm.locate_model_dir()
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for f in official.iterdir():
+        if f.is_file() and f.name != "config.json":
+            (model_dir / f.name).symlink_to(f)
+    config = json.loads((official / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+    emb = MiniLMEmbedder(cache_dir=tmp_path / "cache", model_dir=model_dir)
+    try:
+        with pytest.raises(EmbedderUnavailable, match="unsupported activation 'relu'"):
+            emb.embed_sync(["hello"])
+    finally:
+        emb.close()
+
+
 # ------------------------------------------------------------------------------------------
 # OpenAI-compatible endpoint
 # ------------------------------------------------------------------------------------------

@@ -376,7 +376,7 @@ async def test_message_edit_delete_and_member_events(rig: Rig) -> None:
     assert await rig.event(renamed, 6) == 200
     members = {m.user_id: m for m in await rig.engine.members(gscope())}
     assert members["U2"].display_name == "Robert"
-    assert await rig.adapter.user_info(TEAM_ID, "U2") == ("Robert", False)
+    assert await rig.adapter.roster.user_info(TEAM_ID, "U2") == ("Robert", False)
 
 
 async def test_concurrent_first_sight_syncs_each_channel_once(rig: Rig) -> None:
@@ -401,11 +401,11 @@ async def test_concurrent_first_sight_syncs_each_channel_once(rig: Rig) -> None:
 async def test_resync_leaves_members_slack_no_longer_lists(rig: Rig) -> None:
     assert await rig.event(message(GENERAL, "U1", "hello", 1)) == 200
     rig.standin.members[GENERAL].remove("U3")
-    assert await rig.adapter.ensure_roster(gscope(), force=True)
+    assert await rig.adapter.roster.ensure(gscope(), force=True)
     assert "U3" not in {m.user_id for m in await rig.engine.members(gscope())}
     # within the TTL a second ensure makes no API call
     calls = len(rig.standin.calls)
-    assert await rig.adapter.ensure_roster(gscope())
+    assert await rig.adapter.roster.ensure(gscope())
     assert len(rig.standin.calls) == calls
 
 
