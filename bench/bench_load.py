@@ -53,7 +53,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 from benchlib import REPO_ROOT, pct
-from benchlib.cli import write_json
+from benchlib.cli import add_json_option, write_json
 from benchlib.host import machine_busy_seconds, tree_cpu_seconds, tree_rss_mb
 from load_report import report, writer_backlog
 from load_roles import SECRET, bot_main, sender_main
@@ -531,7 +531,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "progress (s)",
     )
     p.add_argument("--start-timeout", type=float, default=120.0)
-    p.add_argument("--json", type=Path, help="also write the raw results here")
+    add_json_option(p)
     p.add_argument(
         "--profile", type=Path, help="run the bot under cProfile; top functions to this file"
     )

@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchlib.cli import add_backend_options, write_json
+from benchlib.cli import add_backend_options, int_list, write_json
 from benchlib.host import loadavg, maxrss_mb
 from benchlib.pg import pg_version, start_pgserver
 from store_report import machine_info, render
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--writers",
-        type=lambda v: [int(x) for x in v.split(",")],
+        type=int_list,
         default=[1, 2, 4],
         help="writer process counts for the writers stage (default 1,2,4)",
     )

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import REPO_ROOT
-from benchlib.cli import log, write_json
+from benchlib.cli import int_list, log, write_json
 from benchlib.host import cpu_seconds, loadavg_text
 from benchlib.pg import pg_admin, pg_version, start_pgserver, with_database
 from workers_report import bound, finish, render, summary_line
@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workers",
-        type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+        type=int_list,
         default=[1, 3],
         help="worker process counts to run, comma-separated (default 1,3; '' for none)",
     )

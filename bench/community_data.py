@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib.build import Target, store_random_vectors
+from benchlib.build import Target, derived_record, store_random_vectors
 from benchlib.vectors import unit_vectors
 from benchlib.words import FUNCTION, TOPICS, VERBS, chat_words
 
 from memory.engine import MemoryEngine
-from memory.models import GROUP, LAYER_SCOPE, Layer, MessageEvent, NewRecord, Scope
+from memory.models import GROUP, Layer, MessageEvent, NewRecord, Scope
 
 PLATFORM, WORKSPACE = "slack", "TCOMMUNITY"
 BIG = Scope(platform=PLATFORM, workspace=WORKSPACE, channel="C0000")
@@ -139,19 +139,14 @@ class Community:
         source = GROUP if group else self.ids[source_sid]
         if source not in (owner, GROUP):
             content = f"{self.names[source_sid].split()[0]} says: {content}"
-        rec = NewRecord(
-            layer=layer,
-            record_scope=LAYER_SCOPE[layer],
-            content=content,
-            source=source,
+        rec = derived_record(
+            layer,
+            content,
             owner=owner,
+            source=source,
             event=self.topic(),
-            time=datetime.fromtimestamp(max(t for _, t in picks), UTC),
-            session_id=None,
-            from_ids=tuple(dict.fromkeys(m for m, _ in picks)),
+            cites=picks,
             supersedes=supersedes,
-            writer_model="bench",
-            prompt_version="bench-v1",
         )
         return rec, None if group else sid
 

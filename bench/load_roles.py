@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import Ticker, event_bodies
+from benchlib.slack_events import post_event
 
 SECRET = "bench-load-signing-secret"
 
@@ -197,12 +198,7 @@ async def sender_main(args: argparse.Namespace) -> None:
         raw = json.dumps(body).encode()
         headers = {**sign(SECRET, int(time.time()), raw), "Content-Type": "application/json"}
         async with sem:
-            try:
-                async with http.post(args.sender_url, data=raw, headers=headers) as resp:
-                    await resp.read()
-                    key = str(resp.status)
-            except aiohttp.ClientError as exc:
-                key = type(exc).__name__
+            key = await post_event(http, args.sender_url, raw, headers)
         statuses[key] = statuses.get(key, 0) + 1
         if key == "200":
             sent.setdefault(body["event"]["channel"], []).append(body["event"]["ts"])

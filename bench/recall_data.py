@@ -11,12 +11,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
-from benchlib.build import Target, ingest_timed, settle, store_random_vectors
+from benchlib.build import Target, derived_record, ingest_timed, settle, store_random_vectors
 from benchlib.vectors import load_minilm, unit_vectors
 from benchlib.words import FUNCTION, TOPICS, VERBS, chat_words
 
 from memory.engine import MemoryEngine
-from memory.models import GROUP, LAYER_SCOPE, Layer, MessageEvent, NewRecord, Scope
+from memory.models import GROUP, Layer, MessageEvent, NewRecord, Scope
 
 SCOPE = Scope(platform="slack", workspace="TBENCH", channel="CBENCH")
 BUILD_VERSION = 2
@@ -137,18 +137,8 @@ class ChatGen:
         )
         if source not in (owner, GROUP):
             content = f"{names[source].split()[0]} says: {content}"
-        return NewRecord(
-            layer=layer,
-            record_scope=LAYER_SCOPE[layer],
-            content=content,
-            source=source,
-            owner=owner,
-            event=self.topic(),
-            time=datetime.fromtimestamp(max(t for _, t in picks), UTC),
-            session_id=None,
-            from_ids=tuple(dict.fromkeys(m for m, _ in picks)),
-            writer_model="bench",
-            prompt_version="bench-v1",
+        return derived_record(
+            layer, content, owner=owner, source=source, event=self.topic(), cites=picks
         )
 
     def questions(self, n: int) -> list[str]:

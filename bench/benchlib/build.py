@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from benchlib.pg import connect, with_database
 from benchlib.vectors import DIM, unit_vectors
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
-from memory.models import MessageEvent
+from memory.models import LAYER_SCOPE, Layer, MessageEvent, NewRecord
 
 
 @dataclass
@@ -214,3 +215,31 @@ async def store_random_vectors(
         out["_ids"] = np.concatenate(kept_ids) if kept_ids else np.zeros(0, np.int64)
         out["_vecs"] = np.concatenate(kept_vecs) if kept_vecs else np.zeros((0, DIM), np.float32)
     return out
+
+
+def derived_record(
+    layer: Layer,
+    content: str,
+    *,
+    owner: str,
+    source: str,
+    event: str,
+    cites: Sequence[tuple[str, float]],
+    supersedes: int | None = None,
+) -> NewRecord:
+    """A System 2 record as a Writer would commit it from the cited (message id, time)
+    pairs: supported by those messages, dated by the newest of them."""
+    return NewRecord(
+        layer=layer,
+        record_scope=LAYER_SCOPE[layer],
+        content=content,
+        source=source,
+        owner=owner,
+        event=event,
+        time=datetime.fromtimestamp(max(t for _, t in cites), UTC),
+        session_id=None,
+        from_ids=tuple(dict.fromkeys(m for m, _ in cites)),
+        supersedes=supersedes,
+        writer_model="bench",
+        prompt_version="bench-v1",
+    )

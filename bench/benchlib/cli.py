@@ -56,3 +56,13 @@ class Progress:
         if self.label and time.perf_counter() - self._last > self.every_s:
             self._last = time.perf_counter()
             log(f"    {self.label}: {text}")
+
+
+def add_json_option(p: argparse.ArgumentParser, flag: str = "--json") -> None:
+    """Where to write the raw results as JSON, beside the report printed."""
+    p.add_argument(flag, type=Path, help="also write the raw results here")
+
+
+def int_list(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] (an argparse type; '' is an empty list)."""
+    return [int(x) for x in text.split(",") if x.strip()]

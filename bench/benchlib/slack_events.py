@@ -39,3 +39,16 @@ def event_bodies(n: int, channels: int, team: str) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+async def post_event(http: Any, url: str, body: bytes, headers: dict[str, str]) -> str:
+    """POST one signed event with an aiohttp session: the HTTP status as text, or the name of
+    the client error that stopped it."""
+    import aiohttp
+
+    try:
+        async with http.post(url, data=body, headers=headers) as resp:
+            await resp.read()
+            return str(resp.status)
+    except aiohttp.ClientError as exc:
+        return type(exc).__name__

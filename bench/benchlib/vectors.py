@@ -72,3 +72,33 @@ def load_minilm(*, warm: bool = False, **options: Any) -> Any:
         print(f"  [skip] MiniLM embedder not usable here: {exc!r}", flush=True)
         return None
     return emb
+
+
+def bot_embedder(kind: str, *, warm: bool = False) -> tuple[Any, str]:
+    """The embedder a bot would run with, as the benchmark's --embedder asks: `none`; `minilm`
+    (the int8 model, failing where it cannot run); `auto` (MiniLM when its weights are
+    installed, else none). Returns the embedder (or None) and what it is, in words."""
+    if kind == "none":
+        return None, "none (--embedder none)"
+    try:
+        from integrations.embeddings.minilm import MiniLMEmbedder
+
+        emb = MiniLMEmbedder(quantize=True)
+        emb.load()  # the bot loads the model at start-up, before traffic
+        if warm:
+            emb.embed_sync(["warm up"])
+    except Exception as exc:
+        if kind == "minilm":
+            raise
+        return None, f"none (MiniLM unavailable: {type(exc).__name__})"
+    return emb, f"MiniLM ({emb.name}), background embedding on"
+
+
+def add_embedder_option(p: Any) -> None:
+    """--embedder auto|minilm|none for `bot_embedder`."""
+    p.add_argument(
+        "--embedder",
+        choices=["auto", "minilm", "none"],
+        default="auto",
+        help="auto: MiniLM when its weights are installed",
+    )
