@@ -182,6 +182,17 @@ class ForgetMachine(RuleBasedStateMachine):
             p.state = "live"
             self.named.add(ev.speaker_id)
 
+    def kept_in_spill(self, mid: str) -> bool:
+        """Whether a redelivered create gets a copy in the spill (`MemoryEngine.refusal`):
+        not when the store holds the message (live, or a tombstone: a duplicate), nor when
+        the gate would turn it away (its channel off, its author forgotten or opted out)."""
+        ev = self.posted[mid].event
+        return (
+            self.posted[mid].state == "absent"
+            and ev.scope.channel not in self.off
+            and not self.excluded(ev.speaker_id)
+        )
+
     def gone(self, mid: str) -> None:
         p = self.posted[mid]
         p.state = "gone"
@@ -412,8 +423,8 @@ class ForgetMachine(RuleBasedStateMachine):
         (prog,) = self.run(runner.run({scope_of(channel): (None, None)}))
         assert prog.done, prog.error
         ids = [e.message_id for e in events]
-        if queued:
-            self.queue.extend(ids)  # behind the events already waiting
+        if queued:  # behind the events already waiting: those the spill keeps a copy of
+            self.queue.extend(i for i in ids if self.kept_in_spill(i))
         else:
             self.admit(ids)
 
