@@ -56,6 +56,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("backend", BACKENDS, indirect=True)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `live` (a real model endpoint) run only when `-m` names them: another
+    marker expression, such as the fast tier's `-m "not slow and not e2e"`, leaves them out
+    as the default `-m 'not live'` does."""
+    if "live" in (config.getoption("markexpr") or ""):
+        return
+    live = [item for item in items if item.get_closest_marker("live") is not None]
+    if live:
+        config.hook.pytest_deselected(items=live)
+        items[:] = [item for item in items if item.get_closest_marker("live") is None]
+
+
 @pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "sqlite"))

@@ -246,6 +246,7 @@ def test_application_id_comes_from_the_bot_token() -> None:
     assert application_id_from_token("") is None
 
 
+@pytest.mark.e2e
 def test_speakermem_discord_invite_url(tmp_path: Path) -> None:
     import os
     import sys
@@ -263,3 +264,25 @@ def test_speakermem_discord_invite_url(tmp_path: Path) -> None:
     assert ok.returncode == 0 and ok.stdout.strip().endswith("permissions=68608")
     missing = subprocess.run(run, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert missing.returncode == 2 and "--client-id" in missing.stderr
+
+
+# ---- the one check and its pre-commit hook -----------------------------------------------------
+
+
+def test_the_pre_commit_hook_runs_the_one_check_with_the_documented_fast_tier() -> None:
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    (repo,) = config["repos"]
+    (hook,) = repo["hooks"]
+    assert repo["repo"] == "local" and hook["language"] == "system"
+    assert hook["entry"] == "bash deploy/check.sh --fast" and hook["pass_filenames"] is False
+    tier = re.search(r'TESTS=\(-m "([^"]+)"\)', (DEPLOY / "check.sh").read_text())
+    assert tier is not None
+    assert f'`python -m pytest -m "{tier.group(1)}"`' in (ROOT / "CONTRIBUTING.md").read_text()
+
+
+@pytest.mark.e2e
+def test_the_one_check_refuses_an_option_it_does_not_know() -> None:
+    proc = subprocess.run(
+        ["bash", str(DEPLOY / "check.sh"), "--quick"], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2 and "usage: bash deploy/check.sh [--fast]" in proc.stderr
