@@ -178,6 +178,7 @@ async def test_demo_with_an_llm_runs_the_writer_over_every_segment(
     assert len(writer_calls) >= done
 
 
+@pytest.mark.e2e
 def test_speakermem_demo_no_input(tmp_path: Path) -> None:
     env = {**os.environ, "SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
     proc = subprocess.run(

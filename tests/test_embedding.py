@@ -262,6 +262,7 @@ def test_cache_is_reused(cache_dir: Path, embedder: MiniLMEmbedder) -> None:
     assert not list(cache_dir.glob("*.tmp"))
 
 
+@pytest.mark.e2e
 @needs_model
 def test_loading_imports_no_torch_and_opens_no_socket(cache_dir: Path) -> None:
     script = f"""

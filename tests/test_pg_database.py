@@ -209,6 +209,7 @@ async def test_two_openers_of_an_empty_database_migrate_once(
         await second.close()
 
 
+@pytest.mark.e2e
 def test_two_processes_opening_an_empty_database_both_succeed(pg_url: str) -> None:
     script = (
         "import asyncio, sys\n"

@@ -91,6 +91,7 @@ async def seeded(tmp_path: Path, pg_store_databases: PgDatabases) -> AsyncIterat
     yield url
 
 
+@pytest.mark.e2e
 async def test_backup_and_restore_answers_the_same(
     tmp_path: Path,
     seeded: str,

@@ -21,7 +21,7 @@ from tests.conftest import make_config
 from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn
 from tests.test_discord_adapter import settings_for
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.e2e]
 
 # two days back: the 300 messages' 50 minutes never reach today, so the progress line shows
 # a full date whatever the time of day the test runs

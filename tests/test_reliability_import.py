@@ -196,6 +196,7 @@ def db_state(db: Path) -> dict[str, Any]:
     }
 
 
+@pytest.mark.e2e
 def test_import_run_twice_stores_everything_once(tmp_path: Path) -> None:
     db = tmp_path / "twice.db"
     path = discord_export(tmp_path / "export.json", 300)
@@ -209,6 +210,7 @@ def test_import_run_twice_stores_everything_once(tmp_path: Path) -> None:
     assert state["fts"] == 300 and state["in_segments"] == 300
 
 
+@pytest.mark.e2e
 def test_kill_9_during_an_import_then_rerun_loses_and_doubles_nothing(tmp_path: Path) -> None:
     db = tmp_path / "killed.db"
     n = 30_000

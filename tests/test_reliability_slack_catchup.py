@@ -28,7 +28,7 @@ from memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.standins.slack_api import BOT_ID, BOT_USER_ID, TEAM_ID, SlackApiStandIn, sign
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.e2e]
 
 SECRET = "catchup-signing-secret"
 GENERAL = "CGENERAL"

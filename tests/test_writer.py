@@ -452,6 +452,7 @@ CRASH_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.sqlite_only("the crashing child process opens the store by its SQLite file path")
 async def test_crash_between_reply_and_commit_redoes_the_segment_once(
     engine: MemoryEngine, scope: Scope, llm_server: LLMServer
