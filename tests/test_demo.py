@@ -110,6 +110,7 @@ def test_examples_are_supported_by_the_messages_they_cite(conv: demo.DemoConvers
 # ---- the demo runs through the real ingest path and answers with the right citations ----
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "embedder",
     [
@@ -159,6 +160,7 @@ async def test_demo_runs_again_without_duplicates(tmp_path: Path) -> None:
     assert "Already loaded" in out.getvalue()
 
 
+@pytest.mark.slow
 async def test_demo_with_an_llm_runs_the_writer_over_every_segment(
     tmp_path: Path, llm_server: LLMServer
 ) -> None:

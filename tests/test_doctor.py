@@ -177,6 +177,7 @@ def test_parity_reference_is_shipped_with_the_package() -> None:
     assert len(sentences) == vectors.shape[0] >= 3 and vectors.shape[1] == 384
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _minilm_installed(), reason="MiniLM weights absent")
 async def test_minilm_parity_check_passes(tmp_path: Path) -> None:
     from integrations.doctor import embedder_checks

@@ -55,6 +55,7 @@ async def csrf_of(http: aiohttp.ClientSession, url: str) -> str:
 # ---- the operator's token ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_the_login_link_signs_the_operator_in_with_a_safe_cookie(
     console_store: Path,  # noqa: F811
     tmp_path: Path,

@@ -637,6 +637,7 @@ async def test_scheduled_runs_take_a_few_segments_each_and_follow_on_at_once(
 # ---------------------------------------------------------------- replay writer
 
 
+@pytest.mark.slow
 async def test_replay_writer_on_locomo_dev(tmp_path: Path) -> None:
     from memory.datasets.locomo import read_locomo
     from memory.writer.replay import replay_observations
