@@ -127,7 +127,9 @@ def report(r: dict[str, Any]) -> str:
         + f" over {r['channels']} channels, {r['recallers']} members recalling, Writer LLM latency "
         f"{r['llm_latency_s']} s, embedder {r['embedder']}, "
         + (
-            f"recall in {r['recall_processes']} processes (RSS and cores: the bot and them)"
+            "recall processes auto (in the bot until busy; RSS and cores: the bot and them)"
+            if r.get("recall_processes") == "auto"
+            else f"recall in {r['recall_processes']} processes (RSS and cores: the bot and them)"
             if r.get("recall_processes")
             else "recall in the bot process"
         ),

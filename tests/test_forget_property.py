@@ -118,6 +118,7 @@ class ForgetMachine(RuleBasedStateMachine):
         self.forgotten: set[str] = set()
         self.named: set[str] = set()  # people whose name the store has learnt (a message)
         self.names_forgotten: set[str] = set()  # forgotten people whose names it knew
+        self.deleted_early: set[str] = set()  # deleted before the store held them
         self.opted_out: dict[str, int] = {}  # person -> newest record id when they opted out
         self.off: set[str] = set()
         self.queue: list[str] = []  # message ids of the creates waiting in the spill
@@ -185,19 +186,10 @@ class ForgetMachine(RuleBasedStateMachine):
             p.state = "live"
             self.named.add(ev.speaker_id)
 
-    def kept_in_spill(self, mid: str) -> bool:
-        """Whether a redelivered create gets a copy in the spill (`MemoryEngine.refusal`):
-        not when the store holds the message (live, or a tombstone: a duplicate), nor when
-        the gate would turn it away (its channel off, its author forgotten or opted out)."""
-        ev = self.posted[mid].event
-        return (
-            self.posted[mid].state == "absent"
-            and ev.scope.channel not in self.off
-            and not self.excluded(ev.speaker_id)
-        )
-
     def gone(self, mid: str) -> None:
         p = self.posted[mid]
+        if p.state == "absent":
+            self.deleted_early.add(mid)
         p.state = "gone"
         self.forbidden |= p.words
         self.queue = [q for q in self.queue if q != mid]
@@ -426,8 +418,16 @@ class ForgetMachine(RuleBasedStateMachine):
         (prog,) = self.run(runner.run({scope_of(channel): (None, None)}))
         assert prog.done, prog.error
         ids = [e.message_id for e in events]
-        if queued:  # behind the events already waiting: those the spill keeps a copy of
-            self.queue.extend(i for i in ids if self.kept_in_spill(i))
+        if queued:  # behind the events already waiting; what the store holds already, or
+            # the gate would refuse, gets no copy in the spill
+            self.queue.extend(
+                mid
+                for mid in ids
+                if self.posted[mid].state == "absent"
+                and mid not in self.deleted_early
+                and channel not in self.off
+                and not self.excluded(self.posted[mid].event.speaker_id)
+            )
         else:
             self.admit(ids)
 
