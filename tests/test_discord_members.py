@@ -12,7 +12,7 @@ from memory.models import Scope
 from tests.standins.discord_gateway import GUILD_ID, ROLE_MEMBERS, default_guild, member, user
 from tests.test_discord_adapter import BOB, GENERAL, SECRET, message, start_bot, until
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.e2e]
 
 CARL = "700000000000000304"
 

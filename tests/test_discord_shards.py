@@ -164,6 +164,7 @@ def on_shard(standin: ShardedGateway, shard: int) -> list[str]:
 # --- real connections, one per shard ------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_stand_in_guilds_land_on_their_shards():
     standin = gateway(2, 1, 1)
     assert [shard_of(g, 3) for g in standin.guilds] == [0, 0, 1, 2]
@@ -174,6 +175,7 @@ def test_stand_in_guilds_land_on_their_shards():
     assert standin.channel_guild[general] == first["id"]
 
 
+@pytest.mark.e2e
 async def test_one_process_runs_two_shards_over_two_connections(
     tmp_path: Path, no_identify_wait: None
 ):
@@ -200,6 +202,7 @@ async def test_one_process_runs_two_shards_over_two_connections(
         await standin.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.contract
 async def test_two_processes_each_get_their_shard_and_store_once(tmp_path: Path, backend: str):
     standin = await gateway(2, 1).start()
@@ -231,6 +234,7 @@ async def test_two_processes_each_get_their_shard_and_store_once(tmp_path: Path,
         await standin.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.contract
 async def test_each_process_catches_up_only_its_shards_guilds(tmp_path: Path, backend: str):
     standin = await gateway(1, 2).start()
@@ -267,6 +271,7 @@ async def test_each_process_catches_up_only_its_shards_guilds(tmp_path: Path, ba
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_a_dropped_shard_resumes_alone_while_the_other_stays_live(
     tmp_path: Path, no_identify_wait: None
 ):
@@ -312,6 +317,7 @@ async def test_a_dropped_shard_resumes_alone_while_the_other_stays_live(
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_a_shard_that_cannot_resume_catches_up_from_history(
     tmp_path: Path, no_identify_wait: None
 ):
@@ -353,6 +359,7 @@ async def test_a_shard_that_cannot_resume_catches_up_from_history(
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_members_of_a_guild_are_asked_for_over_its_shards_connection(
     tmp_path: Path, no_identify_wait: None
 ):
@@ -385,6 +392,7 @@ async def test_members_of_a_guild_are_asked_for_over_its_shards_connection(
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_start_waits_for_the_identify_spacing_of_every_shard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
