@@ -41,10 +41,6 @@ class StoreAdmin:
         """(platform, workspace) of every workspace the store knows."""
         return await self._store.channels.workspaces()
 
-    async def find_user(self, platform: str, workspace: str, name_or_id: str) -> list[str]:
-        """User ids whose id, display name or alias is `name_or_id` (case-insensitive)."""
-        return await self._store.channels.find_user(platform, workspace, name_or_id)
-
     async def user_candidates(
         self, platform: str, workspace: str, name_or_id: str
     ) -> list[tuple[str, str]]:

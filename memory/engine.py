@@ -482,3 +482,34 @@ class MemoryEngine:
         out["db_bytes"] = await self.store.db_size_bytes()
         out["stats_ms"] = round((time.perf_counter() - started) * 1000, 1)
         return out
+
+    # ---- for the platform adapters ------------------------------------------------------
+    # What integrations/{discord,slack,shell} need beyond ingestion and search: thin doors
+    # onto the store, so an adapter never reaches `engine.store`. Catch-up and reconciliation
+    # cursors are `engine.cursors`; a channel's metadata and stored messages by id are the
+    # methods above (`set_channel_meta`, `messages_by_id`); a manual flush is
+    # `engine.segments.close_channel`.
+
+    async def channel_is_private(self, scope: Scope) -> bool:
+        """Whether `scope` is private; a channel never recorded counts as private (fail
+        closed)."""
+        return await self.store.channels.is_private(scope)
+
+    async def sync_members(
+        self, scope: Scope, listed: list[tuple[str, str | None, bool]]
+    ) -> tuple[int, int]:
+        """Make `scope`'s roster exactly `listed` (user id, display name or None, is_bot) in
+        one transaction. Returns (joined or renamed, left)."""
+        return await self.store.channels.sync_members(scope, listed)
+
+    async def find_user(self, platform: str, workspace: str, name_or_id: str) -> list[str]:
+        """User ids whose id, display name or alias equals `name_or_id` (case-insensitive)."""
+        return await self.store.channels.find_user(platform, workspace, name_or_id)
+
+    async def workspace_channels(self, platform: str, workspace: str) -> list[Scope]:
+        """Every channel the store knows in one workspace."""
+        return [
+            scope
+            for row in await self.store.channels.all()
+            if (scope := row["scope"]).platform == platform and scope.workspace == workspace
+        ]

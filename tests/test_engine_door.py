@@ -26,13 +26,6 @@ PARTS = {
     "integrations/shell": [ROOT / "integrations" / "shell"],
     "integrations/embeddings": [ROOT / "integrations" / "embeddings"],
 }
-ADAPTERS_PENDING = {
-    "integrations/discord",
-    "integrations/slack",
-    "integrations/shell",
-}
-"""Parts whose reach-throughs the adapters' half of issue #29 removes: strict xfail, so the
-test says so the moment they are gone (then drop them from this set)."""
 
 
 def reach_throughs(path: Path) -> list[str]:
@@ -67,18 +60,7 @@ def test_the_check_finds_a_reach_through(tmp_path: Path) -> None:
     assert reach_throughs(sample) == ["sample.py:2 bot.engine.store"]
 
 
-@pytest.mark.parametrize(
-    "part",
-    [
-        pytest.param(
-            part,
-            marks=pytest.mark.xfail(strict=True, reason="the adapters' part of #29")
-            if part in ADAPTERS_PENDING
-            else (),
-        )
-        for part in PARTS
-    ],
-)
+@pytest.mark.parametrize("part", list(PARTS))
 def test_no_module_reaches_the_store_behind_the_engine(part: str) -> None:
     found = [hit for path in modules(part) for hit in reach_throughs(path)]
     assert not found, "call an engine method instead:\n" + "\n".join(found)

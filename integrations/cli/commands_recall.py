@@ -87,7 +87,7 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 
 async def resolve_asker(engine: MemoryEngine, scope: Scope, asker: str) -> str:
-    ids = await engine.admin.find_user(scope.platform, scope.workspace, asker)
+    ids = await engine.find_user(scope.platform, scope.workspace, asker)
     if not ids:
         raise CliError(f"unknown user {asker!r} in {scope.platform}/{scope.workspace}")
     if len(ids) > 1:
