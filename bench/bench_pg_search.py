@@ -124,7 +124,7 @@ async def bench(url: str, n: int, queries: int) -> None:
             await eng.store.messages.lexical(build_match(q), [pk], pool)
             t1 = time.perf_counter()
             await eng.store.messages.dense(
-                vec, [pk], pool, cfg.store.dense_oversample, cfg.store.dense_oversample_fraction
+                vec, [pk], pool, cfg.store.dense_oversample, cfg.search.hybrid_oversample_fraction
             )
             t2 = time.perf_counter()
             await eng.search(q, [SCOPE])

@@ -122,7 +122,7 @@ async def scenario(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     t0 = time.monotonic()
 
     async def sample(phase: str) -> None:
-        q = await measure_writer_queue(engine.store)
+        q = await measure_writer_queue(engine.segments)
         report = decide(await ops.facts())
         timeline.append(
             {

@@ -5,8 +5,8 @@ API into pages of `MessageEvent`s, oldest first, newer than a given message; it 
 and the platform's rate-limit headers. This module decides where each channel starts,
 feeds every event through `Dispatcher.handle` (the same funnel, governance and idempotency
 as live events: a message already stored is a duplicate, not a second row), saves a cursor
-after every page so an interrupted run resumes where it stopped, and reports progress:
-"#eng caught up to 14:02, 1,240 messages".
+after every page (`engine.cursors`) so an interrupted run resumes where it stopped, and
+reports progress (bot/progress.py): "#eng caught up to 14:02, 1,240 messages".
 
 Where a channel starts:
 - an unfinished cursor of an earlier run (it was interrupted): from that cursor;
@@ -22,18 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from bot.dispatch import Dispatcher
 from bot.events import MessageEvent, Scope
-from bot.reconcile import Reconciler, entry_line
-from memory.store.catchup import CatchupRepo
-
-if TYPE_CHECKING:  # bot.dispatch imports bot.governance_commands, which uses cursor_line
-    from bot.dispatch import Dispatcher
+from bot.progress import ChannelProgress
+from bot.reconcile import Reconciler
+from memory.cursors import HistoryCursors
 
 log = logging.getLogger(__name__)
 
@@ -53,54 +49,6 @@ class HistorySource(Protocol):
         ...
 
 
-@dataclass
-class ChannelProgress:
-    scope: Scope
-    name: str | None
-    fetched: int = 0
-    newest_ts: float | None = None
-    done: bool = False
-    error: str | None = None
-    started_at: float = field(default_factory=time.time)
-
-    def line(self) -> str:
-        """'#eng caught up to 14:02, 1,240 messages' (times in UTC)."""
-        label = f"#{self.name}" if self.name else self.scope.channel
-        when = _clock(self.newest_ts) if self.newest_ts is not None else "its last message"
-        if self.error:
-            return f"{label} stopped at {when} ({self.error}), {self.fetched:,} messages"
-        verb = "caught up to" if self.done else "catching up, at"
-        return f"{label} {verb} {when}, {self.fetched:,} messages"
-
-
-def cursor_line(entry: Mapping[str, object]) -> str:
-    """A saved cursor (an entry of `Governance.status()["catchup"]`) as a progress line, for
-    `speakermem status` and `/memory status`: a run in another process, or an interrupted
-    one (it resumes at the next start), reads as "catching up, at …". A reconciliation
-    cursor reads as what it checked and what it left (bot.reconcile)."""
-    if entry.get("kind") == "reconcile":
-        return entry_line(entry)
-    platform, workspace, channel = str(entry["channel"]).split("/", 2)
-    ts = entry.get("cursor_ts")
-    fetched = entry.get("fetched")
-    prog = ChannelProgress(
-        scope=Scope(platform=platform, workspace=workspace, channel=channel),
-        name=str(entry["name"]) if entry.get("name") else None,
-        fetched=fetched if isinstance(fetched, int) else 0,
-        newest_ts=float(ts) if isinstance(ts, int | float) else None,
-        done=bool(entry.get("finished")),
-    )
-    line = prog.line()
-    return f"backfill: {line}" if entry.get("kind") == "backfill" else line
-
-
-def _clock(ts: float) -> str:
-    when = datetime.fromtimestamp(ts, tz=UTC)
-    if when.date() == datetime.now(UTC).date():
-        return when.strftime("%H:%M")
-    return when.strftime("%Y-%m-%d %H:%M")
-
-
 def _ts(event: MessageEvent) -> float:
     return event.ts.timestamp()
 
@@ -115,7 +63,7 @@ class CatchUp:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        repo: CatchupRepo,
+        cursors: HistoryCursors,
         source: HistorySource,
         *,
         kind: str = "catchup",
@@ -123,7 +71,7 @@ class CatchUp:
         reconcile: Reconciler | None = None,
     ) -> None:
         self.dispatcher = dispatcher
-        self.repo = repo
+        self.cursors = cursors
         self.source = source
         self.kind = kind
         self.on_page = on_page
@@ -135,7 +83,7 @@ class CatchUp:
     async def snapshot(self, workspace: str | None = None) -> dict[Scope, Start]:
         """Where each channel whose memory is on stands now (the switch's one source, the
         governance policy); take it before live events can move it."""
-        newest = await self.repo.newest(self.source.platform, workspace)
+        newest = await self.cursors.newest(self.source.platform, workspace)
         on = await self.dispatcher.governance.channels_enabled(list(newest))
         newest = {scope: v for scope, v in newest.items() if on[scope]}
         self._names.update({s: name for s, (_id, _ts, name) in newest.items() if name})
@@ -144,7 +92,7 @@ class CatchUp:
     async def plan(self, snapshot: Mapping[Scope, Start]) -> dict[Scope, Start]:
         """The snapshot, with interrupted runs resuming from their saved cursor."""
         starts = dict(snapshot)
-        for cur in await self.repo.cursors(self.source.platform, self.kind):
+        for cur in await self.cursors.cursors(self.source.platform, self.kind):
             if not cur.finished and cur.cursor_id is not None:
                 starts[cur.scope] = (cur.cursor_id, cur.cursor_ts)
         return starts
@@ -166,7 +114,7 @@ class CatchUp:
     async def _channel(self, scope: Scope, start: Start, name: str | None) -> ChannelProgress:
         after_id, after_ts = start
         prog = self.progress[scope] = ChannelProgress(scope=scope, name=name, newest_ts=after_ts)
-        await self.repo.save(
+        await self.cursors.save(
             scope, self.kind, cursor_id=after_id, cursor_ts=after_ts, fetched=0, finished=False
         )
         try:
@@ -187,7 +135,7 @@ class CatchUp:
             log.warning("catch-up: %s", prog.line())
             return prog
         prog.done = True
-        await self.repo.save(
+        await self.cursors.save(
             scope,
             self.kind,
             cursor_id=after_id,
@@ -207,7 +155,7 @@ class CatchUp:
         if prog.newest_ts is None or _ts(last) >= prog.newest_ts:
             prog.newest_ts = _ts(last)
             after_id = last.message_id
-        await self.repo.save(
+        await self.cursors.save(
             scope,
             self.kind,
             cursor_id=after_id,

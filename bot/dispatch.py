@@ -36,19 +36,16 @@ from bot.events import (
 )
 from bot.governance import CommandReply, PendingActions
 from bot.governance_commands import run_confirmed, run_memory_command
-from bot.spill import Spill, SpillFull, StorableEvent
-from memory.engine import MemoryEngine
+from bot.spill import RETRY_S, Spill, SpillFull, StorableEvent
+from memory.engine import IngestOutcome, IngestStatus, MemoryEngine, StoreFull
 from memory.governance.policy import Forgotten
 from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
 from memory.query.pipeline import AccessDenied, Recaller, RecallRequest
-from memory.store import IngestOutcome, IngestStatus
-from memory.store.database import StoreFull
 
 log = logging.getLogger(__name__)
 
-MAX_QUESTION_CHARS = 4000
 _STORABLE = (MessageEvent, EditEvent, DeleteEvent, RosterEvent)
 GROUP_MAX = 200
 """Most new messages written in one group-commit transaction (`Dispatcher.handle_grouped`)."""
@@ -92,7 +89,7 @@ class Dispatcher:
         on_recall: Callable[[float, str], None] | None = None,
         governance: Governance | None = None,
         spill: Spill | None = None,
-        spill_retry_s: float = 10.0,
+        spill_retry_s: float = RETRY_S,
     ) -> None:
         """`on_recall(seconds, outcome)` observes each /recall (metrics); outcome is
         answered, refused or failed. `spill` keeps events the full store refused."""
@@ -123,7 +120,7 @@ class Dispatcher:
     def _transient(self, exc: BaseException) -> bool:
         """A store failure the same write survives later (full, locked, connection lost):
         the event is kept for then. Anything else is a bad event or a bug."""
-        return self.engine.store.retryable(exc)
+        return self.engine.retryable(exc)
 
     async def handle(self, event: Event) -> bool:
         """Apply one event; errors are logged and counted, never raised (the funnel).
@@ -354,7 +351,8 @@ class Dispatcher:
         return answer
 
     async def _recall(self, inv: CommandInvocation) -> RecallAnswer:
-        question = (inv.options.get("question") or inv.text or "").strip()[:MAX_QUESTION_CHARS]
+        limit = self.engine.config.recall.max_question_chars
+        question = (inv.options.get("question") or inv.text or "").strip()[:limit]
         if not question:
             return RecallAnswer(
                 text="Ask me something, e.g. `/recall what did we decide?`", refused=True

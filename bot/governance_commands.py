@@ -1,15 +1,16 @@
 """Run `/memory` subcommands for a platform invocation: permission, confirmation, replies.
 
 The parsing is pure (`bot.governance`); the work is `memory.governance.Governance`. This
-module decides who may do what and renders the outcome as a `CommandReply`.
+module decides who may do what and renders the outcome as a `CommandReply`. It runs for a
+`CommandHost` (the dispatcher) and knows nothing else of it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from bot.catchup import cursor_line
 from bot.events import CommandInvocation
 from bot.governance import (
     AliasChange,
@@ -28,6 +29,7 @@ from bot.governance import (
     Mine,
     OptIn,
     OptOut,
+    PendingActions,
     RetentionSet,
     Status,
     UserRef,
@@ -36,12 +38,41 @@ from bot.governance import (
     is_destructive,
     parse_memory_command,
 )
+from bot.progress import cursor_line
+from memory.engine import MemoryEngine
 from memory.governance.policy import Receipt
-from memory.governance.service import GovernanceError
+from memory.governance.service import Governance, GovernanceError
 from memory.models import Scope
 
-if TYPE_CHECKING:
-    from bot.dispatch import Dispatcher
+
+class Counted(Protocol):
+    """The dispatcher's counters (`DispatchStats`): what `/memory` ran or refused."""
+
+    @property
+    def handled(self) -> Counter[str]: ...
+
+
+class CommandHost(Protocol):
+    """What `/memory` needs of the dispatcher that runs it (bot.dispatch.Dispatcher)."""
+
+    @property
+    def engine(self) -> MemoryEngine: ...
+
+    @property
+    def governance(self) -> Governance: ...
+
+    @property
+    def pending(self) -> PendingActions:
+        """Destructive actions waiting for their requester's confirmation."""
+        ...
+
+    @property
+    def stats(self) -> Counted: ...
+
+    def maybe_notice(self, scope: Scope) -> None:
+        """Post the channel's one-time memory notice (memory was just switched on)."""
+        ...
+
 
 ADMIN_REFUSAL = (
     "Sorry, `/memory {name}` is for workspace admins (Discord: Manage Server or "
@@ -62,7 +93,7 @@ def receipt_reply(prefix: str, receipt: Receipt) -> CommandReply:
     )
 
 
-async def run_memory_command(d: Dispatcher, inv: CommandInvocation) -> CommandReply:
+async def run_memory_command(d: CommandHost, inv: CommandInvocation) -> CommandReply:
     line = inv.text or inv.options.get("command", "")
     try:
         cmd = parse_memory_command(line)
@@ -98,7 +129,7 @@ async def run_memory_command(d: Dispatcher, inv: CommandInvocation) -> CommandRe
 
 
 async def run_confirmed(
-    d: Dispatcher, token: str, *, user_id: str, is_admin: bool, accept: bool
+    d: CommandHost, token: str, *, user_id: str, is_admin: bool, accept: bool
 ) -> CommandReply:
     taken = d.pending.take(token, user_id=user_id)
     if isinstance(taken, str):
@@ -119,13 +150,13 @@ async def run_confirmed(
         return CommandReply(text=f"{exc}.", refused=True)
 
 
-async def _user_id(d: Dispatcher, scope: Scope, ref: UserRef) -> str:
+async def _user_id(d: CommandHost, scope: Scope, ref: UserRef) -> str:
     return await d.governance.resolve_user(
         scope.platform, scope.workspace, ref.value, is_id=ref.kind == "id"
     )
 
 
-async def _resolve(d: Dispatcher, cmd: MemoryCommand, inv: CommandInvocation) -> dict[str, Any]:
+async def _resolve(d: CommandHost, cmd: MemoryCommand, inv: CommandInvocation) -> dict[str, Any]:
     """Targets resolved before anything runs (so a prompt names them and errors come early)."""
     scope = inv.scope
     ctx: dict[str, Any] = {
@@ -181,7 +212,7 @@ async def _resolve(d: Dispatcher, cmd: MemoryCommand, inv: CommandInvocation) ->
 
 
 async def _execute(
-    d: Dispatcher, cmd: MemoryCommand, ctx: dict[str, Any], scope: Scope
+    d: CommandHost, cmd: MemoryCommand, ctx: dict[str, Any], scope: Scope
 ) -> CommandReply:
     gov = d.governance
     actor: str = ctx["actor"]
@@ -240,12 +271,12 @@ async def _execute(
         # only what lies in channels the requesting admin can read (fail closed: none)
         asked = ctx.get("readable")
         can_read = (
-            await d.engine.store.channels.readable_channels(plat, ws, me)
+            await d.engine.readable_channels(plat, ws, me)
             if asked is None
             else [Scope(platform=plat, workspace=ws, channel=c) for c in asked]
         )
         data = await gov.export_user(plat, ws, ctx["target"], readable=can_read)
-        await gov.repo.log(
+        await d.engine.admin.log(
             platform=plat, workspace=ws, actor=actor, action="export-user", target=ctx["target"]
         )
         withheld = data["withheld"]

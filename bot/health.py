@@ -1,7 +1,7 @@
 """Whether the bot can serve: a pure decision over what the health probe measured.
 
 The probe (integrations/ops) gathers facts with I/O (the Writer queue through
-`measure_writer_queue`, store calls only); `decide` only decides, so the rules are tested
+`measure_writer_queue`, engine calls only); `decide` only decides, so the rules are tested
 without a server: the bot cannot serve when the database does not
 answer or no platform is connected (503); a failing LLM or a long Writer queue only
 degrades it (200, /recall answers extractively and the Writer catches up later).
@@ -14,9 +14,11 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from memory.store import Store
+from memory.segment_queue import SegmentQueue
 
 Status = Literal["ok", "degraded", "down"]
+QUEUE_WARN = 1_000
+"""Pending Writer segments past which the bot reports itself degraded (still serving)."""
 
 
 class LLMHealth(BaseModel):
@@ -39,10 +41,10 @@ class WriterQueue(BaseModel):
     """Seconds until the earliest deferred segment is due again (0 when one is due now)."""
 
 
-async def measure_writer_queue(store: Store, *, now: float | None = None) -> WriterQueue:
-    """Read the queue from the store (one aggregate over the pending segments)."""
+async def measure_writer_queue(segments: SegmentQueue, *, now: float | None = None) -> WriterQueue:
+    """Read the queue (`engine.segments`: one aggregate over the pending segments)."""
     now = time.time() if now is None else now
-    b = await store.segments.backlog()
+    b = await segments.backlog()
     if not b.pending:
         return WriterQueue()
     oldest, retry = b.oldest_opened_at, b.earliest_retry_at
@@ -78,7 +80,7 @@ class HealthReport(BaseModel):
     facts: HealthFacts
 
 
-def decide(facts: HealthFacts, *, queue_warn: int = 1_000) -> HealthReport:
+def decide(facts: HealthFacts, *, queue_warn: int = QUEUE_WARN) -> HealthReport:
     """ok / degraded (still serving: 200) / down (cannot serve: 503), with the reasons."""
     down: list[str] = []
     degraded: list[str] = []

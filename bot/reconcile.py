@@ -39,12 +39,11 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from memory.cursors import HistoryCursors
+from memory.engine import ChangeStatus, StoredRow
 from memory.governance.deletions import PlatformDeletions
 from memory.governance.policy import Receipt
 from memory.models import EditEvent, Scope
-from memory.store import ChangeStatus
-from memory.store.catchup import CatchupRepo
-from memory.store.reconcile import StoredRow
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +320,7 @@ class Reconciler:
     def __init__(
         self,
         deletions: PlatformDeletions,
-        repo: CatchupRepo,
+        cursors: HistoryCursors,
         source: HistoryCheck,
         *,
         lookback_s: float = LOOKBACK_S,
@@ -330,8 +329,8 @@ class Reconciler:
     ) -> None:
         self.deletions = deletions
         self.governance = deletions.governance
-        self.rows = deletions.rows
-        self.repo = repo
+        self.engine = deletions.governance.engine
+        self.cursors = cursors
         self.source = source
         self.lookback_s = lookback_s
         self.budget_s = budget_s
@@ -428,7 +427,7 @@ class Reconciler:
         done: list[ChannelReconcile],
     ) -> None:
         """Reconcile one channel; its progress joins `done` as soon as it starts."""
-        prev = await self.repo.cursor(scope, KIND)
+        prev = await self.cursors.cursor(scope, KIND)
         pending = cursor_state(prev.detail).todo if prev is not None and not prev.finished else []
         todo = plan(span, pending)
         if not todo:
@@ -462,7 +461,9 @@ class Reconciler:
         except Exception as exc:  # a channel that fails does not stop the others
             state.stopped = f"error: {type(exc).__name__}: {str(exc)[:120]}"
         if state.todo:
-            state.unchecked = sum([await self.rows.count(scope, lo, hi) for lo, hi in state.todo])
+            state.unchecked = sum(
+                [await self.engine.count_stored(scope, lo, hi) for lo, hi in state.todo]
+            )
         await self._save(scope, state)
         if state.stopped:
             log.warning("reconcile: %s", prog.line())
@@ -484,7 +485,7 @@ class Reconciler:
         # page's oldest (Slack's and Discord's paging both repeat nothing, but the span
         # bounds are inclusive)
         upper = min(seen.high, state.todo[0][1]) if state.todo else seen.high
-        rows = await self.rows.window(scope, seen.low, upper)
+        rows = await self.engine.stored_window(scope, seen.low, upper)
         seen_ids.update(seen.messages)
         threads: dict[str, list[StoredRow]] = {}
         for row in rows:
@@ -527,7 +528,7 @@ class Reconciler:
                 receipt.merge(rechecked)
 
     async def _save(self, scope: Scope, state: ReconcileState) -> None:
-        await self.repo.save(
+        await self.cursors.save(
             scope,
             KIND,
             cursor_id=None,

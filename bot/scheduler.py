@@ -12,7 +12,7 @@ Jobs (AsyncIOScheduler, coroutine jobs, one instance each, coalesced):
   (`retention_retry_s`, doubling up to the daily interval), not a day later.
 With several bot processes on one PostgreSQL store, `close-idle`, `write`, `embed` and
 `retention` run in one process at a time: each run takes the store's job lock
-(`store.locks.try_job`, an advisory lock held for the run) and a process that does not get
+(`engine.job_lock`, an advisory lock held for the run) and a process that does not get
 it skips that run. With `writer_mode="workers"` there is no `write` job: `speakermem worker`
 processes claim and write the segments, and this process only closes them.
 `kick()` runs the write job now (a segment just filled its window). Pending segments
@@ -98,7 +98,7 @@ class WriterScheduler:
         """The job's cluster-wide lock: True when this process runs this run of `name`."""
         async with contextlib.AsyncExitStack() as stack:
             try:
-                mine = await stack.enter_async_context(self.engine.store.locks.try_job(name))
+                mine = await stack.enter_async_context(self.engine.job_lock(name))
             except Exception:  # the lock's connection failed: the next run tries again
                 log.exception("job %s: cannot take its cluster-wide lock; run skipped", name)
                 mine = False
@@ -160,7 +160,7 @@ class WriterScheduler:
             async with self._cluster_once("close-idle") as mine:
                 if not mine:
                     return
-                closed = await self.engine.store.segments.close_idle(self.idle_seconds)
+                closed = await self.engine.segments.close_idle(self.idle_seconds)
         if closed:
             log.debug("closed %d idle segment(s)", closed)
             self.kick()

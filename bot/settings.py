@@ -9,7 +9,7 @@ from copy import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bot import reconcile, spill
@@ -44,18 +44,31 @@ def parse_shard_ids(text: str) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+PREFIX = "SPEAKERMEM_"
+
+
 def inherit(model: type[BaseModel], name: str) -> Any:
     """A memory config field (default and bounds) reused as a setting: written once, there."""
     return copy(model.model_fields[name])
 
 
+def renamed(field: Any, name: str, *formerly: str) -> Any:
+    """A setting read from SPEAKERMEM_<NAME> and, still, from its former names (said in
+    its documented meaning)."""
+    field.validation_alias = AliasChoices(*(PREFIX + n.upper() for n in (name, *formerly)))
+    old = ", ".join(PREFIX + n.upper() for n in formerly)
+    field.description = f"{field.description} Formerly {old}, still read."
+    return field
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="SPEAKERMEM_",
+        env_prefix=PREFIX,
         env_file=".env",
         env_file_encoding="utf-8",
         extra="ignore",
         use_attribute_docstrings=True,  # each field's docstring is its documented meaning
+        populate_by_name=True,  # a renamed setting still takes its field name in code
     )
 
     # storage
@@ -71,6 +84,9 @@ class Settings(BaseSettings):
     spill_max_bytes: int = Field(default=spill.DEFAULT_CAP_BYTES, ge=1024)
     """Cap of the spill file in bytes: past it, events are refused with an error (never dropped
     silently)."""
+    spill_retry_s: float = Field(default=spill.RETRY_S, gt=0, le=3600)
+    """Seconds between attempts to replay the spill into the store once it takes writes
+    again; a new event also retries it when this long has passed since the last attempt."""
 
     # ingestion and the Writer's segments
     session_gap_minutes: float = inherit(IngestConfig, "session_gap_minutes")
@@ -141,7 +157,7 @@ class Settings(BaseSettings):
     llm_completion_price_per_mtok: float = inherit(WriterConfig, "completion_price_per_mtok")
 
     # search and /recall budgets (SPEC §5 defaults)
-    rrf_k0: int = inherit(SearchConfig, "rrf_k0")
+    search_rrf_k0: int = renamed(inherit(SearchConfig, "hybrid_rrf_k0"), "search_rrf_k0", "rrf_k0")
     recall_pool: int = inherit(RecallConfig, "pool")
     recall_top_k: int = inherit(RecallConfig, "top_k")
     recall_rrf_k0: int = inherit(RecallConfig, "rrf_k0")
@@ -296,7 +312,7 @@ class Settings(BaseSettings):
             ingest=IngestConfig(
                 session_gap_minutes=self.session_gap_minutes, segment_window=self.writer_window
             ),
-            search=SearchConfig(rrf_k0=self.rrf_k0, pool=self.recall_pool),
+            search=SearchConfig(hybrid_rrf_k0=self.search_rrf_k0, pool=self.recall_pool),
             recall=RecallConfig(
                 pool=self.recall_pool,
                 top_k=self.recall_top_k,

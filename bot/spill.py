@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CAP_BYTES = 64 * 1024 * 1024
 """The spill's default cap: about 200,000 short chat messages (about 300 bytes each)."""
+RETRY_S = 10.0
+"""How often the dispatcher retries the spill by default (SPEAKERMEM_SPILL_RETRY_S)."""
 SUFFIX = ".spill.jsonl"
 MODE = 0o600
 """The spill holds message text: readable by the bot's user only."""

@@ -70,12 +70,20 @@ def llm_probe(llm: LLM) -> Callable[[], Awaitable[bool]]:
     return probe
 
 
+async def start_engine(settings: Settings, embedder: Embedder | None) -> MemoryEngine:
+    """The engine over the store the settings select (PostgreSQL when SPEAKERMEM_DB_URL is
+    set, else the SQLite file), open; the caller closes it. Every process opens its engine
+    here: nothing else in integrations/ or bot/ builds a store."""
+    return await MemoryEngine.open(settings.memory_config(), embedder)
+
+
 @asynccontextmanager
 async def open_engine(
     settings: Settings, *, with_embedder: bool = True
 ) -> AsyncIterator[MemoryEngine]:
+    """`start_engine` with the configured embedder (or none), closed on the way out."""
     embedder = build_embedder(settings) if with_embedder else None
-    engine = await MemoryEngine.open(settings.memory_config(), embedder)
+    engine = await start_engine(settings, embedder)
     try:
         yield engine
     finally:

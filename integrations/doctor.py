@@ -11,45 +11,24 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel
 
 from bot.settings import Settings
 from integrations.app import build_embedder, open_engine
+from integrations.doctor_checks import Check, verdict
+from integrations.doctor_llm import writer_probe_checks
 from integrations.runtime import configured_platforms
-from memory.store.diagnostics import StoreHealth, configured_location, store_health
+from memory import maintenance
+from memory.admin import StoreHealth
 
-Status = Literal["ok", "warn", "fail", "skip"]
 PARITY_MIN_COSINE = 0.999
-LLM_PROBE_TIMEOUT_S = 15.0
+DOCTOR_LLM_TIMEOUT_S = 15.0
+"""The doctor's LLM checks wait at most this long per request (the console's overview probe,
+`memory.console.LLM_PROBE_TIMEOUT_S`, is a quick reachability ping instead)."""
 NETWORK_TIMEOUT_S = 10.0
-
-
-class Check(BaseModel):
-    area: str
-    name: str
-    status: Status
-    detail: str = ""
-    fix: str | None = None
-
-
-def verdict(
-    area: str, name: str, ok: bool, detail: str, fix: str, *, bad: Status = "fail"
-) -> Check:
-    """A check that passes or not: status "ok" or `bad`, and the fix only when it is not ok."""
-    return Check(
-        area=area, name=name, status="ok" if ok else bad, detail=detail, fix=None if ok else fix
-    )
-
-
-def exit_code(checks: Sequence[Check]) -> int:
-    """1 when anything failed; warnings (e.g. no LLM configured) still exit 0."""
-    return 1 if any(c.status == "fail" for c in checks) else 0
 
 
 # ---- settings and token formats (pure) ------------------------------------------------------
@@ -124,7 +103,7 @@ def token_checks(settings: Settings) -> list[Check]:
 
 
 def settings_checks(settings: Settings) -> list[Check]:
-    where = configured_location(settings.memory_config().store)
+    where = maintenance.where(settings.memory_config().store)
     out = [Check(area="settings", name="parsed", status="ok", detail=f"db {where}")]
     platforms = configured_platforms(settings)
     out.append(
@@ -185,9 +164,9 @@ async def store_checks(settings: Settings) -> list[Check]:
     postgres = settings.db_url is not None
     try:
         async with open_engine(settings, with_embedder=False) as engine:
-            health = await store_health(engine.store)
+            health = await engine.admin.health()
     except Exception as exc:
-        where = configured_location(settings.memory_config().store)
+        where = maintenance.where(settings.memory_config().store)
         return [
             Check(
                 area="db",
@@ -357,7 +336,7 @@ async def llm_checks(settings: Settings) -> list[Check]:
     import openai
 
     url = settings.llm_base_url
-    timeout = min(settings.llm_timeout_s, LLM_PROBE_TIMEOUT_S)
+    timeout = min(settings.llm_timeout_s, DOCTOR_LLM_TIMEOUT_S)
     client = openai.AsyncOpenAI(
         base_url=url,
         api_key=settings.llm_api_key.get_secret_value() or "none",
@@ -413,8 +392,6 @@ async def llm_checks(settings: Settings) -> list[Check]:
                 f"set SPEAKERMEM_LLM_MODEL to one of: {', '.join(models[:5])}",
             )
         )
-    from integrations.doctor_llm import writer_probe_checks  # it imports this module
-
     return out + await writer_probe_checks(settings, settings.llm_timeout_s)
 
 

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from bot.settings import Settings
 from integrations.app import build_llm
-from integrations.doctor import Check, verdict
+from integrations.doctor_checks import Check, verdict
 from integrations.llm.openai_compat import OpenAICompatLLM
 from memory.context_budget import PromptBudget, prompt_budget
 from memory.models import (

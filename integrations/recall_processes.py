@@ -38,7 +38,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from bot.settings import Settings
-from integrations.app import build_embedder, build_llm
+from integrations.app import build_embedder, build_llm, start_engine
 from integrations.ops.heap import RECALL_ARENAS, fix_mmap_threshold, limit_arenas, trim_every
 from integrations.ops.logs import configure_logging
 from integrations.ops.metrics import LLMCall, MeteredLLM
@@ -110,7 +110,7 @@ async def _open_child(settings: Settings, answer_llm: bool) -> _ChildState:
     load = getattr(embedder, "load", None)
     if load is not None:  # a local model: loaded before "ready", not in the first recall
         load()
-    engine = await MemoryEngine.open(settings.memory_config(), embedder)
+    engine = await start_engine(settings, embedder)
     llm = build_llm(settings) if answer_llm else None
     turn = _Turn()
     answers = _TurnLLM(llm, turn) if llm else None

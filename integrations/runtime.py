@@ -13,6 +13,7 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from bot.dispatch import Dispatcher
@@ -82,12 +83,30 @@ class NothingToRun(RuntimeError):
     """No platform is configured."""
 
 
-SPILL_RETRY_S = 10.0
-"""How often events kept in the spill (database or disk full) are retried."""
-
-
 def build_spill(settings: Settings) -> Spill:
     return Spill(settings.spill_file, settings.spill_max_bytes)
+
+
+def build_dispatcher(
+    settings: Settings,
+    engine: MemoryEngine,
+    recaller: Recaller,
+    *,
+    governance: Governance | None = None,
+    on_message_stored: Callable[[], None] | None = None,
+    on_recall: Callable[[float, str], None] | None = None,
+) -> Dispatcher:
+    """The bot's dispatcher: events a full store refuses wait in the spill, retried every
+    `spill_retry_s`."""
+    return Dispatcher(
+        engine,
+        recaller,
+        on_message_stored=on_message_stored,
+        on_recall=on_recall,
+        governance=governance,
+        spill=build_spill(settings),
+        spill_retry_s=settings.spill_retry_s,
+    )
 
 
 def configured_platforms(settings: Settings) -> list[str]:
@@ -196,14 +215,13 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             )
             await processes.start()
             recaller = processes
-        dispatcher = Dispatcher(
+        dispatcher = build_dispatcher(
+            settings,
             engine,
             recaller,
+            governance=governance,
             on_message_stored=scheduler.kick,
             on_recall=metrics.observe_recall,
-            governance=governance,
-            spill=build_spill(settings),
-            spill_retry_s=SPILL_RETRY_S,
         )
         if isinstance(processes, AutoRecallProcesses):
             processes.start()  # watches the dispatcher's stored count
@@ -211,7 +229,7 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
         engine.start_background_interactions()
         scheduler.start()
         await dispatcher.replay_spill()  # what a full disk left behind last run
-        replayer = asyncio.create_task(dispatcher.replay_spill_every(SPILL_RETRY_S))
+        replayer = asyncio.create_task(dispatcher.replay_spill_every(dispatcher.spill_retry_s))
         # large blocks by mmap, freed heap back to the system each minute: ops/heap.py
         fix_mmap_threshold()
         trimmer = asyncio.create_task(trim_every(), name="speakermem-heap-trim")

@@ -53,9 +53,6 @@ class StoreConfig(BaseModel):
 
     800 keeps recall@40 against exact cosine at 0.96 on 10k MiniLM vectors of chat
     (400 gave 0.90); see bench/bench_store.py."""
-    dense_oversample_fraction: float = Field(default=0.016, ge=0, le=1)
-    """Large partitions take this share of their rows as candidates when it exceeds
-    `dense_oversample` (recall@40 on 100k real MiniLM vectors: 0.90 at 800, 0.955 at 1,600)."""
 
 
 class IngestConfig(BaseModel):
@@ -67,12 +64,20 @@ class IngestConfig(BaseModel):
 
 
 class SearchConfig(BaseModel):
+    """`speakermem search`: System 1's hybrid search (MemoryEngine.search), not /recall's."""
+
     model_config = ConfigDict(use_attribute_docstrings=True)
-    rrf_k0: int = Field(default=60, ge=1)
-    """RRF constant of `speakermem search`'s hybrid fusion."""
+    hybrid_rrf_k0: int = Field(default=60, ge=1)
+    """RRF constant of `speakermem search`'s hybrid fusion (SPEC's 60); /recall fuses its
+    rankings with a constant of its own."""
     lexical_weight: float = Field(default=1.0, ge=0)
     dense_weight: float = Field(default=1.0, ge=0)
     pool: int = Field(default=40, ge=1, le=1000)
+    hybrid_oversample_fraction: float = Field(default=0.016, ge=0, le=1)
+    """`speakermem search`'s dense ranking: large partitions take this share of their rows
+    as coarse candidates when it exceeds `StoreConfig.dense_oversample` (recall@40 on 100k
+    real MiniLM vectors: 0.90 at 800, 0.955 at 1,600). /recall's is
+    `RecallConfig.dense_oversample_fraction`."""
 
 
 class RecallConfig(BaseModel):
@@ -85,6 +90,11 @@ class RecallConfig(BaseModel):
     """Verbatim messages kept as evidence (SPEC top-k)."""
     rrf_k0: int = Field(default=20, ge=1)
     """RRF constant of the recall fusion (SPEC's 60 is kept for the hybrid `search`)."""
+    max_question_chars: int = Field(default=4_000, ge=100, le=40_000)
+    """Longest question /recall reads, in characters, at every door (chat, CLI, web
+    console); the rest is cut. A question is a sentence or a paragraph: 4,000 holds the
+    longest message Discord allows (Nitro) and bounds the name and time scans and the
+    prompts a pasted wall of text would fill."""
     session_aggregate_top: int = Field(default=10, ge=1)
     session_aggregate_weight: float = Field(default=2.0, ge=0)
     session_bm25_weight: float = Field(default=2.0, ge=0)
@@ -129,8 +139,9 @@ class RecallConfig(BaseModel):
     answer_max_tokens: int = Field(default=400, ge=16)
     """Longest answer the LLM may write, in tokens."""
     dense_oversample_fraction: float = Field(default=0.0, ge=0, le=1)
-    """The dense ranking's share of a large partition as coarse candidates (the store's
-    default applies to `search`); 0 keeps the fixed `dense_oversample`."""
+    """/recall's dense ranking: its share of a large partition as coarse candidates; 0 keeps
+    the fixed `StoreConfig.dense_oversample` (`search` has its own:
+    `SearchConfig.hybrid_oversample_fraction`)."""
     relation_weight: float = Field(default=1.0, ge=0)
     """Weight of the speaker-addressee ranking ("what did X tell Y"): messages to Y (from
     X) and Y's replies to them, by dense similarity (0 = off)."""

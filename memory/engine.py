@@ -1,8 +1,13 @@
-"""MemoryEngine: the one entry point adapters, the CLI and the bot use.
+"""MemoryEngine: the one door adapters, the CLI and the bot use into memory.
 
-It owns the store and the embedder port and exposes ingestion (messages, edits,
-deletes, roster changes), embedding, and System 1 search. The Writer and the
-/recall pipeline build on it (memory.writer, memory.query).
+It owns the store and the embedder port and exposes ingestion through the admission gate
+(messages, edits, deletes, roster changes), embedding, System 1 search, and the stored
+messages reconciliation compares with the platform. Beside it: `engine.cursors`
+(memory.cursors), the history cursors of catch-up, backfill and reconciliation;
+`engine.segments` (memory.segment_queue), the Writer's queue; `engine.admin` (memory.admin),
+operators' reads. The Writer, the /recall pipeline and governance build on it
+(memory.writer, memory.query, memory.governance). Callers outside memory never reach the
+store: the result types and errors they handle are named here (`__all__`).
 """
 
 from __future__ import annotations
@@ -11,13 +16,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from memory.admin import StoreAdmin
 from memory.background import Foreground, WakeWorker
 from memory.config import MemoryConfig
+from memory.cursors import HistoryCursors
 from memory.governance.policy import Refusal, admission
 from memory.interactions import interaction_names
 from memory.models import (
@@ -33,9 +41,33 @@ from memory.models import (
 from memory.ports import Embedder, QueryEmbedder
 from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
-from memory.store import ChangeStatus, IngestOutcome, IngestStatus, Store, make_store
-from memory.store.catchup import CatchupRepo
+from memory.segment_queue import SegmentQueue
+from memory.store import (
+    ChangeStatus,
+    DriverUnavailable,
+    IngestOutcome,
+    IngestStatus,
+    Store,
+    StoreError,
+    make_store,
+)
+from memory.store.database import StoreFull
 from memory.store.diagnostics import location, schema_version
+from memory.store.reconcile import StoredRow
+
+__all__ = [
+    "ChangeStatus",
+    "DriverUnavailable",
+    "IngestOutcome",
+    "IngestStatus",
+    "MemoryEngine",
+    "RankedLists",
+    "SearchMode",
+    "StoreError",
+    "StoreFull",
+    "StoredRow",
+    "UnknownChannel",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +104,12 @@ class MemoryEngine:
         self._graph = WakeWorker("interactions", self._infer_dirty)
         self._graph_dirty: set[Scope] | None = None
         """Channels with new messages for the graph worker (None: all, on its first pass)."""
+        self.cursors = HistoryCursors(store)
+        """Catch-up, backfill and reconciliation cursors (memory.cursors)."""
+        self.segments = SegmentQueue(store)
+        """The Writer's queue of closed segments (memory.segment_queue)."""
+        self.admin = StoreAdmin(store)
+        """Operators' reads: names, records, counts, usage, audit, store health (memory.admin)."""
 
     @classmethod
     async def open(cls, config: MemoryConfig, embedder: Embedder | None = None) -> MemoryEngine:
@@ -87,6 +125,16 @@ class MemoryEngine:
         await self.stop_background_embedding()
         await self.stop_background_interactions()
         await self.store.close()
+
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether the same write can succeed later (the store is full, locked, or lost its
+        connection): the caller keeps the event for then. Anything else is a bad write."""
+        return self.store.retryable(exc)
+
+    def job_lock(self, name: str) -> AbstractAsyncContextManager[bool]:
+        """The cluster-wide lock of a periodic job: yields True when this process runs this
+        run of `name`, False when another process sharing the store is running it."""
+        return self.store.locks.try_job(name)
 
     # ---- ingestion ----------------------------------------------------------------------
 
@@ -182,6 +230,34 @@ class MemoryEngine:
     async def members(self, scope: Scope, *, include_left: bool = False) -> list[RosterMember]:
         return await self.store.channels.members(scope, include_left=include_left)
 
+    async def set_channel_meta(
+        self, scope: Scope, *, name: str | None, is_private: bool | None
+    ) -> None:
+        """A channel's name and privacy as the platform (or an export) reports them; None
+        leaves that one as it is. A channel nobody described stays private (fail closed)."""
+        await self.store.channels.set_meta(scope, name=name, is_private=is_private)
+
+    async def readable_channels(self, platform: str, workspace: str, user_id: str) -> list[Scope]:
+        """The channels whose current roster holds the user (the default read permission)."""
+        return await self.store.channels.readable_channels(platform, workspace, user_id)
+
+    async def messages_by_id(
+        self, scope: Scope, message_ids: Sequence[str]
+    ) -> dict[str, StoredMessage]:
+        """The channel's stored messages with these platform ids, by id."""
+        return await self.store.messages.by_ids(scope, message_ids)
+
+    # ---- reconciliation after downtime ----------------------------------------------------
+
+    async def stored_window(self, scope: Scope, low: float, high: float) -> list[StoredRow]:
+        """The channel's live messages (its threads' too) with `low <= ts <= high`, newest
+        first: what reconciliation compares with the platform."""
+        return await self.store.reconcile.window(scope, low, high)
+
+    async def count_stored(self, scope: Scope, low: float, high: float) -> int:
+        """How many live messages the channel holds with `low <= ts <= high`."""
+        return await self.store.reconcile.count(scope, low, high)
+
     # ---- embeddings ---------------------------------------------------------------------
 
     async def embed_pending(
@@ -235,6 +311,10 @@ class MemoryEngine:
 
     async def stop_background_embedding(self) -> None:
         await self._embedding.stop()
+
+    async def count_unembedded(self) -> int:
+        """Live messages still without a vector (the embedding backlog)."""
+        return await self.store.messages.count_pending_embeddings()
 
     # ---- interaction graph --------------------------------------------------------------
 
@@ -337,13 +417,17 @@ class MemoryEngine:
                 channel_pks,
                 pool,
                 self.config.store.dense_oversample,
-                self.config.store.dense_oversample_fraction,
+                self.config.search.hybrid_oversample_fraction,
             )
 
         # the two passes run at once on two reader connections (each in its own SQLite
         # thread or PostgreSQL backend), so hybrid costs about the slower one, not the sum
         lex, den = await asyncio.gather(lexical(), dense())
         return RankedLists(lex, den)
+
+    async def session_starts(self, scope: Scope, session_ids: Sequence[int]) -> dict[int, float]:
+        """When each of the channel's sessions began (its first message's unix time)."""
+        return await self.store.messages.session_started(scope, session_ids)
 
     async def search(
         self,
@@ -362,7 +446,9 @@ class MemoryEngine:
         lex_ids = [pk for pk, _ in lists.lexical]
         dense_ids = [pk for pk, _ in lists.dense]
         fused = rrf(
-            [lex_ids, dense_ids], k0=cfg.rrf_k0, weights=[cfg.lexical_weight, cfg.dense_weight]
+            [lex_ids, dense_ids],
+            k0=cfg.hybrid_rrf_k0,
+            weights=[cfg.lexical_weight, cfg.dense_weight],
         )[:limit]
         messages = await self.store.messages.get_many([pk for pk, _ in fused])
         lex_rank = {pk: i + 1 for i, pk in enumerate(lex_ids)}
@@ -399,18 +485,10 @@ class MemoryEngine:
 
     # ---- for the platform adapters ------------------------------------------------------
     # What integrations/{discord,slack,shell} need beyond ingestion and search: thin doors
-    # onto the store, so an adapter never reaches `engine.store`.
-
-    def history_cursors(self) -> CatchupRepo:
-        """Where catch-up and reconciliation keep each channel's cursor (bot/catchup.py)."""
-        return self.store.catchup
-
-    async def set_channel_meta(
-        self, scope: Scope, *, name: str | None, is_private: bool | None
-    ) -> None:
-        """Record a channel's name and privacy as the platform says (None keeps what is
-        known); a channel not seen before is created."""
-        await self.store.channels.set_meta(scope, name=name, is_private=is_private)
+    # onto the store, so an adapter never reaches `engine.store`. Catch-up and reconciliation
+    # cursors are `engine.cursors`; a channel's metadata and stored messages by id are the
+    # methods above (`set_channel_meta`, `messages_by_id`); a manual flush is
+    # `engine.segments.close_channel`.
 
     async def channel_is_private(self, scope: Scope) -> bool:
         """Whether `scope` is private; a channel never recorded counts as private (fail
@@ -424,12 +502,6 @@ class MemoryEngine:
         one transaction. Returns (joined or renamed, left)."""
         return await self.store.channels.sync_members(scope, listed)
 
-    async def messages_by_id(
-        self, scope: Scope, message_ids: Sequence[str]
-    ) -> dict[str, StoredMessage]:
-        """The stored messages of `scope` with these platform ids (missing ones left out)."""
-        return await self.store.messages.by_ids(scope, message_ids)
-
     async def find_user(self, platform: str, workspace: str, name_or_id: str) -> list[str]:
         """User ids whose id, display name or alias equals `name_or_id` (case-insensitive)."""
         return await self.store.channels.find_user(platform, workspace, name_or_id)
@@ -441,7 +513,3 @@ class MemoryEngine:
             for row in await self.store.channels.all()
             if (scope := row["scope"]).platform == platform and scope.workspace == workspace
         ]
-
-    async def close_segment(self, scope: Scope) -> int:
-        """Close a channel's open segment now, so the Writer takes it (a manual flush)."""
-        return await self.store.segments.close_channel(scope)

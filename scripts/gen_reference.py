@@ -42,7 +42,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Sessions and the Writer", ("session_", "writer_", "gate_")),
     ("Embeddings", ("embed", "model_cache_dir")),
     ("LLM: any OpenAI-compatible endpoint", ("llm_",)),
-    ("Search and /recall", ("rrf_", "recall_")),
+    ("Search and /recall", ("search_", "recall_")),
     ("Governance", ("channel_",)),
     ("Slack", ("slack_",)),
     ("Discord", ("discord_",)),

@@ -13,8 +13,6 @@ from pydantic import SecretStr
 
 from bot.settings import Settings
 from integrations.doctor import (
-    Check,
-    exit_code,
     llm_checks,
     network_token_checks,
     parity_reference,
@@ -22,6 +20,7 @@ from integrations.doctor import (
     store_checks,
     token_checks,
 )
+from integrations.doctor_checks import Check, exit_code
 from integrations.embeddings import minilm
 from integrations.embeddings.minilm import EmbedderUnavailable
 from tests.llm_server import LLMServer, Reply

@@ -31,7 +31,8 @@ import pytest
 
 from bot.settings import Settings
 from integrations.app import build_llm, open_engine
-from integrations.doctor import exit_code, llm_checks
+from integrations.doctor import llm_checks
+from integrations.doctor_checks import exit_code
 from integrations.llm.openai_compat import OpenAICompatLLM
 from memory.models import Scope
 from memory.writer.runner import Writer

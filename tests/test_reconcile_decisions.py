@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.catchup import cursor_line
+from bot.progress import cursor_line
 from bot.reconcile import (
     Budget,
     OutOfBudget,

@@ -98,7 +98,7 @@ INHERITED: dict[str, tuple[type[BaseModel], str]] = {
     "llm_prompt_price_per_mtok": (WriterConfig, "prompt_price_per_mtok"),
     "writer_heads_tokens": (WriterConfig, "heads_token_budget"),
     "gate_lexical_threshold": (WriterConfig, "gate_lexical_threshold"),
-    "rrf_k0": (SearchConfig, "rrf_k0"),
+    "search_rrf_k0": (SearchConfig, "hybrid_rrf_k0"),
     "recall_pool": (RecallConfig, "pool"),
     "recall_top_k": (RecallConfig, "top_k"),
     "recall_s2_k": (RecallConfig, "s2_k"),

@@ -96,7 +96,7 @@ def explain_summary(result: RecallResult) -> str:
 async def _texts(bot: LocalBot, result: RecallResult) -> dict[tuple[str, str], str]:
     out: dict[tuple[str, str], str] = {}
     for c in result.answer.citations:
-        found = await bot.engine.store.messages.by_ids(c.scope, [c.message_id])
+        found = await bot.engine.messages_by_id(c.scope, [c.message_id])
         if c.message_id in found:
             out[(c.scope.channel, c.message_id)] = found[c.message_id].text
     return out
@@ -196,7 +196,7 @@ async def open_shell(
         channel=channel,
     )
     if offer_demo:
-        counts = await bot.engine.store.messages.counts()
+        counts = await bot.engine.admin.message_counts()
         if (
             counts["messages"] == 0
             and counts["deleted"] == 0

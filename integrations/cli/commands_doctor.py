@@ -10,7 +10,8 @@ from rich.table import Table
 
 from bot.settings import Settings
 from integrations.cli.render import console
-from integrations.doctor import Check, exit_code, run_checks
+from integrations.doctor import run_checks
+from integrations.doctor_checks import Check, exit_code
 
 MARK = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]", "skip": "skip"}
 

@@ -17,14 +17,14 @@ from typing import Any
 
 from rich.table import Table
 
-from bot.catchup import cursor_line
 from bot.governance_commands import writer_lines
+from bot.progress import cursor_line
 from bot.settings import Settings
 from bot.spill import Spill
 from integrations.app import build_llm, llm_probe, open_engine
-from integrations.cli.commands_store import resolve_channel
 from integrations.cli.errors import CliError
 from integrations.cli.render import console, err_console
+from integrations.cli.targets import resolve_channel
 from memory.engine import MemoryEngine
 from memory.governance.policy import Forgotten, Receipt
 from memory.governance.service import ForgetIncomplete, Governance, GovernanceError
@@ -237,7 +237,7 @@ def print_receipt(receipt: Receipt, as_json: bool) -> None:
 async def pick_workspace(
     engine: MemoryEngine, workspace: str | None, platform: str | None
 ) -> tuple[str, str]:
-    known = await engine.store.channels.workspaces()
+    known = await engine.admin.workspaces()
     found = [
         (p, w)
         for p, w in known
@@ -257,14 +257,14 @@ async def resolve_user(
 ) -> tuple[str, str, str]:
     """(platform, workspace, user id) for USER; unknown or ambiguous is an error."""
     matches: list[tuple[str, str, str, str]] = []
-    for p, w in await engine.store.channels.workspaces():
+    for p, w in await engine.admin.workspaces():
         if (workspace is not None and w != workspace) or (platform is not None and p != platform):
             continue
-        for uid, name in await engine.store.governance.user_candidates(p, w, user):
+        for uid, name in await engine.admin.user_candidates(p, w, user):
             matches.append((p, w, uid, name))
         # a forgotten-name user still has an id in old rows
         named = any(m[:2] == (p, w) for m in matches)
-        if not named and await engine.store.governance.has_spoken(p, w, user):
+        if not named and await engine.admin.has_spoken(p, w, user):
             matches.append((p, w, user, user))
     if not matches:
         raise CliError(f"no member {user!r}" + (f" in {workspace}" if workspace else ""))
@@ -380,7 +380,7 @@ async def cmd_alias(settings: Settings, args: argparse.Namespace) -> int:
 async def cmd_forget_message(settings: Settings, args: argparse.Namespace) -> int:
     async with open_engine(settings, with_embedder=False) as engine:
         scope = await _channel(engine, args)
-        if not await engine.store.governance.message_pks(scope, [args.id]):
+        if not await engine.admin.holds_message(scope, args.id):
             raise CliError(f"no message {args.id!r} in {scope}")
         confirm(f"Forget message {args.id} in {scope} and every record citing it?", args.yes)
         receipt = await forgetting(
@@ -423,7 +423,7 @@ async def cmd_export_user(settings: Settings, args: argparse.Namespace) -> int:
         platform, workspace, uid = await _member(engine, args)
         gov = governance(settings, engine)
         data = await gov.export_user(platform, workspace, uid)
-        await engine.store.governance.log(
+        await engine.admin.log(
             platform=platform,
             workspace=workspace,
             actor=ACTOR,

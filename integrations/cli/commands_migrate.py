@@ -1,5 +1,5 @@
 """`speakermem migrate --from sqlite:PATH --to postgresql://...`: copy a SQLite store into
-PostgreSQL (memory.store.migrate does the copying), with a progress bar, then print the
+PostgreSQL (memory.maintenance does the copying), with a progress bar, then print the
 per-table counts of both sides. Safe to run again: nothing is doubled."""
 
 from __future__ import annotations
@@ -63,10 +63,14 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 
 async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from memory.store.database import StoreError
+    from memory import maintenance
+    from memory.engine import StoreError
 
+    if args.batch < 1:
+        err_console.print("error: --batch must be at least 1")
+        return 2
     try:
-        from memory.store.migrate import migrate, parse_source
+        source: Path = maintenance.migration_source(args.source)
     except ImportError as exc:
         err_console.print(
             f"error: migrate needs the PostgreSQL driver ({exc}): "
@@ -74,12 +78,6 @@ async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
             markup=False,
         )
         return 2
-
-    if args.batch < 1:
-        err_console.print("error: --batch must be at least 1")
-        return 2
-    try:
-        source: Path = parse_source(args.source)
     except StoreError as exc:
         err_console.print(f"error: {exc}", markup=False, highlight=False)
         return 2
@@ -96,7 +94,7 @@ async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
             advance(bar, n)
 
         try:
-            report = await migrate(
+            report = await maintenance.migrate_into_postgres(
                 source,
                 args.target,
                 batch=args.batch,

@@ -90,15 +90,13 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 
 async def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
-    from memory.store.backup import backup_store
-    from memory.store.database import StoreError
-    from memory.store.driver import pick_driver
+    from memory import maintenance
+    from memory.engine import StoreError
 
     config = settings.memory_config().store
     postgres = config.db_url is not None
     try:
-        driver = None if postgres else pick_driver(settings.sqlite_driver)
-        result = await backup_store(config, Path(args.path), driver)
+        result = await maintenance.backup(config, Path(args.path))
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     check = "pg_dump archive listed ok" if postgres else "integrity ok"
@@ -175,7 +173,7 @@ async def _slack_source(
     except (SlackApiError, SlackClientError, OSError) as exc:
         err_console.print(f"warning: could not list the channel's members ({exc})", markup=False)
     private = meta.get("is_private") or meta.get("is_im") or meta.get("is_mpim")
-    await engine.store.channels.set_meta(scope, name=name, is_private=bool(private))
+    await engine.set_channel_meta(scope, name=name, is_private=bool(private))
 
     async def names(team_id: str, user_id: str) -> tuple[str, bool] | None:
         await directory.ensure(team_id)
@@ -229,11 +227,12 @@ async def _discord_source(
 
 
 async def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
-    from bot.catchup import CatchUp, ChannelProgress
+    from bot.catchup import CatchUp
     from bot.dispatch import Dispatcher
+    from bot.progress import ChannelProgress
     from integrations.app import open_engine
     from integrations.cli.commands_governance import governance
-    from integrations.cli.commands_store import embed_all
+    from integrations.cli.ingest import embed_all
     from memory.query.pipeline import RecallPipeline
 
     since: datetime = args.since
@@ -245,16 +244,15 @@ async def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
         )
         async with source_cm as (source, scope, name):
             if name:
-                await engine.store.channels.set_meta(scope, name=name, is_private=None)
+                await engine.set_channel_meta(scope, name=name, is_private=None)
             gov = governance(settings, engine)
             if not await gov.channel_enabled(scope):
                 raise CliError(
                     f"memory is off in {scope}: nothing would be stored (switch it on first: "
                     f"speakermem channel enable {scope.channel})"
                 )
-            repo = engine.store.catchup
             start: Start = (None, since.timestamp())
-            for cur in await repo.cursors(scope.platform, "backfill"):
+            for cur in await engine.cursors.cursors(scope.platform, "backfill"):
                 if (
                     cur.scope == scope
                     and not cur.finished
@@ -270,7 +268,9 @@ async def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
             label = f"backfill #{name}" if name else f"backfill {scope.channel}"
             with progress_bar(label, None) as bar:
                 on_page: Callable[[ChannelProgress, int], None] = lambda _p, n: advance(bar, n)  # noqa: E731
-                runner = CatchUp(dispatcher, repo, source, kind="backfill", on_page=on_page)
+                runner = CatchUp(
+                    dispatcher, engine.cursors, source, kind="backfill", on_page=on_page
+                )
                 (prog,) = await runner.run({scope: start}, {scope: name} if name else None)
             await dispatcher.drain_notices()
         handled, ignored = dispatcher.stats.handled, dispatcher.stats.ignored

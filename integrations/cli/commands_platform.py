@@ -161,14 +161,14 @@ async def import_platform_export(
     membership, so channel rosters fill in when the bot connects to the guild.
     """
     from integrations.app import open_engine
-    from integrations.cli.commands_store import embed_all, outcomes_line
+    from integrations.cli.ingest import embed_all, outcomes_line
 
     plan = _open_export(kind, path, getattr(args, "workspace", None))
     roster: list[RosterEvent] = []
     outcomes: Counter[str] = Counter()
     async with open_engine(settings, with_embedder=embed) as engine:
         for scope, name, private in plan.metas:
-            await engine.store.channels.set_meta(scope, name=name, is_private=private)
+            await engine.set_channel_meta(scope, name=name, is_private=private)
         for label, events, total in plan.sources:
             await _ingest(engine, events, total, label, roster, outcomes)
         await _apply_roster(engine, roster)

@@ -11,9 +11,10 @@ from rich.table import Table
 
 from bot.settings import Settings
 from integrations.app import build_llm, open_engine
-from integrations.cli.commands_store import embed_all, ingest_events, resolve_channel
 from integrations.cli.errors import CliError
+from integrations.cli.ingest import embed_all, ingest_events
 from integrations.cli.render import advance, console, err_console, progress_bar
+from integrations.cli.targets import resolve_channel
 from memory.datasets import DATASET_READERS, read_dataset
 from memory.engine import MemoryEngine
 from memory.eval.answer_metrics import JUDGE_PROMPT_VERSION
@@ -86,7 +87,7 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 
 async def resolve_asker(engine: MemoryEngine, scope: Scope, asker: str) -> str:
-    ids = await engine.store.channels.find_user(scope.platform, scope.workspace, asker)
+    ids = await engine.find_user(scope.platform, scope.workspace, asker)
     if not ids:
         raise CliError(f"unknown user {asker!r} in {scope.platform}/{scope.workspace}")
     if len(ids) > 1:
@@ -193,7 +194,7 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
         if args.writer == "replay":
             from memory.writer.replay import replay_observations
 
-            existing = await engine.store.records.counts()
+            existing = await engine.admin.record_counts()
             if existing["records"] == 0:
                 with progress_bar("replaying observations", len(dataset.observations)) as bar:
                     rep = await replay_observations(
@@ -207,9 +208,9 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
 
             assert llm is not None
             for scope in dataset.scopes:
-                await engine.store.segments.close_channel(scope)
+                await engine.segments.close_channel(scope)
             writer = Writer(engine, llm)
-            due = len(await engine.store.segments.due(limit=100_000))
+            due = len(await engine.segments.due(limit=100_000))
             with progress_bar("writing segments", due) as bar:
                 await writer.flush_due(limit=100_000, on_progress=lambda _o: advance(bar, 1))
         pipeline = RecallPipeline(engine, llm=llm)

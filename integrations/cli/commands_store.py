@@ -5,66 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from collections import Counter
 from pathlib import Path
 
 from rich.table import Table
 
 from bot.settings import Settings
 from integrations.app import open_engine
-from integrations.cli.errors import CliError
-from integrations.cli.render import advance, console, err_console, fmt_time, progress_bar
+from integrations.cli.ingest import embed_all, ingest_events, outcomes_line
+from integrations.cli.render import console, err_console, fmt_time
+from integrations.cli.targets import require_store, resolve_channel
+from memory import maintenance
 from memory.datasets import DATASET_READERS, Dataset, read_dataset
-from memory.engine import MemoryEngine, UnknownChannel
-from memory.models import MessageEvent, Scope
-
-
-async def resolve_channel(engine: MemoryEngine, channel: str, platform: str | None = None) -> Scope:
-    """A channel by id or name; ambiguity and unknown names are user errors."""
-    found = await engine.store.channels.find(channel, platform)
-    if not found:
-        known = ", ".join(sorted({c["scope"].channel for c in await engine.store.channels.all()}))
-        raise UnknownChannel(
-            f"unknown channel {channel!r}; known channels: {known or '(none - import first)'}"
-        )
-    if len(found) > 1:
-        options = ", ".join(str(s) for s in found)
-        raise CliError(f"channel {channel!r} is ambiguous ({options}); pass --platform")
-    return found[0]
-
-
-async def ingest_events(
-    engine: MemoryEngine, events: list[MessageEvent], label: str
-) -> Counter[str]:
-    """Ingest through the engine's admission gate; returns the outcomes by status."""
-    with progress_bar(label, len(events)) as bar:
-        outcomes = await engine.ingest_many(events, on_progress=lambda n: advance(bar, n))
-    return Counter(o.status.value for o in outcomes)
-
-
-def outcomes_line(outcomes: Counter[str]) -> str:
-    """What was not stored, by the reason the store or its admission gate gave."""
-    labels = {
-        "duplicate": "already present",
-        "deleted": "deleted before they arrived",
-        "bot": "bot messages skipped",
-        "channel_off": "in channels whose memory is off",
-        "opted_out": "by opted-out members",
-        "forgotten": "by forgotten members",
-    }
-    return ", ".join(f"{outcomes[k]} {label}" for k, label in labels.items() if outcomes[k]) or (
-        "nothing else"
-    )
-
-
-async def embed_all(engine: MemoryEngine) -> int:
-    if engine.embedder is None:
-        return 0
-    pending = await engine.store.messages.count_pending_embeddings()
-    if not pending:
-        return 0
-    with progress_bar("embedding", pending) as bar:
-        return await engine.embed_pending(on_progress=lambda n: advance(bar, n))
 
 
 async def import_dataset(settings: Settings, kind: str, path: Path, *, embed: bool) -> Dataset:
@@ -98,9 +49,7 @@ async def cmd_search(settings: Settings, args: argparse.Namespace) -> int:
         if mode != "lexical" and engine.embedder is None:
             mode = "lexical"
         hits = await engine.search(args.query, [scope], limit=args.limit, mode=mode)
-        sessions = await engine.store.messages.session_started(
-            scope, sorted({h.message.session_id for h in hits})
-        )
+        sessions = await engine.session_starts(scope, sorted({h.message.session_id for h in hits}))
     if args.json:
         print(
             json.dumps(
@@ -149,21 +98,11 @@ async def cmd_search(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def require_store(settings: Settings) -> None:
-    """Refuse a command that reads the store when there is none yet: the SQLite file must
-    exist; a PostgreSQL store (SPEAKERMEM_DB_URL) has no file, and opening it says whether
-    the server and database are there."""
-    if settings.db_url is None and not Path(settings.db_path).exists():
-        raise CliError(f"{settings.db_path}: no database yet; run `speakermem import` first")
-
-
 async def cmd_stats(settings: Settings, args: argparse.Namespace) -> int:
-    from memory.store.diagnostics import configured_location
-
     await asyncio.to_thread(require_store, settings)
     async with open_engine(settings, with_embedder=False) as engine:
         stats = await engine.stats()
-        channels = await engine.store.channels.all()
+        channels = await engine.admin.channels()
     if args.json:
         stats["channel_list"] = [
             {"channel": str(c["scope"]), "messages": c["messages"], "members": c["members"]}
@@ -171,7 +110,7 @@ async def cmd_stats(settings: Settings, args: argparse.Namespace) -> int:
         ]
         print(json.dumps(stats, indent=2, default=str))
         return 0
-    where = configured_location(settings.memory_config().store)
+    where = maintenance.where(settings.memory_config().store)
     table = Table(title=f"speakermem stats: {where}")
     table.add_column("what")
     table.add_column("value", justify="right")

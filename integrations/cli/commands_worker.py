@@ -94,7 +94,7 @@ async def work(
     """Claim-write-commit rounds until `stop` is set (or, with `once`, nothing is left to
     claim); the outcomes counted by status. Setting `stop` cancels the round in flight,
     which releases its segments."""
-    store = writer.engine.store
+    engine = writer.engine
     totals: Counter[str] = Counter()
     last_rederive = float("-inf")
 
@@ -103,7 +103,7 @@ async def work(
         # the re-derivation queue: one worker at a time, looked at every poll period
         if time.monotonic() - last_rederive >= poll_s:
             last_rederive = time.monotonic()
-            async with store.locks.try_job("rederive") as mine:
+            async with engine.job_lock("rederive") as mine:
                 if mine:
                     for outcome in await writer.rederive_due():
                         totals[f"rederive-{outcome.status}"] += 1
@@ -142,7 +142,6 @@ async def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
     from integrations.app import build_llm, open_engine
     from integrations.cli.errors import CliError
     from integrations.cli.render import err_console
-    from memory.store.diagnostics import location
     from memory.writer.runner import Writer
 
     if not settings.llm_configured:
@@ -173,7 +172,7 @@ async def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
         log.info(
             "worker %s: writing segments of %s with %s (lease %g s, concurrency %d)",
             worker_id,
-            location(engine.store),
+            engine.admin.location(),
             llm.model,
             lease_s,
             cfg.concurrency,

@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction, common: Callable) -> None:  # type
 
 
 def _require_db(settings: Settings) -> None:
-    from integrations.cli.commands_store import require_store
+    from integrations.cli.targets import require_store
 
     require_store(settings)  # the SQLite file, or nothing to check for SPEAKERMEM_DB_URL
 
@@ -141,9 +141,9 @@ async def _write_channel(
 
 async def cmd_write(settings: Settings, args: argparse.Namespace) -> int:
     from integrations.app import build_llm, open_engine
-    from integrations.cli.commands_store import resolve_channel
     from integrations.cli.errors import CliError
     from integrations.cli.render import advance, console, err_console, progress_bar
+    from integrations.cli.targets import resolve_channel
     from memory.writer.runner import Writer
 
     if not args.channel and not args.all:
@@ -163,10 +163,10 @@ async def cmd_write(settings: Settings, args: argparse.Namespace) -> int:
         async with open_engine(settings) as engine:
             scope = None if args.all else await resolve_channel(engine, args.channel, args.platform)
             if scope is None:
-                closed = await engine.store.segments.close_idle(0.0)
+                closed = await engine.segments.close_idle(0.0)
             else:
-                closed = await engine.store.segments.close_channel(scope)
-            due = await engine.store.segments.due(
+                closed = await engine.segments.close_channel(scope)
+            due = await engine.segments.due(
                 limit=1_000_000, now=time.time() + _FAR_FUTURE_S, scope=scope
             )
             where = "every channel" if scope is None else str(scope)
@@ -178,7 +178,7 @@ async def cmd_write(settings: Settings, args: argparse.Namespace) -> int:
                 f"({closed} open segment(s) closed)"
             )
             writer = Writer(engine, llm, settings.memory_config().writer)
-            before = await engine.store.records.writer_stats()
+            before = await engine.admin.writer_stats()
             by_channel: dict[tuple[str, str, str], list[Segment]] = {}
             for seg in due:
                 by_channel.setdefault(seg.scope.key(), []).append(seg)
@@ -209,7 +209,7 @@ async def cmd_write(settings: Settings, args: argparse.Namespace) -> int:
 
                 results = await asyncio.gather(*(channel(s) for s in by_channel.values()))
             wall_s = time.perf_counter() - started
-            after = await engine.store.records.writer_stats()
+            after = await engine.admin.writer_stats()
     finally:
         close = getattr(llm, "aclose", None)
         if close is not None:
@@ -295,16 +295,13 @@ async def export_state(
     engine: MemoryEngine, path: Path, *, scope: Scope | None = None, full: bool = False
 ) -> int:
     """Write the channels' active heads (all nodes with `full`) as a state JSON; returns n."""
-    if scope is not None:
-        scopes = [scope]
-    else:
-        scopes = [c["scope"] for c in await engine.store.channels.all()]
+    scopes = [scope] if scope is not None else [c["scope"] for c in await engine.admin.channels()]
     pks = await engine.channel_pks(scopes)
-    records = await engine.store.records.heads(pks)
+    records = await engine.admin.record_heads(pks)
     if full:
         seen = {r.id for r in records}
         for head in list(records):
-            records.extend(r for r in await engine.store.records.chain(head.id) if r.id not in seen)
+            records.extend(r for r in await engine.admin.record_chain(head.id) if r.id not in seen)
     records.sort(key=lambda r: (str(r.scope), r.chain_root, r.id))
     names = await _names(engine, {r.scope for r in records})
     doc = {
@@ -322,9 +319,9 @@ async def cmd_records(settings: Settings, args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from integrations.app import open_engine
-    from integrations.cli.commands_store import resolve_channel
     from integrations.cli.errors import CliError
     from integrations.cli.render import console, err_console, fmt_time
+    from integrations.cli.targets import resolve_channel
     from memory.models import RecordState
 
     if args.owner is None and args.export is None:
@@ -341,7 +338,7 @@ async def cmd_records(settings: Settings, args: argparse.Namespace) -> int:
             )
             if args.owner is None:
                 return 0
-        records = await engine.store.records.by_owner_name(args.owner)
+        records = await engine.admin.records_owned_by(args.owner)
         if scope is not None:
             records = [r for r in records if r.scope.key() == scope.key()]
         if not args.full:
@@ -415,7 +412,7 @@ async def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from integrations.app import open_engine
-    from integrations.cli.commands_store import embed_all, ingest_events, outcomes_line
+    from integrations.cli.ingest import embed_all, ingest_events, outcomes_line
     from integrations.cli.render import advance, console, err_console, progress_bar
     from memory.datasets.locomo import read_locomo
     from memory.writer.replay import replay_observations

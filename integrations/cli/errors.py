@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 from memory.datasets import DatasetError
-from memory.engine import UnknownChannel
-from memory.store import DriverUnavailable, StoreError
+from memory.engine import DriverUnavailable, StoreError, UnknownChannel
 
 
 class CliError(Exception):

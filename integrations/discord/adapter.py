@@ -216,7 +216,7 @@ class DiscordAdapter:
         if self.settings.reconcile_lookback_s > 0:
             reconcile = Reconciler(
                 self.deletions,
-                self.engine.history_cursors(),
+                self.engine.cursors,
                 DiscordHistoryCheck(client, parents=parents),
                 lookback_s=self.settings.reconcile_lookback_s,
                 budget_s=self.settings.reconcile_budget_s,

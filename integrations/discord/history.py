@@ -112,7 +112,7 @@ class DiscordCatchUp:
         saved through `engine`."""
         self.catchup = CatchUp(
             dispatcher,
-            engine.history_cursors(),
+            engine.cursors,
             DiscordHistory(client, parents=parents),
             reconcile=reconcile,
         )

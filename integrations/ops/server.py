@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from bot.health import (
+    QUEUE_WARN,
     HealthFacts,
     HealthReport,
     LLMHealth,
@@ -26,7 +27,6 @@ from bot.health import (
 from bot.spill import Spill
 from integrations.ops.metrics import CONTENT_TYPE, MeteredLLM, Metrics
 from memory.engine import MemoryEngine
-from memory.store.usage import writer_usage
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class OpsServer:
         spill: Spill | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
-        queue_warn: int = 1_000,
+        queue_warn: int = QUEUE_WARN,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
@@ -83,7 +83,7 @@ class OpsServer:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
-                await self.engine.store.db.read("SELECT 1")
+                await self.engine.admin.ping()
             latency = round((time.perf_counter() - started) * 1000, 1)
         except Exception as exc:  # any failure here means the store cannot serve
             db_ok, db_error = False, f"{type(exc).__name__}: {str(exc)[:120]}"
@@ -93,9 +93,9 @@ class OpsServer:
             # not a store that cannot serve, so the last counts stand until one finishes.
             try:
                 async with asyncio.timeout(PROBE_TIMEOUT_S):
-                    queue = await measure_writer_queue(self.engine.store)
-                    embed_pending = await self.engine.store.messages.count_pending_embeddings()
-                    usage = await writer_usage(self.engine.store)
+                    queue = await measure_writer_queue(self.engine.segments)
+                    embed_pending = await self.engine.count_unembedded()
+                    usage = await self.engine.admin.writer_usage()
                 self._queues = (queue, embed_pending)
                 self.metrics.set_writer_usage(usage.tokens_per_run, usage.tokens_per_1k_messages)
             except Exception as exc:

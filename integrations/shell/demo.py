@@ -224,7 +224,7 @@ async def build_memory(bot: LocalBot, conv: DemoConversation) -> MemoryBuild:
         return out
     out.writer = getattr(bot.llm, "model", "llm")
     for ch in conv.channels:
-        await bot.engine.close_segment(conv.scope(ch.id))
+        await bot.engine.segments.close_channel(conv.scope(ch.id))
     outcomes: list[FlushOutcome] = await bot.writer.flush_due(limit=10_000)
     out.segments = len(outcomes)
     out.records = sum(o.accepted for o in outcomes if o.status == "committed")

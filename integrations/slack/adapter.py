@@ -248,7 +248,7 @@ class SlackAdapter:
         )
         return Reconciler(
             self.deletions,
-            self.engine.history_cursors(),
+            self.engine.cursors,
             SlackHistoryCheck(client, page_size=self.catchup_page_size),
             lookback_s=self.settings.reconcile_lookback_s,
             budget_s=self.settings.reconcile_budget_s,

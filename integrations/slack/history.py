@@ -253,7 +253,7 @@ class SlackCatchUp:
         cursors are saved through `engine`."""
         self.history = history
         self.catchup = CatchUp(
-            dispatcher, engine.history_cursors(), history, on_page=on_page, reconcile=reconcile
+            dispatcher, engine.cursors, history, on_page=on_page, reconcile=reconcile
         )
         self.workspace = workspace
         self.names = names or dict

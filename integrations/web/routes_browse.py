@@ -9,21 +9,13 @@ from aiohttp import web
 
 from integrations.web.graph import layout
 from integrations.web.guard import Viewer, guard, not_found, page, scope_of
-from integrations.web.state import STATE, render
+from integrations.web.state import RECORDS_PAGE, STATE, render, whole_number
 from memory.console import ChannelSummary, RecordView
 from memory.models import DerivedRecord, Scope
 
 PEOPLE_SHOWN = 100
 """People listed on a channel page (most records first)."""
-RECORDS_PAGE = 25
 SEARCH_LIMIT = 20
-
-
-def _int(value: object, default: int = 0) -> int:
-    try:
-        return max(0, int(str(value)))
-    except (TypeError, ValueError):
-        return default
 
 
 async def overview(request: web.Request) -> web.StreamResponse:
@@ -62,7 +54,7 @@ async def _channel_page(
         raise not_found()
     people, names = await reads.record_people(scope)
     person = request.query.get("person")
-    offset = _int(request.query.get("page")) * RECORDS_PAGE
+    offset = whole_number(request.query.get("page")) * RECORDS_PAGE
     records: list[DerivedRecord] = []
     total = 0
     if person:
@@ -131,7 +123,7 @@ async def channel_graph(request: web.Request) -> web.StreamResponse:
 async def _record(request: web.Request) -> tuple[Viewer, RecordView, ChannelSummary]:
     viewer = await guard(request)
     reads = request.app[STATE].reads
-    view = await reads.record(_int(request.match_info["record_id"], -1))
+    view = await reads.record(whole_number(request.match_info["record_id"], -1))
     if view is None or not viewer.can.can_read(view.record.scope):
         raise not_found()  # a record of a channel you cannot read is one that does not exist
     summaries = await reads.channels([view.record.scope])

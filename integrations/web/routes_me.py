@@ -19,7 +19,6 @@ from memory.query.pipeline import AccessDenied, RecallRequest
 log = logging.getLogger(__name__)
 
 MINE_LIMIT = 50
-MAX_QUESTION_CHARS = 2_000
 
 
 def _mine(viewer: Viewer, value: str | None) -> tuple[str, str, str]:
@@ -176,7 +175,8 @@ async def ask_post(request: web.Request) -> web.StreamResponse:
         raise not_found()
     viewer = await guard(request, scope=scope)
     state = request.app[STATE]
-    question = str(viewer.form.get("question") or "").strip()[:MAX_QUESTION_CHARS]
+    limit = state.reads.engine.config.recall.max_question_chars
+    question = str(viewer.form.get("question") or "").strip()[:limit]
     if state.recaller is None or not question:
         return await _ask_page(request, viewer, chosen=chosen, question=question)
     asker = viewer.user_in(scope.platform, scope.workspace)

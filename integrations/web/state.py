@@ -21,6 +21,17 @@ from memory.query.pipeline import Recaller
 
 RECHECK_S = 300.0
 """How often a platform user's workspaces and admin rights are confirmed with the platform."""
+RECORDS_PAGE = 25
+"""Records per page, of a channel's and of a person's."""
+
+
+def whole_number(value: object, default: int = 0) -> int:
+    """A non-negative integer from a query or path value (`?page=`, a record id); `default`
+    when it is not one."""
+    try:
+        return max(0, int(str(value)))
+    except (TypeError, ValueError):
+        return default
 
 
 @dataclass

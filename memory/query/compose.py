@@ -24,15 +24,16 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from memory.config import RecallConfig
 from memory.context_budget import approx_tokens
 from memory.models import GROUP, Scope, StoredMessage
 from memory.query.system2 import Row, RowRecord
 
 MAX_EXCERPT_CHARS = 600
 MAX_RECORD_CHARS = 400
-S1_BUDGET_TOKENS = 1_500
+S1_BUDGET_TOKENS: int = RecallConfig.model_fields["s1_pack_tokens"].default
 """Verbatim evidence selected by System 1 (top-k excerpts)."""
-S2_BUDGET_TOKENS = 1_300
+S2_BUDGET_TOKENS: int = RecallConfig.model_fields["s2_pack_tokens"].default
 """Rows: record lines, the excerpts that support them, and empty rows' fallback messages."""
 MIN_CLIP_CHARS = 80
 """Texts are never cut below this; past that, whole items are left out (see `enforce_cap`)."""

@@ -60,7 +60,6 @@ from memory.roster_cache import derived, display_names
 
 log = logging.getLogger(__name__)
 
-MAX_QUESTION_CHARS = 4_000
 COMMON_WORD_MIN_SEEN = 3
 COMMON_WORD_LOWER_SHARE = 0.5
 PROMPT_VERSIONS = {
@@ -242,7 +241,7 @@ class RecallPipeline:
             yield
             timings[name] = round((time.perf_counter() - started) * 1000, 2)
 
-        question = req.question.strip()[:MAX_QUESTION_CHARS]
+        question = req.question.strip()[: self.cfg.max_question_chars]
         trace = RecallTrace(projection={})
         with stage("access"):
             scopes = await self.allowed_scopes(req)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from memory.config import RecallConfig
 from memory.models import GROUP, RosterMember, Tense
 from memory.query.project_grammar import Ref, find_refs, find_relation, marker_text, sentence_start
 from memory.query.project_words import (
@@ -50,8 +51,8 @@ PROJECT_PROMPT_VERSION = "project-v1"
 
 MAX_ISSUE_CHARS = 300
 MAX_ISSUE_WORDS = 32
-_MAX_QUESTION_CHARS = 20_000
-_MAX_PROMPT_QUESTION_CHARS = 4_000
+_MAX_QUESTION_CHARS: int = RecallConfig.model_fields["max_question_chars"].default
+_MAX_PROMPT_QUESTION_CHARS = _MAX_QUESTION_CHARS
 _MAX_PROMPT_ROSTER = 500
 
 
