@@ -1092,7 +1092,7 @@ def machine_info() -> dict[str, Any]:
                 ram_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
     except OSError:
         pass
-    from memory.store.driver import pick_driver
+    from memory.store import pick_driver
 
     drv = pick_driver("auto")
     conn = drv.module.connect(":memory:")

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from bot.events import MessageEvent, Scope
 from bot.reconcile import Reconciler, entry_line
-from memory.store.catchup import CatchupRepo
+from memory.store import CatchupCursors
 
 if TYPE_CHECKING:  # bot.dispatch imports bot.governance_commands, which uses cursor_line
     from bot.dispatch import Dispatcher
@@ -115,7 +115,7 @@ class CatchUp:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        repo: CatchupRepo,
+        repo: CatchupCursors,
         source: HistorySource,
         *,
         kind: str = "catchup",

@@ -43,8 +43,7 @@ from memory.governance.service import Governance
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
 from memory.query.pipeline import AccessDenied, Recaller, RecallRequest
-from memory.store import IngestOutcome, IngestStatus
-from memory.store.database import StoreFull
+from memory.store import IngestOutcome, IngestStatus, StoreFull
 
 log = logging.getLogger(__name__)
 

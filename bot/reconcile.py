@@ -42,8 +42,7 @@ from pydantic import BaseModel
 from memory.governance.deletions import PlatformDeletions
 from memory.governance.policy import Receipt
 from memory.models import EditEvent, Scope
-from memory.store import ChangeStatus
-from memory.store.catchup import CatchupRepo
+from memory.store import CatchupCursors, ChangeStatus
 from memory.store.reconcile import StoredRow
 
 log = logging.getLogger(__name__)
@@ -321,7 +320,7 @@ class Reconciler:
     def __init__(
         self,
         deletions: PlatformDeletions,
-        repo: CatchupRepo,
+        repo: CatchupCursors,
         source: HistoryCheck,
         *,
         lookback_s: float = LOOKBACK_S,

@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 
 async def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
-    from memory.store.database import StoreError
+    from memory.store import StoreError
 
     try:
         from memory.store.migrate import migrate, parse_source

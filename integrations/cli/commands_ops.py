@@ -90,9 +90,8 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 
 async def cmd_backup(settings: Settings, args: argparse.Namespace) -> int:
+    from memory.store import StoreError, pick_driver
     from memory.store.backup import backup_store
-    from memory.store.database import StoreError
-    from memory.store.driver import pick_driver
 
     config = settings.memory_config().store
     postgres = config.db_url is not None

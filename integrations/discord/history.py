@@ -29,7 +29,7 @@ from bot.events import MessageEvent, Scope
 from bot.reconcile import Reconciler
 from integrations.discord import translate as tr
 from integrations.payload import PayloadError
-from memory.store.catchup import CatchupRepo
+from memory.store import CatchupCursors
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class DiscordCatchUp:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        repo: CatchupRepo,
+        repo: CatchupCursors,
         client: discord.Client,
         *,
         parents: Callable[[str], dict[str, str]] | None = None,

@@ -48,7 +48,7 @@ from bot.events import MessageEvent, Scope
 from bot.reconcile import Reconciler
 from integrations.slack.roster_sync import RateLimitedApi, Sleep
 from integrations.slack.translate import PLATFORM, PayloadError, translate_event
-from memory.store.catchup import CatchupRepo
+from memory.store import CatchupCursors
 
 __all__ = ["PAGE", "SlackCatchUp", "SlackHistory", "slack_ts"]
 
@@ -241,7 +241,7 @@ class SlackCatchUp:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        repo: CatchupRepo,
+        repo: CatchupCursors,
         history: SlackHistory,
         *,
         workspace: str | None = None,
