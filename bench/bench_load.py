@@ -24,11 +24,13 @@ the first minute pending segments grow by at most 5 a minute, or never rise abov
 minute's peak (`writer_backlog` in the JSON).
 
 Usage (from the repository root):
+    python bench/bench_load.py --rate 200 --seconds 300 --channels 50   # the defaults: auto
     python bench/bench_load.py --rate 200 --seconds 300 --channels 50 --recall-processes 2
     python bench/bench_load.py --warmup 120 --recall-processes 2   # measured after 2 minutes
     python bench/bench_load.py --seconds 30 --embedder none               # quick
     python bench/bench_load.py --recall-processes 0 --heap-log heap.jsonl  # where RSS goes
-`--recall-processes N` runs /recall in N worker processes (SPEAKERMEM_RECALL_PROCESSES);
+`--recall-processes N` runs /recall in N worker processes (SPEAKERMEM_RECALL_PROCESSES;
+`auto`, the default, moves it to worker processes once the bot is busy);
 RSS and cores then count the bot and them. `--warmup S` runs the same traffic for S seconds
 first: the RSS slope then describes a bot that has been running, while its caches and heaps
 no longer fill from an empty database (the cold figure is reported beside it).
@@ -867,7 +869,9 @@ def report(r: dict[str, Any]) -> str:
         + f" over {r['channels']} channels, {r['recallers']} members recalling, Writer LLM latency "
         f"{r['llm_latency_s']} s, embedder {r['embedder']}, "
         + (
-            f"recall in {r['recall_processes']} processes (RSS and cores: the bot and them)"
+            "recall processes auto (in the bot until busy; RSS and cores: the bot and them)"
+            if r.get("recall_processes") == "auto"
+            else f"recall in {r['recall_processes']} processes (RSS and cores: the bot and them)"
             if r.get("recall_processes")
             else "recall in the bot process"
         ),
@@ -952,10 +956,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--recall-processes",
-        type=int,
+        type=lambda v: v if v == "auto" else int(v),
         default=bot.recall_processes,
-        help="SPEAKERMEM_RECALL_PROCESSES of the bot (default: the bot's own, that variable "
-        "or its default); RSS and cores then count the bot and its recall processes",
+        help="SPEAKERMEM_RECALL_PROCESSES of the bot: auto, 0 or N (default: the bot's own, "
+        "that variable or its default, auto); RSS and cores then count the bot and its recall "
+        "processes",
     )
     p.add_argument("--sample", type=float, default=15.0, help="RSS/queue sample interval (s)")
     p.add_argument(

@@ -155,10 +155,13 @@ class Settings(BaseSettings):
     recall_s1_pack_tokens: int = inherit(RecallConfig, "s1_pack_tokens")
     recall_s2_pack_tokens: int = inherit(RecallConfig, "s2_pack_tokens")
     recall_answer_max_tokens: int = inherit(RecallConfig, "answer_max_tokens")
-    recall_processes: int = Field(default=0, ge=0, le=16)
-    """0: /recall runs in the bot's own process. N: in N spawned processes (one recall at
-    a time each), so a busy bot's ingestion and recalls stop sharing one interpreter lock
-    (integrations/recall_processes.py). Each holds its own store connections and embedder."""
+    recall_processes: Annotated[int, Field(ge=0, le=16)] | Literal["auto"] = "auto"
+    """auto: /recall runs in the bot's own process until the bot is busy, then in recall
+    processes while it stays busy (integrations/recall_scaling.py: from the usable cores
+    and the messages stored a second). 0: always in the bot's own process. N: always in N
+    spawned processes (one recall at a time each), so a busy bot's ingestion and recalls
+    stop sharing one interpreter lock (integrations/recall_processes.py). Each holds its
+    own store connections and embedder."""
     recall_ephemeral: bool = False
     """true: /recall answers only the asker (ephemeral); false: the channel sees the answer."""
 

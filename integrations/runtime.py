@@ -25,6 +25,7 @@ from integrations.ops.heap import fix_mmap_threshold, trim_every
 from integrations.ops.metrics import MeteredLLM, Metrics
 from integrations.ops.server import OpsServer
 from integrations.recall_processes import RecallProcesses
+from integrations.recall_scaling import AutoRecallProcesses
 from memory.console import ConsoleReads
 from memory.engine import MemoryEngine
 from memory.governance.service import Governance
@@ -174,8 +175,18 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
         )
         pipeline = RecallPipeline(engine, llm=answer_llm)
         recaller: Recaller = pipeline
-        processes: RecallProcesses | None = None
-        if settings.recall_processes > 0:
+        processes: RecallProcesses | AutoRecallProcesses | None = None
+        if settings.recall_processes == "auto":
+            processes = AutoRecallProcesses(
+                settings,
+                engine,
+                fallback=pipeline,
+                stored=lambda: dispatcher.stats.handled["message_stored"],
+                answer_llm=answer_llm,
+                factory=RecallProcesses,
+            )
+            recaller = processes
+        elif settings.recall_processes > 0:
             processes = RecallProcesses(
                 settings,
                 engine,
@@ -194,6 +205,8 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
             spill=build_spill(settings),
             spill_retry_s=SPILL_RETRY_S,
         )
+        if isinstance(processes, AutoRecallProcesses):
+            processes.start()  # watches the dispatcher's stored count
         engine.start_background_embedding()
         engine.start_background_interactions()
         scheduler.start()

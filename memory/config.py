@@ -97,6 +97,12 @@ class RecallConfig(BaseModel):
     """Weight of the dominant session's turns as one more ranking (0 = off)."""
     focus_radius: int = Field(default=20, ge=1, le=200)
     """Turns fetched around the dominant session's best pick (bounds the cost)."""
+    broad_session_cap: int = Field(default=4, ge=0, le=100)
+    """At most this many of the top-k evidence from one session for a question about a
+    person's pattern or a change (0 = no cap)."""
+    group_speaker_cap: int = Field(default=2, ge=0, le=100)
+    """At most this many of the top-k evidence from one speaker for a question about
+    everyone (0 = no cap)."""
     context_anchors: int = Field(default=3, ge=0, le=20)
     """Soft Expand: the turns around the top picks join the fusion as one more ranking."""
     context_weight: float = Field(default=0.5, ge=0)

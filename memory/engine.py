@@ -155,6 +155,8 @@ class MemoryEngine:
         if isinstance(event, MessageEvent):
             if stored is not None:
                 return IngestStatus.DUPLICATE.value
+            if await policy.deleted_early(scope, event.message_id):
+                return "deleted"  # its delete came first: it is stored forgotten, never read
             on = (await policy.channels_on([scope], self.channel_default))[scope]
             why = admission(
                 is_bot=event.speaker_is_bot, channel_on=on, author=people.reason(event.speaker_id)

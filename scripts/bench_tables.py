@@ -12,7 +12,10 @@ The template row is repeated for every item of `runs` (a list, or a mapping whos
 as `_key`). A field is an expression over the item: dotted names (`recall_ms.p95`),
 subscripts (`by_category["multi-hop"]`), + - * /, and min()/max(); `.x` on a list maps over
 it. After a colon comes a format spec (`:.3f`, `:,`). An inline value in prose or a table
-cell is `{{ load.json min(runs.recall_ms.p95):.0f }}`. A name no row of the JSON has, or a file
+cell is `{{ load.json min(runs.recall_ms.p95):.0f }}`. A whole `speakermem eval` report
+(`--out`, recorded with `bench/benchmark_docs.py record`) is `<!-- report: locomo.json -->`:
+the same tables the command prints (`memory.eval.harness.markdown_table`) and the run it came
+from. A name no row of the JSON has, or a file
 that is not there, fails the build (a name only some rows have shows as "-" in the others);
 so does a marker left unexpanded.
 """
@@ -29,6 +32,7 @@ TABLE = re.compile(
     r"<!-- table: (?P<file>[\w./-]+\.json) (?P<rows>[^>]*?) -->\n"
     r"(?P<head>[^\n]*)\n(?P<sep>[^\n]*)\n(?P<row>[^\n]*)\n<!-- end table -->"
 )
+REPORT = re.compile(r"<!-- report: (?P<file>[\w./-]+\.json) -->")
 INLINE = re.compile(r"\{\{\s*(?P<file>[\w./-]+\.json)\s+(?P<expr>[^{}]+?)\s*\}\}")
 FIELD = re.compile(r"\{(?P<expr>[^{}]+)\}")
 
@@ -150,16 +154,33 @@ def expand(markdown: str, load: Any, where: str = "") -> str:
     def inline(m: re.Match[str]) -> str:
         return render_field(m["expr"], load(m["file"]), f"{where} ({m['file']})")
 
+    def report(m: re.Match[str]) -> str:
+        return report_tables(load(m["file"]), f"{where} ({m['file']})")
+
     parts = []
     for fenced, text in _fences(markdown):
         if fenced:
             parts.append(text)
             continue
-        out = INLINE.sub(inline, TABLE.sub(table, text))
+        out = INLINE.sub(inline, TABLE.sub(table, REPORT.sub(report, text)))
         if "<!-- table:" in out or "<!-- end table -->" in out:
             raise BenchDataError(f"{where}: a table marker is malformed (scripts/bench_tables.py)")
         parts.append(out)
     return "".join(parts)
+
+
+def report_tables(report: Any, where: str) -> str:
+    """An eval report as `speakermem eval` prints it, with the command and commit of its run."""
+    from memory.eval.harness import markdown_table
+
+    if not isinstance(report, dict) or not {"dataset", "systems", "k"} <= set(report):
+        raise BenchDataError(f"{where}: not a `speakermem eval` report")
+    lines = [markdown_table(report)]
+    run = report.get("run") or {}
+    if run:
+        commit = str(run.get("commit", "?"))[:12]
+        lines += ["", f"Run: `{run.get('command', '?')}` at {commit}, {run.get('date', '?')}."]
+    return "\n".join(lines)
 
 
 def _fences(markdown: str) -> list[tuple[bool, str]]:
@@ -198,7 +219,7 @@ def loader(folder: Path) -> Any:
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """MkDocs hook (`hooks:` in mkdocs.yml)."""
-    if "<!-- table:" not in markdown and "{{" not in markdown:
+    if "<!-- table:" not in markdown and "<!-- report:" not in markdown and "{{" not in markdown:
         return markdown
     folder = (Path(config["docs_dir"]) / page.file.src_uri).parent
     return expand(markdown, loader(folder), page.file.src_uri)

@@ -138,7 +138,7 @@ async def test_demo_answers_cite_the_supporting_messages(tmp_path: Path, embedde
         assert all("stg_4f9a" not in h.message.text for h in hits)
     text = out.getvalue()
     assert "Loaded 227 messages, 1 edit, 1 delete" in text
-    assert "No LLM is configured, so memory is System 1 only" in text
+    assert "No LLM is configured, so the Writer does not run on new messages" in text
     assert "SPEAKERMEM_LLM_BASE_URL" in text
     assert text.count("explain: read as issue") == 3
     assert "[1] Alice · #general · Tue 2025-03-04 09:55 · id g033" in text
@@ -148,15 +148,42 @@ def demo_scope(bot: object) -> demo.Scope:
     return demo.load_conversation().scope("general")
 
 
+async def test_demo_without_an_llm_replays_its_written_records(tmp_path: Path) -> None:
+    conv = demo.load_conversation()
+    out = io.StringIO()
+    async with local_bot(settings_for(tmp_path), background=False) as bot:
+        await run_demo(bot, out)
+        store = bot.engine.store
+        general = await bot.engine.channel_pks([conv.scope("general")])
+        leads = await bot.engine.channel_pks([conv.scope("leads")])
+        heads = await store.records.heads(general)
+        private = await store.records.heads(leads)
+        chains = await store.records.chains([h.id for h in heads])
+    # every scripted record passed the Writer's checks: one head per record, chains for updates
+    assert len(heads) == sum(r.channel == "general" for r in conv.records)
+    assert len(private) == sum(r.channel == "leads" for r in conv.records)
+    assert {h.writer_model for h in heads + private} == {demo.SCRIPTED_WRITER}
+    assert {h.owner for h in heads} >= {p.id for p in conv.people} | {"GROUP"}
+    launch = next(h for h in heads if h.event == "launch date")
+    assert chains[launch.id][0].content.startswith("The team launches Atlas 2.0")
+    assert len(chains[launch.id]) == 3 and "April 11" in launch.content
+    assert set(launch.from_ids) == {"g164", "g165"}
+    total = len(heads) + len(private)
+    assert f"Records: {total + 4} written with the demo (no LLM)" in out.getvalue()
+
+
 async def test_demo_runs_again_without_duplicates(tmp_path: Path) -> None:
     settings = settings_for(tmp_path)
     async with local_bot(settings, background=False) as bot:
         await run_demo(bot, io.StringIO())
+        records = await bot.engine.store.records.counts()
     out = io.StringIO()
     async with local_bot(settings, background=False) as bot:
         await run_demo(bot, out)
         assert (await bot.engine.store.messages.counts())["messages"] == 226
+        assert await bot.engine.store.records.counts() == records
     assert "Already loaded" in out.getvalue()
+    assert "written with the demo" not in out.getvalue()
 
 
 async def test_demo_with_an_llm_runs_the_writer_over_every_segment(

@@ -241,6 +241,26 @@ async def test_a_redelivered_forgotten_message_gets_no_copy_in_the_spill(
     assert d.stats.ignored["forgotten"] == 1 and d.stats.ignored["duplicate"] == 2
 
 
+async def test_a_message_deleted_before_it_was_stored_gets_no_copy_in_the_spill(
+    engine: MemoryEngine, tmp_path: Path
+) -> None:
+    """A delete that arrives while its message still waits in the spill takes the words out
+    and leaves an early tombstone; the message's redelivery (catch-up) finds it and is not
+    kept in the spill again."""
+    from bot.events import DeleteEvent
+
+    d = Dispatcher(engine, RecallPipeline(engine), spill=Spill(tmp_path / "s.jsonl"))
+    with locked(engine.store.db.path):
+        assert await d.handle(msg(GENERAL, "k1", "Ann", "kept while locked", 0))
+        assert await d.handle(msg(GENERAL, "k2", "Ann", "glimmerwort soon deleted", 1))
+    assert await d.handle(DeleteEvent(scope=GENERAL, message_id="k2"))
+    assert d.spill is not None and "glimmerwort" not in (tmp_path / "s.jsonl").read_text()
+    assert await d.handle(msg(GENERAL, "k2", "Ann", "glimmerwort soon deleted", 1))
+    assert "glimmerwort" not in (tmp_path / "s.jsonl").read_text()
+    assert d.stats.ignored["deleted"] == 1
+    assert await d.replay_spill() == 1 and await live(engine) == ["k1"]
+
+
 async def test_the_cli_forget_clears_the_running_bots_spill(
     engine: MemoryEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -115,6 +115,7 @@ class ForgetMachine(RuleBasedStateMachine):
         self.forgotten: set[str] = set()
         self.named: set[str] = set()  # people whose name the store has learnt (a message)
         self.names_forgotten: set[str] = set()  # forgotten people whose names it knew
+        self.deleted_early: set[str] = set()  # deleted before the store held them
         self.opted_out: dict[str, int] = {}  # person -> newest record id when they opted out
         self.off: set[str] = set()
         self.queue: list[str] = []  # message ids of the creates waiting in the spill
@@ -184,6 +185,8 @@ class ForgetMachine(RuleBasedStateMachine):
 
     def gone(self, mid: str) -> None:
         p = self.posted[mid]
+        if p.state == "absent":
+            self.deleted_early.add(mid)
         p.state = "gone"
         self.forbidden |= p.words
         self.queue = [q for q in self.queue if q != mid]
@@ -412,8 +415,16 @@ class ForgetMachine(RuleBasedStateMachine):
         (prog,) = self.run(runner.run({scope_of(channel): (None, None)}))
         assert prog.done, prog.error
         ids = [e.message_id for e in events]
-        if queued:
-            self.queue.extend(ids)  # behind the events already waiting
+        if queued:  # behind the events already waiting; what the store holds already, or
+            # the gate would refuse, gets no copy in the spill
+            self.queue.extend(
+                mid
+                for mid in ids
+                if self.posted[mid].state == "absent"
+                and mid not in self.deleted_early
+                and channel not in self.off
+                and not self.excluded(self.posted[mid].event.speaker_id)
+            )
         else:
             self.admit(ids)
 

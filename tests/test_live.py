@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from integrations.llm.openai_compat import OpenAICompatLLM
+from memory.datasets import read_dataset
 from memory.engine import MemoryEngine
+from memory.eval.harness import EvalHarness
 from memory.models import Scope
 from memory.query.pipeline import RecallPipeline, RecallRequest
 from memory.writer.runner import Writer
-from tests.conftest import make_config, msg
+from tests.conftest import make_config, msg, shared_file
 from tests.fakes import HashEmbedder
 
 pytestmark = pytest.mark.live
@@ -66,3 +68,23 @@ async def test_writer_and_recall_with_a_real_model(
         assert "vegan" in result.answer.text.lower()
     finally:
         await engine.close()
+
+
+async def test_socialmembench_answers_with_a_real_model(
+    tmp_path: Path, live_llm: OpenAICompatLLM
+) -> None:
+    """The dev set answered and judged by a real endpoint (the figure the docs compare with
+    the papers' tables); set SPEAKERMEM_LIVE_LLM_BASE_URL (and _MODEL) to run it."""
+    dataset = read_dataset("socialmembench", [shared_file("socialmembench")])
+    llm = live_llm
+    engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
+    try:
+        await engine.ingest_many(dataset.messages)
+        await engine.embed_pending()
+        harness = EvalHarness(engine, RecallPipeline(engine, llm=llm), k=10, llm=llm)
+        report = await harness.run(dataset, limit=20)
+    finally:
+        await engine.close()
+    answers = report["answers"]
+    assert answers["unscored"] <= 2  # the judge answers in the rubric's format
+    assert answers["accuracy"] is not None and answers["accuracy"] > 0.2

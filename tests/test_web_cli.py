@@ -77,10 +77,13 @@ async def test_demo_then_web_serves_the_demo_behind_the_printed_login_link(
                 page = await resp.text()
                 assert resp.status == 200 and str(resp.url) == address.group(1) + "/"
             assert "#general" in page and "#leads" in page and ">198<" in page
+            records = re.search(r"· (\d+) records", page)
+            assert records and int(records.group(1)) > 0  # the demo's records, without an LLM
             async with http.get(address.group(1) + "/people/shell/local/bob") as resp:
                 person = await resp.text()
             assert "Bob" in person and "Bobby" in person and "Forget this person" in person
-            assert "sync" in person  # his messages, even with no LLM to derive records
+            assert "sync" in person  # his messages
+            assert "Bob revised his sync plan" in person  # and what was derived about him
     finally:
         web.send_signal(signal.SIGTERM)
         code = await asyncio.to_thread(web.wait, 30)

@@ -20,10 +20,10 @@ from integrations.shell.translate import DEFAULT_CHANNEL, DEFAULT_SPEAKER, DEFAU
 from memory.query.pipeline import RecallResult
 
 NO_LLM_HINT = (
-    "No LLM is configured, so memory is System 1 only: every message verbatim, searched "
-    "lexically and densely, and answers are extractive. To let the Writer build System 2 "
-    "(who thinks what about whom, and how it changed), point SPEAKERMEM_LLM_BASE_URL at an "
-    "OpenAI-compatible endpoint, e.g.\n"
+    "No LLM is configured, so the Writer does not run on new messages: they are kept "
+    "verbatim, searched lexically and densely, and answers are extractive. To let the Writer "
+    "build System 2 (who thinks what about whom, and how it changed), point "
+    "SPEAKERMEM_LLM_BASE_URL at an OpenAI-compatible endpoint, e.g.\n"
     "  SPEAKERMEM_LLM_BASE_URL=http://localhost:11434/v1 SPEAKERMEM_LLM_MODEL=qwen2.5:7b-instruct "
     "SPEAKERMEM_LLM_STRUCTURED_MODE=json_object speakermem demo\n"
     "(docs/guides/writer-model.md: which model, and where to run it)."
@@ -131,6 +131,11 @@ async def run_demo(bot: LocalBot, out: TextIO) -> list[tuple[demo.DemoExample, R
     embedder = getattr(bot.engine.embedder, "name", None) or "off (lexical search only)"
     say(f"Embeddings: {embedder}; {built.embedded} new vectors.")
     if built.writer is None:
+        if built.replayed:
+            say(
+                f"Records: {built.replayed} written with the demo (no LLM), replayed through "
+                "the Writer's checks: people, the group, and the launch date's changes."
+            )
         say(NO_LLM_HINT)
     else:
         say(

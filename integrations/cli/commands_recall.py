@@ -11,16 +11,13 @@ from rich.table import Table
 
 from bot.settings import Settings
 from integrations.app import build_llm, open_engine
-from integrations.cli.commands_store import (
-    DATASET_READERS,
-    embed_all,
-    ingest_events,
-    resolve_channel,
-)
+from integrations.cli.commands_store import embed_all, ingest_events, resolve_channel
 from integrations.cli.errors import CliError
 from integrations.cli.render import advance, console, err_console, progress_bar
+from memory.datasets import DATASET_READERS, read_dataset
 from memory.engine import MemoryEngine
 from memory.eval.answer_metrics import JUDGE_PROMPT_VERSION
+from memory.eval.answer_scoring import RUBRIC_PROMPT_VERSION
 from memory.eval.harness import EvalHarness, markdown_table
 from memory.models import Scope
 from memory.query.pipeline import (
@@ -61,7 +58,13 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
     )
     common(p)
     p.add_argument("dataset", choices=sorted(DATASET_READERS), help="dataset format")
-    p.add_argument("path", help="dataset file")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="dataset file (socialmembench: network files and/or folders of them)",
+    )
     p.add_argument("--out", type=Path, required=True, help="report JSON path (.md beside it)")
     p.add_argument(
         "--writer",
@@ -148,6 +151,7 @@ def explain(result: RecallResult) -> None:
     table.add_column("what", style="bold")
     table.add_column("value", overflow="fold")
     table.add_row("projection", json.dumps(t.projection))
+    table.add_row("breadth", t.breadth)
     table.add_row("time window", t.time_window or "-")
     table.add_row("channels", ", ".join(t.channels))
     table.add_row("rankings (pool sizes)", json.dumps(t.rankings))
@@ -177,7 +181,7 @@ def explain(result: RecallResult) -> None:
 
 
 async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
-    dataset = DATASET_READERS[args.dataset](Path(args.path), sessions=not args.no_sessions)
+    dataset = read_dataset(args.dataset, args.paths, sessions=not args.no_sessions)
     llm = build_llm(settings)
     if args.writer == "llm" and llm is None:
         raise CliError("--writer llm needs an LLM: set SPEAKERMEM_LLM_BASE_URL")
@@ -223,7 +227,11 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
     report["writer"] = args.writer
     report["sessions"] = "inferred" if args.no_sessions else "dataset"
     report["llm"] = None if llm is None else llm.model
-    report["prompts"] = {**PROMPT_VERSIONS, "judge": JUDGE_PROMPT_VERSION}
+    report["prompts"] = {
+        **PROMPT_VERSIONS,
+        "judge": JUDGE_PROMPT_VERSION,
+        "rubric": RUBRIC_PROMPT_VERSION,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     md = markdown_table(report)

@@ -14,13 +14,9 @@ from bot.settings import Settings
 from integrations.app import open_engine
 from integrations.cli.errors import CliError
 from integrations.cli.render import advance, console, err_console, fmt_time, progress_bar
-from memory.datasets.common import Dataset
-from memory.datasets.friendsqa import read_friendsqa
-from memory.datasets.locomo import read_locomo
+from memory.datasets import DATASET_READERS, Dataset, read_dataset
 from memory.engine import MemoryEngine, UnknownChannel
 from memory.models import MessageEvent, Scope
-
-DATASET_READERS = {"locomo": read_locomo, "friendsqa": read_friendsqa}
 
 
 async def resolve_channel(engine: MemoryEngine, channel: str, platform: str | None = None) -> Scope:
@@ -72,7 +68,7 @@ async def embed_all(engine: MemoryEngine) -> int:
 
 
 async def import_dataset(settings: Settings, kind: str, path: Path, *, embed: bool) -> Dataset:
-    dataset = DATASET_READERS[kind](path)
+    dataset = read_dataset(kind, [path])
     async with open_engine(settings, with_embedder=embed) as engine:
         outcomes = await ingest_events(engine, dataset.messages, f"importing {kind}")
         embedded = await embed_all(engine) if embed else 0

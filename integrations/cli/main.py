@@ -52,10 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument(
         "kind",
-        choices=["locomo", "friendsqa", "slack-export", "discord-export"],
+        choices=["locomo", "friendsqa", "socialmembench", "slack-export", "discord-export"],
         help="format of PATH",
     )
-    p.add_argument("path", help="file to import (JSON, or a Slack export ZIP)")
+    p.add_argument(
+        "path", help="file to import (JSON, a Slack export ZIP, or a SocialMemBench folder)"
+    )
     p.add_argument("--no-embed", action="store_true", help="skip embedding (lexical search only)")
     p.add_argument("--workspace", default=None, help="workspace id for exports that lack one")
     p.set_defaults(handler="integrations.cli.commands_store:cmd_import")

@@ -29,9 +29,13 @@ from bot.events import (
 from integrations.shell.session import LocalBot
 from integrations.shell.translate import DEFAULT_CHANNEL
 from memory.query.pipeline import RecallRequest, RecallResult
+from memory.writer.replay import ScriptedRecord, replay_script
 from memory.writer.runner import FlushOutcome
 
 DATA_FILE = "demo_conversation.json"
+SCRIPTED_WRITER = "replay:demo-records"
+"""The writer model named on the demo's records when no LLM wrote them."""
+SCRIPTED_PROMPT_VERSION = "demo-records-v1"
 
 
 class DemoPerson(BaseModel):
@@ -76,6 +80,13 @@ class DemoExample(BaseModel):
     cites: tuple[str, ...]
 
 
+class DemoRecord(ScriptedRecord):
+    """What a Writer would derive from the demo, written down with the conversation, so that
+    System 2 (people, the group, how the launch date changed) shows without an LLM."""
+
+    channel: str = DEFAULT_CHANNEL
+
+
 class DemoConversation(BaseModel):
     title: str
     about: str = ""
@@ -85,6 +96,7 @@ class DemoConversation(BaseModel):
     channels: list[DemoChannel]
     events: list[DemoEvent]
     examples: list[DemoExample]
+    records: list[DemoRecord] = Field(default_factory=list)
 
     def scope(self, channel: str) -> Scope:
         return Scope(platform=self.platform, workspace=self.workspace, channel=channel)
@@ -160,10 +172,12 @@ class DemoLoad:
 
 @dataclass
 class MemoryBuild:
-    """What `build_memory` did: embeddings, and the Writer's work when an LLM is configured."""
+    """What `build_memory` did: embeddings, and the Writer's work when an LLM is configured
+    (else the demo's written records, replayed: `replayed`)."""
 
     embedded: int = 0
     writer: str | None = None
+    replayed: int = 0
     segments: int = 0
     records: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
@@ -195,9 +209,20 @@ async def load(bot: LocalBot, conv: DemoConversation) -> DemoLoad:
 
 
 async def build_memory(bot: LocalBot, conv: DemoConversation) -> MemoryBuild:
-    """Embed every message, then let the Writer write every segment if an LLM is configured."""
+    """Embed every message, then let the Writer write every segment if an LLM is configured;
+    without one, replay the demo's written records through the same validation and commit."""
     out = MemoryBuild(embedded=await bot.engine.embed_pending())
     if bot.writer is None:
+        for ch in conv.channels:
+            script = [r for r in conv.records if r.channel == ch.id]
+            report = await replay_script(
+                bot.engine,
+                conv.scope(ch.id),
+                script,
+                model=SCRIPTED_WRITER,
+                prompt_version=SCRIPTED_PROMPT_VERSION,
+            )
+            out.replayed += report.accepted
         return out
     out.writer = getattr(bot.llm, "model", "llm")
     for ch in conv.channels:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,25 @@ class EvalQuestion(BaseModel):
     """True when any one gold message counts as found (FriendsQA's alternative answers)."""
     category: str
     adversarial_answer: str | None = None
+    difficulty: str | None = None
+    """easy / medium / hard where the dataset grades its questions (SocialMemBench)."""
+    answer_format: str | None = None
+    """long_form, short_answer or multiple_choice (SocialMemBench); None = short free text."""
+    options: dict[str, str] = Field(default_factory=dict)
+    """Multiple choice: option letter -> text."""
+    correct_option: str | None = None
+    """Multiple choice: the right letter; short answers: a short gold answer."""
+
+
+class DatasetSession(BaseModel):
+    """A session as the dataset describes it (topic and start), kept beside the messages."""
+
+    scope: Scope
+    index: int
+    session_id: str
+    topic: str
+    start: datetime
+    first_message_id: str
 
 
 class Observation(BaseModel):
@@ -44,6 +64,7 @@ class Dataset(BaseModel):
     messages: list[MessageEvent]
     questions: list[EvalQuestion]
     observations: list[Observation] = Field(default_factory=list)
+    sessions: list[DatasetSession] = Field(default_factory=list)
 
     @property
     def scopes(self) -> list[Scope]:

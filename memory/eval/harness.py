@@ -26,6 +26,16 @@ from memory.eval.answer_metrics import (
     render_judge_messages,
     token_f1,
 )
+from memory.eval.answer_scoring import (
+    RUBRIC_SCHEMA,
+    AnswerScore,
+    chosen_option,
+    options_note,
+    parse_rubric,
+    render_rubric_messages,
+    rubric_score,
+    short_match,
+)
 from memory.eval.controls import ChannelIndex, hybrid
 from memory.interactions import interaction_names
 from memory.models import Scope
@@ -34,6 +44,7 @@ from memory.query.pipeline import RecallPipeline, RecallRequest
 
 SYSTEMS = ("speakermem", "bm25", "bm25_speaker", "dense", "hybrid")
 CONTROL_DEPTH = 100
+DIFFICULTY_ORDER = {"easy": 0, "medium": 1, "hard": 2}
 
 
 @dataclass
@@ -49,6 +60,8 @@ class QuestionResult:
     answer: str | None = None
     f1: float | None = None
     judged: bool | None = None
+    scored: AnswerScore | None = None
+    """The answer scored by its format (memory.eval.answer_scoring)."""
     claims: dict[str, int] = field(default_factory=dict)
     """The answer's claim check (checked, dropped, rewritten, abstained)."""
 
@@ -78,9 +91,17 @@ def _aggregate(
 
     out = block(results)
     by_cat: dict[str, list[QuestionResult]] = defaultdict(list)
+    by_level: dict[str, list[QuestionResult]] = defaultdict(list)
     for r in results:
         by_cat[r.question.category].append(r)
+        if r.question.difficulty:
+            by_level[r.question.difficulty].append(r)
     out["by_category"] = {cat: block(items) for cat, items in sorted(by_cat.items())}
+    if by_level:
+        out["by_difficulty"] = {
+            level: block(by_level[level])
+            for level in sorted(by_level, key=lambda lv: (DIFFICULTY_ORDER.get(lv, 9), lv))
+        }
     return out
 
 
@@ -121,8 +142,12 @@ class EvalHarness:
 
     async def run_question(self, q: EvalQuestion) -> QuestionResult:
         started = time.perf_counter()
+        note = options_note(q.options) if q.answer_format == "multiple_choice" else None
         result = await self.pipeline.run(
-            RecallRequest(question=q.question, scope=q.scope), answer=self.llm is not None
+            RecallRequest(
+                question=q.question, scope=q.scope, answer_note=note if q.options else None
+            ),
+            answer=self.llm is not None,
         )
         total_ms = (time.perf_counter() - started) * 1000
         idx = await self.index(q.scope)
@@ -145,21 +170,44 @@ class EvalHarness:
             out.answer = result.answer.text
             out.claims = dict(result.trace.claims)
             out.f1 = token_f1(result.answer.text, q.answer)
-            out.judged = await self._judge(q, result.answer.text, out)
+            out.scored = await self.score_answer(q, result.answer.text)
+            if out.scored.method == "judge":
+                out.judged = out.scored.correct
         return out
 
-    async def _judge(self, q: EvalQuestion, answer: str, out: QuestionResult) -> bool | None:
+    async def score_answer(self, q: EvalQuestion, answer: str) -> AnswerScore:
+        """Multiple choice by the option chosen; a short answer by normalised match, then
+        the judge; a long-form answer by the rubric judge; anything else by the judge."""
+        if q.answer_format == "multiple_choice" and q.options and q.correct_option:
+            chosen = chosen_option(answer, q.options)
+            return AnswerScore.binary("option", chosen == q.correct_option, chosen=chosen)
+        matched = q.correct_option and short_match(answer, q.correct_option)
+        if q.answer_format == "short_answer" and matched:
+            return AnswerScore.binary("match", True)
+        if q.answer_format == "long_form":
+            data = await self._ask_judge(
+                render_rubric_messages(q.question, q.answer, answer), RUBRIC_SCHEMA, "rubric"
+            )
+            return rubric_score(parse_rubric(data))
+        data = await self._ask_judge(
+            render_judge_messages(q.question, q.answer, answer), JUDGE_SCHEMA, "judge"
+        )
+        return AnswerScore.binary("judge", parse_judgement(data))
+
+    async def _ask_judge(
+        self, messages: list[dict[str, str]], schema: dict[str, Any], name: str
+    ) -> dict[str, Any] | None:
         assert self.llm is not None
         try:
             res = await self.llm.complete_json(
-                [ChatMessage(**m) for m in render_judge_messages(q.question, q.answer, answer)],
-                JUDGE_SCHEMA,
-                schema_name="judge",
-                max_tokens=128,
+                [ChatMessage(**m) for m in messages],
+                schema,
+                schema_name=name,
+                max_tokens=512 if name == "rubric" else 128,
             )
         except LLMError:
             return None
-        return parse_judgement(res.data)
+        return res.data
 
     async def run(
         self,
@@ -262,9 +310,56 @@ class EvalHarness:
                 "token_f1": round(statistics.fmean(f1s), 4) if f1s else None,
                 "judge_accuracy": round(statistics.fmean(judged), 4) if judged else None,
                 "judged": len(judged),
+                **answer_accuracy(results),
                 **claim_rates(results),
             }
         return report
+
+
+def _accuracy_block(items: list[QuestionResult]) -> dict[str, Any]:
+    scored = [r.scored for r in items if r.scored is not None and r.scored.correct is not None]
+    return {
+        "accuracy": round(statistics.fmean(bool(s.correct) for s in scored), 4) if scored else None,
+        "mean_score": round(statistics.fmean(s.score or 0.0 for s in scored), 4)
+        if scored
+        else None,
+        "n": len(items),
+        "unscored": len(items) - len(scored),
+    }
+
+
+def answer_accuracy(results: list[QuestionResult]) -> dict[str, Any]:
+    """Answers scored by format (memory.eval.answer_scoring): accuracy (correct answers)
+    and mean score (partial credit), overall, per answer format, per category, per
+    difficulty; `mean_score_per_channel` averages the channels' own means (SocialMemBench's
+    MeanN, one per network)."""
+    out = _accuracy_block(results)
+    groups: dict[str, dict[str, list[QuestionResult]]] = {
+        "by_format": defaultdict(list),
+        "by_category": defaultdict(list),
+        "by_difficulty": defaultdict(list),
+    }
+    per_channel: dict[Scope, list[QuestionResult]] = defaultdict(list)
+    methods: dict[str, int] = defaultdict(int)
+    for r in results:
+        groups["by_format"][r.question.answer_format or "free"].append(r)
+        groups["by_category"][r.question.category].append(r)
+        if r.question.difficulty:
+            groups["by_difficulty"][r.question.difficulty].append(r)
+        per_channel[r.question.scope].append(r)
+        if r.scored is not None:
+            methods[r.scored.method] += 1
+    for name, by in groups.items():
+        if by:
+            out[name] = {key: _accuracy_block(items) for key, items in sorted(by.items())}
+    means = []
+    for items in per_channel.values():
+        got = [r.scored.score for r in items if r.scored is not None and r.scored.score is not None]
+        if got:
+            means.append(statistics.fmean(got))
+    out["mean_score_per_channel"] = round(statistics.fmean(means), 4) if means else None
+    out["scored_by"] = dict(sorted(methods.items()))
+    return out
 
 
 def claim_rates(results: list[QuestionResult]) -> dict[str, Any]:
@@ -293,25 +388,36 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def markdown_table(report: dict[str, Any]) -> str:
-    """The report's headline numbers as a Markdown table (overall and per category)."""
+def _breakdown(report: dict[str, Any], key: str, title: str) -> list[str]:
+    """One table: per system, recall (and all-hit) overall and per group of `key`."""
     systems = report["systems"]
-    cats = sorted({c for s in systems.values() for c in s.get("by_category", {})})
-    head = (
-        "| system | recall@{k} | all-hit | n | ".format(k=report["k"])
-        + " | ".join(f"{c}" for c in cats)
-        + " |"
+    groups = sorted(
+        {g for s in systems.values() for g in s.get(key, {})},
+        key=lambda g: (DIFFICULTY_ORDER.get(g, 9), g),
     )
-    sep = "|" + "---|" * (4 + len(cats))
-    lines = [f"### {report['dataset']}: evidence recall@{report['k']}", "", head, sep]
+    head = f"| system | recall@{report['k']} | all-hit | n | " + " | ".join(
+        f"{g} ({systems['speakermem'].get(key, {}).get(g, {}).get('n', 0)})" for g in groups
+    )
+    lines = [f"### {report['dataset']}: {title}", "", head + " |", "|" + "---|" * (4 + len(groups))]
     for name in SYSTEMS:
         s = systems[name]
         per = " | ".join(
-            f"{s['by_category'].get(c, {}).get('evidence_recall', 0):.3f}" for c in cats
+            f"{s.get(key, {}).get(g, {}).get('evidence_recall', 0):.3f}" for g in groups
         )
         lines.append(
             f"| {name} | {s['evidence_recall']:.3f} | {s['all_hit']:.3f} | {s['n']} | {per} |"
         )
+    return lines
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The report's headline numbers as Markdown tables (overall, per category, and per
+    difficulty where the dataset grades its questions)."""
+    systems = report["systems"]
+    lines = _breakdown(report, "by_category", f"evidence recall@{report['k']} by category")
+    if any(s.get("by_difficulty") for s in systems.values()):
+        lines.append("")
+        lines += _breakdown(report, "by_difficulty", f"evidence recall@{report['k']} by difficulty")
     sm = systems["speakermem"]
     lines.append("")
     lines.append(
@@ -326,7 +432,11 @@ def markdown_table(report: dict[str, Any]) -> str:
         )
     if "answers" in report:
         a = report["answers"]
-        lines.append(f"Answers: token-F1 {a['token_f1']}, judge accuracy {a['judge_accuracy']}.")
+        lines.append(
+            f"Answers: accuracy {a.get('accuracy')}, mean score {a.get('mean_score')} "
+            f"(scored by {a.get('scored_by')}), token-F1 {a['token_f1']}, judge accuracy "
+            f"{a['judge_accuracy']}."
+        )
         if a.get("claims_checked"):
             lines.append(
                 f"Claims: {a['claims_checked']} checked, dropped rate {a['dropped_claim_rate']}, "

@@ -73,14 +73,17 @@ class RecallAnswer(BaseModel):
         return f"Extractive answer: quoted from the cited messages{why}."
 
 
-def render_answer_messages(pack: EvidencePack) -> list[dict[str, str]]:
+def render_answer_messages(pack: EvidencePack, note: str | None = None) -> list[dict[str, str]]:
+    """The answerer's messages. `note`: how to shape the answer (an evaluation's answer
+    options), shown after the question and never searched."""
     question = pack.question.replace("</question>", "")
+    shape = f"{note.strip()}\n" if note and note.strip() else ""
     return [
         {"role": "system", "content": ANSWER_SYSTEM},
         {
             "role": "user",
             "content": f"{render_pack(pack)}\n\n<question>\n{question}\n</question>\n\n"
-            "Answer with citations [n].",
+            f"{shape}Answer with citations [n].",
         },
     ]
 

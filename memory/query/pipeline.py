@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from memory.config import RecallConfig
@@ -35,11 +36,11 @@ from memory.query.answer import (
     extractive_answer,
     render_answer_messages,
 )
+from memory.query.breadth import Breadth, question_breadth
 from memory.query.claims import check_claims
 from memory.query.compose import EvidencePack, compose
 from memory.query.links import LinkResolver, default_link
 from memory.query.projection import (
-    ALL,
     PROJECT_PROMPT_VERSION,
     PROJECT_SCHEMA,
     Projection,
@@ -60,6 +61,7 @@ from memory.query.select import (
     render_select_messages,
     render_sufficiency_messages,
 )
+from memory.query.spread import spread_evidence
 from memory.query.system1 import (
     RANKING_WEIGHTS,
     Rankings,
@@ -76,7 +78,7 @@ from memory.query.system1 import (
     session_scores,
     session_term_counts,
 )
-from memory.query.system2 import Row, read_rows
+from memory.query.system2 import Row, fill_rows, people_need_evidence, read_candidates
 from memory.query.timewords import TimeWindow, resolve_time
 from memory.roster_cache import derived, display_names
 from memory.search.fts_query import query_terms
@@ -120,12 +122,16 @@ class RecallRequest:
     """User id of the asker; None = operator (CLI without --as): the channel itself only."""
     readable: Sequence[Scope] | None = None
     """Channels the platform says the asker can read; None = derive from rosters."""
+    answer_note: str | None = None
+    """Shown to the answerer after the question, never searched (an evaluation's options)."""
 
 
 class RecallTrace(BaseModel):
     """What happened, for --explain and evaluation."""
 
     projection: dict[str, Any]
+    breadth: str = "one"
+    """How much of the channel the question spans (memory.query.breadth)."""
     time_window: str | None = None
     channels: list[str] = Field(default_factory=list)
     rankings: dict[str, int] = Field(default_factory=dict)
@@ -305,8 +311,14 @@ class RecallPipeline:
         trace: RecallTrace,
         names: frozenset[str] = frozenset(),
         display: dict[str, str] | None = None,
+        breadth: Breadth = "one",
+        vector_task: asyncio.Future[np.ndarray | None] | None = None,
     ) -> list[StoredMessage]:
         cfg = self.cfg
+        # The evidence of a pattern, a change or everyone's view is spread over sessions
+        # (memory.query.breadth): sessions still rank by how well they match, but none
+        # draws the others' turns to it (no pool-share boost, no focus on one session).
+        broad = breadth != "one"
         want_sessions = cfg.session_bm25_weight > 0 or cfg.focus_weight > 0
         counts_task = (
             asyncio.create_task(session_term_counts(self.engine, question, pks))
@@ -327,6 +339,8 @@ class RecallPipeline:
             relation=cfg.relation_weight > 0,
             relation_max=cfg.relation_max_messages,
             speaker_candidates=cfg.speaker_candidates,
+            pair=broad,
+            vector_task=vector_task,
         )
         weights = {**RANKING_WEIGHTS, "relation": cfg.relation_weight}
         fused = fuse(rankings, k0=cfg.rrf_k0, weights=weights)
@@ -353,19 +367,28 @@ class RecallPipeline:
                 bm25=bm25 if cfg.session_bm25_weight > 0 else {},
                 k0=cfg.rrf_k0,
                 aggregate_top=cfg.session_aggregate_top,
-                aggregate_weight=cfg.session_aggregate_weight,
+                aggregate_weight=0.0 if broad else cfg.session_aggregate_weight,
                 bm25_weight=cfg.session_bm25_weight,
             )
         context: list[int] = []
         if cfg.context_anchors > 0 and cfg.context_weight > 0 and fused:
             fused, context = await self._with_context(fused, messages, channel_of)
-        if cfg.focus_weight > 0 and fused:
+        if not broad and cfg.focus_weight > 0 and fused:
             fused = await self._with_focus(fused, messages, channel_of, bm25)
         pool = [pk for pk, _ in fused][: cfg.pool]
         if cfg.rerank_depth > 0 and RERANK_WEIGHTS and pool:
             pool = self._rerank(
                 question, projection, pool, rankings, messages, channel_of, bm25, context, counts
             )
+        pool = spread_evidence(
+            pool,
+            messages,
+            channel_of,
+            breadth,
+            session_cap=cfg.broad_session_cap,
+            speaker_cap=cfg.group_speaker_cap,
+            top_k=cfg.top_k,
+        )
         order, anchors = await self._select(question, pool, messages, trace)
         if cfg.ask and self.llm is not None:
             top = [messages[pk] for pk in order[: cfg.top_k] if pk in messages]
@@ -607,20 +630,23 @@ class RecallPipeline:
             anchor = datetime.fromtimestamp(latest, UTC) if latest else datetime.now(UTC)
             window = resolve_time(question, anchor)
         trace.projection = projection.model_dump()
+        breadth = question_breadth(question, projection)
+        trace.breadth = breadth
         trace.time_window = (
             None
             if window is None
             else f"{window.phrase}: {window.start:%Y-%m-%d} .. {window.end:%Y-%m-%d}"
         )
-        # System 2 needs System 1's evidence only to choose the people of an ALL row; rows
-        # the question names can be read while System 1 ranks.
-        issue = projection.issue
-        qvec = (lambda: self.engine.embed_query(issue)) if pks else None
+        # The question's embedding: System 1's dense rankings, then System 2's rows. System
+        # 2 reads its candidates while System 1 ranks (unless System 1's evidence must choose
+        # the people of a large ALL row) and chooses among them after it: each row prefers
+        # records that add to the evidence (memory.query.system2).
+        qvec = asyncio.ensure_future(self.engine.embed_query(question)) if pks else None
         early_s2 = (
             asyncio.create_task(
-                read_rows(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
+                read_candidates(self.engine, projection, roster, pks, self.cfg, query_vector=qvec)
             )
-            if ALL not in projection.rows
+            if not people_need_evidence(projection, roster, self.cfg)
             else None
         )
         with stage("system1"):
@@ -642,24 +668,27 @@ class RecallPipeline:
                         trace,
                         terms,
                         display_names(roster),
+                        breadth,
+                        qvec,
                     )
                     if pks
                     else []
                 )
             except BaseException:
-                if early_s2 is not None:
-                    early_s2.cancel()
+                for task in (early_s2, qvec):
+                    if task is not None:
+                        task.cancel()
                 raise
         trace.s1_evidence = [m.message_id for m in s1]
         with stage("system2"):
-            # embedded only if some row runs short of lexical matches (rarely): saves a model call
-            s2 = (
+            cands = (
                 await early_s2
                 if early_s2 is not None
-                else await read_rows(
+                else await read_candidates(
                     self.engine, projection, roster, pks, self.cfg, query_vector=qvec, evidence=s1
                 )
             )
+            s2 = await fill_rows(self.engine, cands, projection, pks, self.cfg, evidence=s1)
             rows = s2.rows
             support = await self._support(rows)
         trace.s2_people = {
@@ -704,7 +733,11 @@ class RecallPipeline:
             "prompts": PROMPT_VERSIONS,
         }
         with stage("answer"):
-            result = await self._answer(pack, trace) if answer else RecallAnswer(text="")
+            result = (
+                await self._answer(pack, trace, req.answer_note)
+                if answer
+                else RecallAnswer(text="")
+            )
         trace.latency_ms = timings
         return RecallResult(answer=result, pack=pack, trace=trace, rows=rows)
 
@@ -741,14 +774,16 @@ class RecallPipeline:
             budgets = scaled_budgets(budgets, room.input_tokens - fixed)
         return budgets[0], budgets[1]
 
-    async def _answer(self, pack: EvidencePack, trace: RecallTrace) -> RecallAnswer:
+    async def _answer(
+        self, pack: EvidencePack, trace: RecallTrace, note: str | None = None
+    ) -> RecallAnswer:
         text: str | None = None
         used_llm = False
         reason: ExtractiveReason | None = "no_llm" if self.llm is None else "llm_empty"
         if self.llm is not None:
             try:
                 result = await self.llm.complete_text(
-                    [ChatMessage(**m) for m in render_answer_messages(pack)],
+                    [ChatMessage(**m) for m in render_answer_messages(pack, note)],
                     max_tokens=self.cfg.answer_max_tokens,
                 )
                 trace.tokens["answer_prompt"] = result.usage.prompt_tokens

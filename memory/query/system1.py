@@ -291,6 +291,8 @@ async def recall_rankings(
     relation: bool = False,
     relation_max: int = 3_000,
     speaker_candidates: bool = False,
+    pair: bool = False,
+    vector_task: Awaitable[np.ndarray | None] | None = None,
 ) -> Rankings:
     """Every ranking of the pool, queried concurrently (each on its own reader connection).
 
@@ -301,7 +303,8 @@ async def recall_rankings(
     speaker addressed to its addressee, with the addressee's replies.
     """
     store = engine.store.messages
-    vector_task = asyncio.ensure_future(engine.embed_query(question))
+    if vector_task is None:
+        vector_task = asyncio.ensure_future(engine.embed_query(question))
     issue_match = build_match(projection.issue, extra=extra_terms)
     people = [p for p in projection.speakers if p not in ("GROUP", "ALL")]
     if speaker_candidates:
@@ -348,6 +351,10 @@ async def recall_rankings(
             people,
             pool,
             relation_max,
+        )
+    elif relation and pair and len(projection.speakers) == 2:
+        queries["relation"] = _pair(
+            engine, vector_task, channel_pks, projection.speakers, pool, relation_max
         )
     if window is not None:
         queries["time"] = store.lexical(
@@ -399,6 +406,34 @@ async def _relation(
     return await engine.store.interactions.relation_dense(
         vector, channel_pks, addressee, people, pool, max_messages=max_messages
     )
+
+
+async def _pair(
+    engine: MemoryEngine,
+    vector_task: Awaitable[np.ndarray | None],
+    channel_pks: Sequence[int],
+    people: Sequence[str],
+    pool: int,
+    max_messages: int,
+) -> list[tuple[int, float]]:
+    """What two people said to each other, both ways (their replies and the messages that
+    address the other), by dense similarity: where their relationship shows."""
+    vector = await vector_task
+    if vector is None:
+        return []
+    a, b = people[0], people[1]
+    found = await asyncio.gather(
+        engine.store.interactions.relation_dense(
+            vector, channel_pks, b, [a], pool, max_messages=max_messages
+        ),
+        engine.store.interactions.relation_dense(
+            vector, channel_pks, a, [b], pool, max_messages=max_messages
+        ),
+    )
+    best: dict[int, float] = {}
+    for pk, score in (*found[0], *found[1]):
+        best[pk] = max(score, best.get(pk, score))
+    return sorted(best.items(), key=lambda kv: -kv[1])[:pool]
 
 
 async def _dense(

@@ -7,10 +7,16 @@ address, owners of records that match the issue, fused by rank), plus GROUP. Nam
 question order and are capped the same way. A small team's ALL still reads everyone, so
 "(none)" can be said of a member who said nothing on the issue.
 
-Within a row the records the row owns are ranked by relevance to the issue (FTS5 BM25 first,
-dense similarity to fill), k per row; `source_k` more records the row's person provided
-about others are added without using the row's budget. An empty row falls back to the
-person's best verbatim messages on the issue; a row with nothing is kept as "(none)".
+Rows complement System 1, so they are read after it. Within a row the records the row owns
+are ranked by fusing three orders (RRF): FTS5 BM25 on the issue, dense similarity to the
+question (with System 1's question vector, so no extra model call; a vector still to be
+computed is spent only on rows lexical leaves short), and records citing a message linked
+by reply to the System 1 evidence (the turn an evidence message answers, or an answer to
+it: the same exchange, often its half the evidence lacks). Records whose every supporting
+message is already in the evidence go last: they add nothing to the pack. k per row;
+`source_k` more records the row's person provided about others are added without using the
+row's budget. An empty row falls back to the person's best verbatim messages on the issue;
+a row with nothing is kept as "(none)".
 
 However many people a channel has, the records of all rows come from a fixed number of
 queries: one per kind (owned, provided about others, dense pool, chains, fallback
@@ -19,6 +25,7 @@ messages), each batched over the rows' people; none runs once per person.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -34,14 +41,31 @@ from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
 
 DENSE_PER_OWNER = 200
-"""A row short of lexical matches is filled from its owner's latest this-many records, by
-cosine to the issue (one batched query for all short rows, not a channel-wide KNN)."""
+"""The dense order of a row ranks its owner's latest this-many records by cosine (one
+batched query for all rows, not a channel-wide KNN)."""
 OWNER_POOL_PER_PERSON = 8
 """Matching records looked at per allowed person when ranking who is relevant to an ALL row."""
 PEOPLE_RRF_K0 = 10
+ROW_RRF_K0 = 10
+DENSE_WEIGHT = 2.0
+"""A row's records: the dense order's weight against the lexical order's (1)."""
+LINKED_WEIGHT = 2.0
+"""A row's records: the weight of those citing a reply of (or the turn answered by) the
+System 1 evidence."""
+SOURCE_POOL = 4
+"""Records each person provided about others, looked at for the `source_k` extras."""
+DENSE_NEAREST = 100
+DENSE_POOL = 4
+"""Per row, this many times k records are taken from the dense order into the fusion."""
 
-QueryVector = np.ndarray | Callable[[], Awaitable[np.ndarray | None]] | None
-"""The issue's embedding, or a function that computes it: called only if a row needs it."""
+QueryVector = (
+    np.ndarray
+    | asyncio.Future[np.ndarray | None]
+    | Callable[[], Awaitable[np.ndarray | None]]
+    | None
+)
+"""The question's embedding (an array, or System 1's task computing it: either is free), or
+a function that computes it: called only if a row needs it."""
 
 
 @dataclass
@@ -134,15 +158,56 @@ def choose_people(
     return PeopleChoice(order, len(named), max(0, len(named) - limit), "named")
 
 
-def rank_row(lexical: Sequence[int], dense: Sequence[int], owned: set[int], k: int) -> list[int]:
-    """Lexical matches first, then dense matches, among the row's own records; k at most."""
-    out: list[int] = []
-    for rid in list(lexical) + list(dense):
-        if rid in owned and rid not in out:
-            out.append(rid)
-        if len(out) >= k:
-            break
-    return out
+def rank_row(
+    lexical: Sequence[int],
+    dense: Sequence[int],
+    linked: Sequence[int],
+    owned: set[int],
+    k: int,
+    *,
+    novel: Callable[[int], bool] | None = None,
+) -> list[int]:
+    """The row's own records by fused rank (RRF of the lexical, dense and linked orders;
+    dense and linked weigh DENSE_WEIGHT and LINKED_WEIGHT), k at most; with `novel`, the
+    records that add evidence the pack lacks come first, in that order."""
+    lists = [
+        [rid for rid in lexical if rid in owned],
+        [rid for rid in dense if rid in owned],
+        [rid for rid in linked if rid in owned],
+    ]
+    fused = [
+        rid for rid, _ in rrf(lists, k0=ROW_RRF_K0, weights=[1.0, DENSE_WEIGHT, LINKED_WEIGHT])
+    ]
+    if novel is not None:
+        fused = sorted(fused, key=lambda rid: not novel(rid))
+    return fused[:k]
+
+
+async def linked_records(
+    engine: MemoryEngine, evidence: Sequence[StoredMessage], owners: Sequence[str]
+) -> tuple[dict[int, int], int]:
+    """Records of `owners` citing a message linked by reply to the System 1 evidence (the
+    turn an evidence message answers, or an answer to it): the same exchange, often the
+    part of it the evidence lacks. Record id -> the best rank of the evidence it is linked
+    to; and the number of store queries made."""
+    interactions = engine.store.interactions
+    rank = {m.pk: i for i, m in enumerate(evidence)}
+    parents = await interactions.parents(list(rank))
+    replies = await interactions.replies(list(rank))
+    near: dict[int, int] = {}
+    for pk, (parent, _) in parents.items():
+        near[parent] = min(near.get(parent, rank[pk]), rank[pk])
+    for pk, kids in replies.items():
+        for kid, _ in kids:
+            near[kid] = min(near.get(kid, rank[pk]), rank[pk])
+    for pk in rank:  # the evidence itself is already in the pack
+        near.pop(pk, None)
+    if not near:
+        return {}, 2
+    out: dict[int, int] = {}
+    for rid, pk in await engine.store.records.citing(list(near), owners):
+        out[rid] = min(out.get(rid, near[pk]), near[pk])
+    return out, 3
 
 
 async def system2(
@@ -173,6 +238,31 @@ async def visible_record_ids(
     return visible_records(sources, set(channel_pks))
 
 
+@dataclass
+class Candidates:
+    """What System 2 reads before System 1's evidence is known: the rows' people and each
+    row's candidate records (lexical, dense, about others). `fill_rows` chooses among them."""
+
+    people: PeopleChoice
+    rows: list[Row]
+    match: str
+    special: str | None
+    """The row the question's source/owner constraint applies to (ranked on its own)."""
+    lexical: dict[str, list[int]] = field(default_factory=dict)
+    about: dict[str, list[int]] = field(default_factory=dict)
+    dense: dict[str, list[int]] = field(default_factory=dict)
+    records: dict[int, DerivedRecord] = field(default_factory=dict)
+    queries: int = 0
+
+
+def people_need_evidence(
+    projection: Projection, roster: Sequence[RosterMember], cfg: RecallConfig
+) -> bool:
+    """Whether choosing the rows' people needs System 1's evidence (an ALL question over
+    more active members than `s2_max_people`): else the candidates can be read meanwhile."""
+    return ALL in projection.rows and len(eligible_people(roster)) > cfg.s2_max_people
+
+
 async def read_rows(
     engine: MemoryEngine,
     projection: Projection,
@@ -184,6 +274,26 @@ async def read_rows(
     evidence: Sequence[StoredMessage] = (),
 ) -> S2Result:
     """Choose the rows' people, then fill every row from a fixed number of batched queries."""
+    cands = await read_candidates(
+        engine, projection, roster, channel_pks, cfg, query_vector=query_vector, evidence=evidence
+    )
+    return await fill_rows(engine, cands, projection, channel_pks, cfg, evidence=evidence)
+
+
+async def read_candidates(
+    engine: MemoryEngine,
+    projection: Projection,
+    roster: Sequence[RosterMember],
+    channel_pks: Sequence[int],
+    cfg: RecallConfig,
+    *,
+    query_vector: QueryVector,
+    evidence: Sequence[StoredMessage] = (),
+) -> Candidates:
+    """The rows' people (`evidence` chooses them for a large ALL row) and their candidate
+    records. A ready vector (an array, or System 1's embedding task) ranks the channel's
+    nearest records into their owners' rows; one still to be computed (a callable) is spent
+    only on rows lexical leaves short, and only when dense can add a record."""
     records = engine.store.records
     match = build_match(projection.issue)
     queries = 0
@@ -205,62 +315,141 @@ async def read_rows(
     )
     names = display_names(roster)
     rows = [Row(key=k, label="GROUP" if k == GROUP else names.get(k, k)) for k in people.keys]
+    special = projection.owner if projection.source and projection.owner else None
+    cands = Candidates(people=people, rows=rows, match=match, special=special)
+    if cfg.s2_k <= 0 or not rows:
+        cands.queries = queries
+        return cands
     persons = [r.key for r in rows if r.key != GROUP]
+    keys = [r.key for r in rows if r.key != special]
+    lexical = await records.lexical_by_owner(match, channel_pks, keys, cfg.s2_k * 4)
+    queries += 1 if match and keys else 0
+    if special is not None and special in people.keys and match:
+        lexical[special] = [
+            rid
+            for rid, _ in await records.lexical(
+                match, channel_pks, cfg.s2_k * 4, owner=special, source=projection.source
+            )
+        ]
+        queries += 1
+    if cfg.s2_source_k > 0 and persons and match:
+        cands.about = await records.lexical_by_source(
+            match, channel_pks, persons, cfg.s2_source_k * SOURCE_POOL
+        )
+        queries += 1
+    cands.lexical = lexical
+    if callable(query_vector):
+        queries += await _lazy_dense(engine, cands, channel_pks, cfg, query_vector)
+    elif query_vector is not None:
+        vector = await query_vector if isinstance(query_vector, asyncio.Future) else query_vector
+        if vector is not None:
+            # the channel's nearest records, each to its owner's row
+            near = [rid for rid, _ in await records.dense(vector, channel_pks, DENSE_NEAREST)]
+            cands.records = await records.get_many(near)
+            queries += 2
+            keys_set = set(people.keys)
+            for rid in near:
+                rec = cands.records.get(rid)
+                if rec is not None and rec.owner in keys_set and rec.state.value == "active":
+                    best = cands.dense.setdefault(rec.owner, [])
+                    if len(best) < cfg.s2_k * DENSE_POOL:
+                        best.append(rid)
+    cands.queries = queries
+    return cands
 
+
+async def _lazy_dense(
+    engine: MemoryEngine,
+    cands: Candidates,
+    channel_pks: Sequence[int],
+    cfg: RecallConfig,
+    query_vector: Callable[[], Awaitable[np.ndarray | None]],
+) -> int:
+    """Dense candidates for the rows lexical leaves short, from their owners' latest
+    records; the question is embedded only when dense can add a record lexical did not
+    find (a sparse System 2 often has none: then the model call is saved, same rows).
+    Returns the store queries made."""
+    records = engine.store.records
+    short = [r.key for r in cands.rows if len(cands.lexical.get(r.key, [])) < cfg.s2_k]
+    if not short:
+        return 0
+    owned_by = dict(await records.latest_owned_by(channel_pks, short, DENSE_PER_OWNER))
+    found_already = {rid for key in short for rid in cands.lexical.get(key, [])}
+    if not any(rid not in found_already for rid in owned_by):
+        return 1
+    vector = await query_vector()
+    if vector is None:
+        return 1
+    for rid, _ in await records.dense_among(vector, list(owned_by)):
+        best = cands.dense.setdefault(owned_by[rid], [])
+        if len(best) < cfg.s2_k * DENSE_POOL:
+            best.append(rid)
+    return 2
+
+
+async def fill_rows(
+    engine: MemoryEngine,
+    cands: Candidates,
+    projection: Projection,
+    channel_pks: Sequence[int],
+    cfg: RecallConfig,
+    *,
+    evidence: Sequence[StoredMessage] = (),
+) -> S2Result:
+    """Choose each row's records among the candidates, now that System 1's evidence is
+    known (records linked to it rank up; those adding nothing to it go last), then read
+    chains, apply access, and fall back to messages for empty rows."""
+    records = engine.store.records
+    rows, match, special = cands.rows, cands.match, cands.special
+    persons = [r.key for r in rows if r.key != GROUP]
+    queries = cands.queries
     chosen: dict[str, list[int]] = {}
     extra: dict[str, list[int]] = {}
+    candidates = dict(cands.records)
     if cfg.s2_k > 0 and rows:
-        # the row the question's source/owner constraint applies to is ranked on its own
-        special = projection.owner if projection.source and projection.owner else None
-        keys = [r.key for r in rows if r.key != special]
-        lexical = await records.lexical_by_owner(match, channel_pks, keys, cfg.s2_k * 4)
-        queries += 1 if match and keys else 0
-        if special is not None and special in people.keys and match:
-            lexical[special] = [
-                rid
-                for rid, _ in await records.lexical(
-                    match, channel_pks, cfg.s2_k * 4, owner=special, source=projection.source
-                )
-            ]
+        linked: dict[int, int] = {}
+        if evidence:
+            linked, n = await linked_records(engine, evidence, [r.key for r in rows])
+            queries += n
+        pooled = {
+            rid
+            for ids in (*cands.lexical.values(), *cands.about.values(), *cands.dense.values())
+            for rid in ids
+        }
+        wanted_ids = sorted((pooled | set(linked)) - set(candidates))
+        if wanted_ids:
+            candidates.update(await records.get_many(wanted_ids))
             queries += 1
-        dense_ids: list[int] = []
-        dense_records: dict[int, DerivedRecord] = {}
-        short = [r.key for r in rows if len(lexical.get(r.key, [])) < cfg.s2_k]
-        if short:
-            candidates = await records.latest_owned(channel_pks, short, DENSE_PER_OWNER)
-            queries += 1
-            found_already = {rid for key in short for rid in lexical.get(key, [])}
-            # the question is embedded only when dense can add a record lexical did not find
-            # (a sparse System 2 often has none: then the model call is saved, same rows)
-            if any(rid not in found_already for rid in candidates):
-                vector = await query_vector() if callable(query_vector) else query_vector
-                if vector is not None:
-                    found = await records.dense_among(vector, candidates)
-                    dense_ids = [rid for rid, _ in found]
-                    dense_records = await records.get_many(dense_ids)
-                    queries += 2
+        covered = {m.message_id for m in evidence}
+
+        def adds_evidence(rid: int) -> bool:
+            rec = candidates.get(rid)
+            return rec is not None and not set(rec.from_ids) <= covered
+
         for row in rows:
-            lex = lexical.get(row.key, [])
-            owned = set(lex)
-            if len(lex) < cfg.s2_k:
-                source_filter = projection.source if row.key == special else None
-                owned |= {
-                    rid
-                    for rid, rec in dense_records.items()
-                    if rec.owner == row.key
-                    and rec.state.value == "active"
-                    and (source_filter is None or rec.source == source_filter)
-                }
-            chosen[row.key] = rank_row(lex, dense_ids, owned, cfg.s2_k)
-        if cfg.s2_source_k > 0 and persons and match:
-            about = await records.lexical_by_source(match, channel_pks, persons, cfg.s2_source_k)
-            queries += 1
-            for key in persons:
-                ids = [rid for rid in about.get(key, []) if rid not in chosen.get(key, [])]
-                extra[key] = ids[: cfg.s2_source_k]
+            source_filter = projection.source if row.key == special else None
+            fits = {
+                rid
+                for rid, rec in candidates.items()
+                if rec.owner == row.key
+                and rec.state.value == "active"
+                and (source_filter is None or rec.source == source_filter)
+            }
+            lex = cands.lexical.get(row.key, [])
+            near = sorted((rid for rid in linked if rid in fits), key=lambda r: (linked[r], -r))
+            chosen[row.key] = rank_row(
+                lex,
+                cands.dense.get(row.key, []),
+                near,
+                fits | set(lex),
+                cfg.s2_k,
+                novel=adds_evidence,
+            )
+        for key in persons:
+            ids = [rid for rid in cands.about.get(key, []) if rid not in chosen.get(key, [])]
+            extra[key] = sorted(ids, key=lambda rid: not adds_evidence(rid))[: cfg.s2_source_k]
     wanted = [rid for row in rows for rid in (*chosen.get(row.key, []), *extra.get(row.key, []))]
-    got = await records.get_many(wanted) if wanted else {}
-    queries += 1 if wanted else 0
+    got = {rid: candidates[rid] for rid in wanted if rid in candidates}
     if got:  # access: only records whose every cited message the asker may read
         visible = await visible_record_ids(engine, list(got), channel_pks)
         got = {rid: rec for rid, rec in got.items() if rid in visible}
@@ -292,4 +481,4 @@ async def read_rows(
         queries += 2 if pks else 1
         for row in rows:
             row.fallback = [messages[pk] for pk in by_speaker.get(row.key, []) if pk in messages]
-    return S2Result(rows=rows, people=people, queries=queries)
+    return S2Result(rows=rows, people=cands.people, queries=queries)

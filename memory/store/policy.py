@@ -100,6 +100,16 @@ class PolicyRepo:
             out.update({s: switches.get(s.channel, default) for s in group})
         return out
 
+    async def deleted_early(self, scope: Scope, message_id: str) -> bool:
+        """Whether a delete of this message arrived before the message itself (an early
+        tombstone in `early_changes`): its create is stored forgotten when it comes."""
+        rows = await self.db.read(
+            "SELECT 1 FROM early_changes WHERE platform = ? AND workspace = ? AND channel = ?"
+            " AND message_id = ? AND deleted_at IS NOT NULL",
+            (*scope.key(), message_id),
+        )
+        return bool(rows)
+
     # ---- the two checks -------------------------------------------------------------------
 
     async def refusals(

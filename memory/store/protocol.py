@@ -54,6 +54,8 @@ class Policy(Protocol):
     async def channels_on(
         self, scopes: Iterable[Scope], default: bool, tx: Transaction | None = None
     ) -> dict[Scope, bool]: ...
+    async def deleted_early(self, scope: Scope, message_id: str) -> bool:
+        """Whether a delete of this message arrived before the message itself."""
 
 
 class Channels(Protocol):
@@ -226,6 +228,12 @@ class Records(Protocol):
     async def latest_owned(
         self, channel_pks: Sequence[int], owners: Sequence[str], per_owner: int
     ) -> list[int]: ...
+    async def latest_owned_by(
+        self, channel_pks: Sequence[int], owners: Sequence[str], per_owner: int
+    ) -> list[tuple[int, str]]: ...
+    async def citing(
+        self, message_pks: Sequence[int], owners: Sequence[str]
+    ) -> list[tuple[int, int]]: ...
     async def dense_among(
         self, query: np.ndarray, record_ids: Sequence[int]
     ) -> list[tuple[int, float]]: ...

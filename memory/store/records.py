@@ -364,19 +364,43 @@ class RecordRepo(ABC):
     ) -> list[int]:
         """Ids of the owners' latest `per_owner` active records each (through the (channel,
         owner, state) index): the candidates of `dense_among`, known before any embedding."""
+        return [rid for rid, _ in await self.latest_owned_by(channel_pks, owners, per_owner)]
+
+    async def latest_owned_by(
+        self, channel_pks: Sequence[int], owners: Sequence[str], per_owner: int
+    ) -> list[tuple[int, str]]:
+        """`latest_owned` with each record's owner: (id, owner)."""
         owners = list(dict.fromkeys(owners))
         if not owners or not channel_pks or per_owner <= 0:
             return []
         pk_marks, channels = in_list(channel_pks)
         owner_marks, padded = in_list(owners)
         rows = await self.db.read(
-            "SELECT id FROM (SELECT id, row_number() OVER (PARTITION BY owner"
+            "SELECT id, owner FROM (SELECT id, owner, row_number() OVER (PARTITION BY owner"
             " ORDER BY time DESC, id DESC) AS rn FROM records"
             f" WHERE channel_pk IN ({pk_marks}) AND owner IN ({owner_marks})"
             " AND state = 'active') AS latest WHERE rn <= ?",
             [*channels, *padded, per_owner],
         )
-        return [r[0] for r in rows]
+        return [(int(r[0]), str(r[1])) for r in rows]
+
+    async def citing(
+        self, message_pks: Sequence[int], owners: Sequence[str]
+    ) -> list[tuple[int, int]]:
+        """(record id, message pk) of the owners' active records that cite any of these
+        messages (through `record_sources`' message index)."""
+        owners = list(dict.fromkeys(owners))
+        if not message_pks or not owners:
+            return []
+        owner_marks, padded = in_list(owners)
+        rows = await self.db.read_in(
+            "SELECT s.record_id, s.message_pk FROM record_sources s"
+            f" JOIN records r ON r.id = s.record_id WHERE r.owner IN ({owner_marks})"
+            " AND r.state = 'active' AND s.message_pk IN ({marks})",
+            list(dict.fromkeys(message_pks)),
+            before=tuple(padded),
+        )
+        return [(int(r[0]), int(r[1])) for r in rows]
 
     async def dense_among(
         self, query: np.ndarray, record_ids: Sequence[int]

@@ -102,13 +102,12 @@ class SqliteRecordRepo(RecordRepo):
     ) -> list[tuple[int, float]]:
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1).tobytes()
         out: list[tuple[int, float]] = []
-        async with self.db.reader() as conn:
-            for pk in channel_pks:
-                rows = await conn.execute_fetchall(
-                    "SELECT rowid, distance FROM records_vec WHERE embedding MATCH ?"
-                    " AND k = ? AND channel_pk = ?",
-                    (q, limit, pk),
-                )
-                out.extend((r[0], 1.0 - float(r[1])) for r in rows)
+        for pk in channel_pks:
+            rows = await self.db.read(
+                "SELECT rowid, distance FROM records_vec WHERE embedding MATCH ?"
+                " AND k = ? AND channel_pk = ?",
+                (q, limit, pk),
+            )
+            out.extend((r[0], 1.0 - float(r[1])) for r in rows)
         out.sort(key=lambda x: -x[1])
         return out[:limit]
