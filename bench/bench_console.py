@@ -17,36 +17,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import numpy as np
+import bench_community
+import community_data as community
+from benchlib import machine
+from benchlib.cli import write_json
+from benchlib.stats import percentile
+from benchlib.vectors import FakeQueryEmbedder
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-for p in (REPO_ROOT, REPO_ROOT / "bench"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
-
-import bench_community as community  # noqa: E402
-from bench_recall import FakeQueryEmbedder  # noqa: E402
-from benchlib import machine  # noqa: E402
-
-from bot.settings import Settings  # noqa: E402
-from integrations.web.access import Membership, Principal  # noqa: E402
-from integrations.web.server import WebConsole  # noqa: E402
-from integrations.web.sessions import SESSION_COOKIE  # noqa: E402
-from memory.config import MemoryConfig, StoreConfig  # noqa: E402
-from memory.console import ConsoleReads  # noqa: E402
-from memory.engine import MemoryEngine  # noqa: E402
-from memory.governance.service import Governance  # noqa: E402
-from memory.query.pipeline import RecallPipeline  # noqa: E402
+from bot.settings import Settings
+from integrations.web.access import Membership, Principal
+from integrations.web.server import WebConsole
+from integrations.web.sessions import SESSION_COOKIE
+from memory.config import MemoryConfig, StoreConfig
+from memory.console import ConsoleReads
+from memory.engine import MemoryEngine
+from memory.governance.service import Governance
+from memory.query.pipeline import RecallPipeline
 
 TARGET_P95_MS = 300.0
 P, W = community.PLATFORM, community.WORKSPACE
@@ -78,10 +72,6 @@ def pages(record_id: int, person: str, small: str) -> list[tuple[str, str, dict[
             },
         ),
     ]
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
 
 
 async def measure(args: argparse.Namespace, db: Path) -> dict[str, Any]:
@@ -151,7 +141,7 @@ async def measure(args: argparse.Namespace, db: Path) -> dict[str, Any]:
                         out.setdefault(name, {})[role] = {
                             "status": status,
                             "p50_ms": round(statistics.median(times), 1),
-                            "p95_ms": round(pct(times, 95), 1),
+                            "p95_ms": round(percentile(times, 95), 1),
                             "max_ms": round(max(times), 1),
                         }
                         print(
@@ -168,15 +158,8 @@ async def measure(args: argparse.Namespace, db: Path) -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace) -> int:
-    db = community.db_file(args)
-    marker = db.with_name(db.name + ".done.json")
     results: dict[str, Any] = {"machine": machine(), "target_p95_ms": TARGET_P95_MS}
-    if args.rebuild or not (db.exists() and marker.exists()):
-        print(f"Building {db} ...", flush=True)
-        results["build"] = await community.build(args, db)
-    else:
-        results["build"] = json.loads(marker.read_text())
-        print(f"Reusing {db} (--rebuild to start over)", flush=True)
+    db, results["build"] = await community.ready_store(args)
     results["store"] = {
         "messages": args.messages,
         "channels": args.channels,
@@ -195,7 +178,7 @@ async def main_async(args: argparse.Namespace) -> int:
         f"load average {os.getloadavg()[0]:.2f}; not 200: {bad or 'none'}"
     )
     if args.out:
-        await asyncio.to_thread(Path(args.out).write_text, json.dumps(results, indent=2))
+        await asyncio.to_thread(write_json, args.out, results)
         print(f"JSON written to {args.out}")
     return 0 if worst <= TARGET_P95_MS and not bad else 1
 
@@ -206,7 +189,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     own.add_argument("--requests", type=int, default=30, help="timed requests per page and role")
     own.add_argument("--page-warmup", type=int, default=3, help="untimed requests first")
     known, rest = own.parse_known_args(argv)
-    args = community.parse_args(rest)
+    args = bench_community.parse_args(rest)
     args.requests, args.warmup = known.requests, known.page_warmup
     return args
 

@@ -14,13 +14,11 @@ import asyncio
 import json
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import benchlib  # noqa: F401 - puts the repository root on the path
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from integrations.embeddings.minilm import DEFAULT_CACHE_DIR, MiniLMEmbedder
 

@@ -54,17 +54,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
-from benchlib import Ticker, event_bodies, machine, pct
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchlib import REPO_ROOT, pct
+from benchlib.cli import add_json_option, write_json
+from benchlib.host import machine_busy_seconds, tree_cpu_seconds, tree_rss_mb
+from load_report import report, writer_backlog
+from load_roles import SECRET, bot_main, sender_main
 
 SCRIPT = str(Path(__file__).resolve())
-SECRET = "bench-load-signing-secret"
-TARGET_RECALL_P95_MS = 200.0
-TARGET_LAG_P99_MS = 100.0
-TARGET_RSS_SLOPE_MB_MIN = 1.0
 QUESTIONS = (
     "What about the deploy?",
     "When is the budget review?",
@@ -81,215 +77,6 @@ def bot_settings() -> Any:
     from bot.settings import Settings
 
     return Settings(_env_file=None)  # type: ignore[call-arg]
-
-
-# ---------------------------------------------------------------- the bot (subprocess)
-
-
-async def bot_main(cfg: dict[str, Any]) -> int:
-    """Run the bot with a 10 ms lag ticker, appending its samples to `lag_out` every 5 s
-    (so they survive a bot that has to be killed)."""
-    from bot.settings import Settings
-    from integrations import runtime
-
-    stages_out = Path(cfg["stages_out"])
-    stage_rows: list[dict[str, float]] = []
-    recall_llm = cfg["recall_llm"]
-
-    class Timed:
-        """Records each recall's stage timings (the pipeline's own time, apart from Slack
-        transport and the wait for the event loop) to a file."""
-
-        async def run(self, req: Any, *, answer: bool = True) -> Any:
-            started = time.perf_counter()
-            result = await super().run(req, answer=answer)  # type: ignore[misc]
-            stage_rows.append(
-                {"total": (time.perf_counter() - started) * 1000, **result.trace.latency_ms}
-            )
-            return result
-
-    class MeasuredRecall(Timed, runtime.RecallPipeline):
-        """The runtime's pipeline, timed. Without --recall-llm it gets no LLM (the issue's
-        "recall with no LLM"): the runtime builds one client for the Writer and for
-        answers; only the recall pipeline is given none."""
-
-        def __init__(self, engine: Any, *, llm: Any = None, **kw: Any) -> None:
-            super().__init__(engine, llm=llm if recall_llm else None, **kw)
-
-    class MeasuredProcesses(Timed, runtime.RecallProcesses):
-        """The same for recalls in worker processes (--recall-processes): the children get
-        an LLM only with --recall-llm; their stage timings come back in the trace."""
-
-        def __init__(self, *a: Any, answer_llm: Any = None, **kw: Any) -> None:
-            super().__init__(*a, answer_llm=answer_llm if recall_llm else None, **kw)
-
-    runtime.RecallPipeline = MeasuredRecall  # type: ignore[misc]
-    runtime.RecallProcesses = MeasuredProcesses  # type: ignore[misc]
-    settings = Settings(_env_file=None, **cfg["settings"])  # type: ignore[call-arg]
-    ticker = Ticker(clock=time.monotonic)
-    ticker.start()
-    out = Path(cfg["lag_out"])
-
-    def flush() -> None:
-        # hand the samples over to the file and drop them here: kept in the bot, they would
-        # themselves grow its memory (~100 per second) while RSS is being measured
-        batch = list(ticker.samples)
-        ticker.samples.clear()
-        with out.open("a") as fh:
-            fh.write(json.dumps(batch) + "\n")
-        rows, stage_rows[:] = list(stage_rows), []
-        with stages_out.open("a") as fh:
-            fh.writelines(json.dumps(row) + "\n" for row in rows)
-
-    trace_to = cfg.get("tracemalloc")
-    if trace_to:
-        import tracemalloc
-
-        tracemalloc.start(3)
-    baseline: list[Any] = []
-    last_trace = [0.0]
-    started = time.monotonic()
-
-    def trace_growth() -> None:
-        """--tracemalloc: the Python allocations that grew since the first minute, by call
-        site (rewritten every flush, so a killed bot still leaves the latest)."""
-        import tracemalloc
-
-        if time.monotonic() - last_trace[0] < 60:  # a snapshot stalls the loop for seconds
-            return
-        last_trace[0] = time.monotonic()
-        snap = tracemalloc.take_snapshot()
-        if not baseline:
-            if time.monotonic() - started >= 60:
-                baseline.append(snap)
-            return
-        stats = snap.compare_to(baseline[0], "traceback")[:30]
-        lines = [f"after {time.monotonic() - started:.0f} s; growth since the first minute"]
-        for st in stats:
-            lines.append(f"{st.size_diff / 1e6:+8.2f} MB {st.count_diff:+8d} blocks")
-            lines.extend(f"      {frame}" for frame in st.traceback.format())
-        Path(str(trace_to)).write_text("\n".join(lines) + "\n")
-
-    heap_to = cfg.get("heap_log")
-
-    async def flusher() -> None:
-        while True:
-            await asyncio.sleep(5.0)
-            flush()
-            if trace_to:
-                trace_growth()
-            if heap_to:
-                await asyncio.to_thread(heap_sample, time.monotonic() - started, Path(heap_to))
-
-    task = asyncio.create_task(flusher())
-    try:
-        return await runtime.run(settings)
-    finally:
-        task.cancel()
-        await ticker.stop()
-        flush()
-
-
-def heap_sample(t: float, to: Path) -> None:
-    """--heap-log: append where the bot's anonymous memory is, for finding what grows:
-    glibc's counters (`mallinfo2`, KB), Python's live blocks, the threads, and each anonymous
-    mapping's resident KB keyed `start:size KB[:name]` (those under 512 KB summed), and
-    SQLite's own memory."""
-    import ctypes
-    import threading
-
-    from integrations.ops.heap import mallinfo
-
-    row: dict[str, Any] = {"t": round(t, 1), "py_blocks": sys.getallocatedblocks()}
-    row["py_threads"] = threading.active_count()
-    info = mallinfo()
-    if info is not None:
-        row.update({f: info[f] >> 10 for f in ("arena", "hblkhd", "uordblks", "fordblks")})
-    with contextlib.suppress(ImportError, OSError, AttributeError):
-        from sqlean import _sqlite3  # the store's SQLite (bundled), not the system's
-
-        sqlite = ctypes.CDLL(_sqlite3.__file__)
-        sqlite.sqlite3_memory_used.restype = ctypes.c_int64
-        row["sqlite_kb"] = sqlite.sqlite3_memory_used() >> 10
-    maps: dict[str, int] = {}
-    small = 0
-    key, anon = "", False
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            if line[0].isupper():  # a field of the current mapping
-                if anon and line.startswith("Rss:"):
-                    kb = int(line.split()[1])
-                    if kb >= 512:
-                        maps[key] = kb
-                    else:
-                        small += kb
-                continue
-            parts = line.split()  # a mapping: start-end perms offset dev inode [path]
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            name = parts[5] if len(parts) > 5 else ""
-            anon = name in ("", "[heap]", "[stack]")
-            key = f"{lo:x}:{(hi - lo) >> 10}" + (f":{name}" if name else "")
-    row["maps"] = maps
-    row["small_anon_kb"] = small
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(("RssAnon", "Threads")):
-                row[line.split(":")[0]] = int(line.split()[1])
-    with to.open("a") as out:
-        out.write(json.dumps(row) + "\n")
-
-
-# ---------------------------------------------------------------- the Slack sender (subprocess)
-
-
-async def sender_main(args: argparse.Namespace) -> None:
-    """Wait for 'go' on stdin, send signed events at `--rate` for `--seconds`; print a JSON
-    summary (sent ids per channel, HTTP statuses) on stdout."""
-    import aiohttp
-
-    from tests.standins.slack_api import TEAM_ID, sign
-
-    n = int(args.rate * args.seconds)
-    bodies = event_bodies(n, args.channels, TEAM_ID)
-    loop = asyncio.get_running_loop()
-    print("READY", flush=True)
-    await loop.run_in_executor(None, sys.stdin.readline)
-    start = time.time()
-    for i, body in enumerate(bodies):  # live timestamps, increasing per channel
-        at = start + i / args.rate
-        body["event"]["ts"] = f"{at:.6f}"
-        body["event_time"] = int(at)
-    sem = asyncio.Semaphore(64)
-    statuses: dict[str, int] = {}
-    sent: dict[str, list[str]] = {}
-    t0 = time.monotonic()
-
-    async def send(http: aiohttp.ClientSession, i: int, body: dict[str, Any]) -> None:
-        raw = json.dumps(body).encode()
-        headers = {**sign(SECRET, int(time.time()), raw), "Content-Type": "application/json"}
-        async with sem:
-            try:
-                async with http.post(args.sender_url, data=raw, headers=headers) as resp:
-                    await resp.read()
-                    key = str(resp.status)
-            except aiohttp.ClientError as exc:
-                key = type(exc).__name__
-        statuses[key] = statuses.get(key, 0) + 1
-        if key == "200":
-            sent.setdefault(body["event"]["channel"], []).append(body["event"]["ts"])
-
-    tasks = []
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as http:
-        for i, body in enumerate(bodies):
-            delay = t0 + i / args.rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(http, i, body)))
-        await asyncio.gather(*tasks)
-    print(json.dumps({"statuses": statuses, "sent": sent, "send_s": time.monotonic() - t0}))
-
-
-# ---------------------------------------------------------------- the measuring process
 
 
 def guild_with_channels(n: int) -> tuple[dict[str, Any], list[str]]:
@@ -312,64 +99,6 @@ def guild_with_channels(n: int) -> tuple[dict[str, Any], list[str]]:
             }
         )
     return guild, ids
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds the process has used (from /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all cores have spent not idle (from /proc/stat)."""
-    parts = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    ticks = [int(x) for x in parts]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def process_tree(pid: int) -> list[int]:
-    """The process and its descendants (the bot and its recall processes), from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                parents[int(entry.name)] = int(fields[1])
-    tree, frontier = [pid], [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier]
-        tree.extend(frontier)
-    return tree
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-def tree_cpu_seconds(pid: int) -> float | None:
-    """CPU seconds of the bot and its live children (a child's own, while it runs)."""
-    own = cpu_seconds(pid)
-    if own is None:
-        return None
-    return own + sum(cpu_seconds(c) or 0.0 for c in process_tree(pid)[1:])
-
-
-def tree_rss_mb(pid: int) -> float | None:
-    """RSS of the bot plus its recall processes: all of it is the bot's memory."""
-    own = rss_mb(pid)
-    if own is None:
-        return None
-    return own + sum(rss_mb(c) or 0.0 for c in process_tree(pid)[1:])
 
 
 _METRIC = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$")
@@ -753,172 +482,6 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     }
 
 
-BACKLOG_AFTER_S = 60.0
-"""The Writer may fall behind while it finds the endpoint's pace; after this it must not."""
-TARGET_BACKLOG_SLOPE = 5.0
-"""Pending segments per minute the backlog may still grow by after the first minute (at
-200 msg/s over 50 channels segments close at 8 a second: a Writer that does not keep pace
-grows by hundreds a minute)."""
-
-
-def writer_backlog(timeline: list[dict[str, Any]], traffic_s: float) -> dict[str, Any]:
-    """The Writer queue during the traffic after its first minute: its least-squares slope
-    (segments per minute), its peak then against the first minute's, and whether it stopped
-    growing: a slope within the target, or (a queue that runs by fits and starts between
-    write runs has a noisy slope) no peak above the first minute's."""
-    rows = [
-        row
-        for row in timeline
-        if row.get("writer_queue", -1) >= 0 and float(row["t_s"]) <= traffic_s
-    ]
-    early = [row["writer_queue"] for row in rows if row["t_s"] < BACKLOG_AFTER_S]
-    late = [row for row in rows if row["t_s"] >= BACKLOG_AFTER_S]
-    if len(late) < 3:
-        return {"after_s": BACKLOG_AFTER_S, "samples": len(late), "bounded": None}
-    t = np.array([float(row["t_s"]) for row in late])
-    q = np.array([float(row["writer_queue"]) for row in late])
-    slope = float(np.polyfit(t, q, 1)[0] * 60)
-    first_peak = max(early, default=0)
-    return {
-        "after_s": BACKLOG_AFTER_S,
-        "samples": len(late),
-        "slope_segments_per_min": round(slope, 2),
-        "first_minute_peak_segments": int(first_peak),
-        "peak_segments": int(q.max()),
-        "last_segments": int(q[-1]),
-        "peak_oldest_pending_s": max(float(r.get("writer_oldest_s", 0.0)) for r in late),
-        "bounded": bool(slope <= TARGET_BACKLOG_SLOPE or q.max() <= first_peak),
-        "target_slope": TARGET_BACKLOG_SLOPE,
-        "peak_concurrency": max((int(r.get("writer_concurrency", 0)) for r in timeline), default=0),
-    }
-
-
-def report(r: dict[str, Any]) -> str:
-    ok, bad = "✅", "❌"
-    rec, lag = r["recall_ms"], r["lag_ms"]
-    lost = r["sent"] - r["found"]
-    dup = r["rows"] - r["found"]
-    slope = r["rss_slope_mb_min_last3"]
-    rows = [
-        (
-            "sent (Slack HTTP + Discord gateway)",
-            f"{r['sent']} ({r['sent_slack']} + {r['sent_discord']}); "
-            f"Slack HTTP {r['slack_statuses']}",
-            "",
-        ),
-        (
-            "stored / lost / duplicated",
-            f"{r['found']} / {lost} / {dup} (rows {r['rows']}; redeliveries dropped "
-            f"{r['duplicates_dropped']})",
-            ok if lost == 0 and dup == 0 else bad,
-        ),
-        (
-            f"/recall p50 / p95 / p99 / max ({rec['n']} answers, {r['recallers']} members)",
-            " / ".join(f"{rec[k]:.0f}" for k in ("p50", "p95", "p99", "max"))
-            + f" ms (target p95 ≤ {TARGET_RECALL_P95_MS:.0f}); errors {r['recall_errors'] or 0}",
-            ok if rec["n"] and rec["p95"] <= TARGET_RECALL_P95_MS else bad,
-        ),
-        (
-            "bot event-loop lag p50 / p99 / max (10 ms ticker)",
-            " / ".join(f"{lag[k]:.1f}" for k in ("p50", "p99", "max"))
-            + f" ms (target p99 ≤ {TARGET_LAG_P99_MS:.0f}; {lag['n']} ticks)",
-            ok if lag["p99"] <= TARGET_LAG_P99_MS else bad,
-        ),
-        (
-            f"RSS slope over the last {r['rss_window_s']:.0f} s",
-            "n/a (too few samples)"
-            if slope is None
-            else f"{slope:+.2f} MB/min (target |slope| ≤ {TARGET_RSS_SLOPE_MB_MIN:.0f})",
-            "" if slope is None else (ok if abs(slope) <= TARGET_RSS_SLOPE_MB_MIN else bad),
-        ),
-        *(
-            [
-                (
-                    f"RSS slope from a cold start (the last {min(180.0, r['seconds']):.0f} s "
-                    f"of the first {r['seconds']:.0f} s)",
-                    f"{r['rss_slope_mb_min_cold']:+.2f} MB/min (not a target: the caches and "
-                    "heaps still filling as the database grows from empty)",
-                    "",
-                )
-            ]
-            if r.get("rss_slope_mb_min_cold") is not None
-            else []
-        ),
-        (
-            "stored everything after the traffic stopped",
-            f"{r['backlog_drained_s']} s later (checked from one sample interval on)",
-            "",
-        ),
-        (
-            f"Writer backlog after the first {BACKLOG_AFTER_S:.0f} s (LLM {r['llm_latency_s']} s)",
-            _backlog_cell(r.get("writer_backlog") or {}),
-            ""
-            if (r.get("writer_backlog") or {}).get("bounded") is None
-            else (ok if r["writer_backlog"]["bounded"] else bad),
-        ),
-        ("segments at the end", str(r["segments"]), ""),
-        (
-            "bot exit status (SIGTERM → exit)",
-            f"{r['bot_exit']} ({r['bot_stop_s']} s)",
-            ok if r["bot_exit"] == 0 else bad,
-        ),
-    ]
-    lines = [
-        f"### Load: {r['rate']:.0f} msg/s for {r['seconds']:.0f} s"
-        + (f" after {r['warmup_s']:.0f} s of the same warm-up" if r.get("warmup_s") else "")
-        + f" over {r['channels']} channels, {r['recallers']} members recalling, Writer LLM latency "
-        f"{r['llm_latency_s']} s, embedder {r['embedder']}, "
-        + (
-            "recall processes auto (in the bot until busy; RSS and cores: the bot and them)"
-            if r.get("recall_processes") == "auto"
-            else f"recall in {r['recall_processes']} processes (RSS and cores: the bot and them)"
-            if r.get("recall_processes")
-            else "recall in the bot process"
-        ),
-        "",
-        "| measure | value | |",
-        "|---|---|---|",
-        *(f"| {a} | {b} | {c} |" for a, b, c in rows),
-        "",
-        "/recall inside the pipeline (ms, p50 / p95; the rest of the latency above is Slack "
-        "transport and waiting for the bot's event loop):",
-        "",
-        "| stage | p50 | p95 | n |",
-        "|---|---|---|---|",
-        *(
-            f"| {name} | {v['p50']:.1f} | {v['p95']:.1f} | {v['n']} |"
-            for name, v in r.get("recall_stages_ms", {}).items()
-            if v["n"]
-        ),
-        "",
-        "| t (s) | RSS (MB) | Writer queue (deferred) | oldest pending (s) | Writer calls "
-        "at once | embed queue | stored | cores busy: bot / machine |",
-        "|---|---|---|---|---|---|---|---|",
-        *(
-            f"| {row['t_s']} | {row.get('rss_mb', '-')} | {row.get('writer_queue', '-')} "
-            f"({row.get('writer_deferred', '-')}) | {row.get('writer_oldest_s', '-')} | "
-            f"{row.get('writer_concurrency', '-')} | {row.get('embed_queue', '-')} | "
-            f"{row.get('stored', '-')} | {row.get('bot_cores', '-')} / "
-            f"{row.get('machine_cores', '-')} |"
-            for row in r["timeline"]
-        ),
-        "",
-        f"Machine: {machine()}",
-    ]
-    return "\n".join(lines)
-
-
-def _backlog_cell(b: dict[str, Any]) -> str:
-    if b.get("bounded") is None:
-        return f"n/a ({b.get('samples', 0)} samples after the first minute: run longer)"
-    return (
-        f"{b['slope_segments_per_min']:+.1f} segments/min (target ≤ {b['target_slope']:.0f}, "
-        f"or no peak above the first minute's {b['first_minute_peak_segments']}); peak "
-        f"{b['peak_segments']}, last {b['last_segments']}, oldest pending at most "
-        f"{b['peak_oldest_pending_s']:.0f} s; Writer calls at once up to {b['peak_concurrency']}"
-    )
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Load benchmark of the running bot (issue 9).")
     bot = bot_settings()
@@ -971,7 +534,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "progress (s)",
     )
     p.add_argument("--start-timeout", type=float, default=120.0)
-    p.add_argument("--json", type=Path, help="also write the raw results here")
+    add_json_option(p)
     p.add_argument(
         "--profile", type=Path, help="run the bot under cProfile; top functions to this file"
     )
@@ -1019,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(measure(args, Path(tmp)))
     print(report(result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     ok = result["sent"] == result["found"] == result["rows"] and result["bot_exit"] == 0
     return 0 if ok else 1
 

@@ -27,9 +27,9 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
+from benchlib.pg import pg_admin, pg_exists, with_database
 from pydantic import SecretStr
 
 from memory.config import MemoryConfig, StoreConfig
@@ -151,15 +151,13 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
     import pgserver
-    import psycopg
 
     pgdata = args.pgdata or tempfile.mkdtemp(prefix="bench-pg-")
     server = pgserver.get_server(pgdata, cleanup_mode=None if args.pgdata else "delete")
     admin = str(server.get_uri())
-    with psycopg.connect(admin, autocommit=True) as c:
-        if c.execute("SELECT 1 FROM pg_database WHERE datname = 'bench_search'").fetchone() is None:
-            c.execute("CREATE DATABASE bench_search")
-    url = urlunsplit(urlsplit(admin)._replace(path="/bench_search"))
+    if not pg_exists(admin, "bench_search"):
+        pg_admin(admin, "CREATE DATABASE bench_search")
+    url = with_database(admin, "bench_search")
     asyncio.run(bench(url, args.n, args.queries))
 
 

@@ -36,11 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import Ticker, event_bodies, machine, pct
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchlib import REPO_ROOT, Ticker, event_bodies, machine, pct
+from benchlib.cli import add_json_option, write_json
+from benchlib.slack_events import post_event
+from benchlib.vectors import add_embedder_option, bot_embedder
 
 SCRIPT = str(Path(__file__).resolve())
 TARGET_WALL_S = 20.0
@@ -72,12 +71,7 @@ async def client_main(args: argparse.Namespace, bodies: list[bytes]) -> None:
             headers["X-Slack-Retry-Reason"] = "http_timeout"
         async with sem:
             started = time.perf_counter()
-            try:
-                async with http.post(args.client_url, data=raw, headers=headers) as resp:
-                    await resp.read()
-                    key = str(resp.status)
-            except aiohttp.ClientError as exc:
-                key = type(exc).__name__
+            key = await post_event(http, args.client_url, raw, headers)
             latencies.append((time.perf_counter() - started) * 1000)
             statuses[key] = statuses.get(key, 0) + 1
 
@@ -99,22 +93,6 @@ async def client_main(args: argparse.Namespace, bodies: list[bytes]) -> None:
 
 
 # ---------------------------------------------------------------- the server side
-
-
-def make_embedder(kind: str) -> tuple[Any, str]:
-    if kind == "none":
-        return None, "none (--embedder none)"
-    try:
-        from integrations.embeddings.minilm import MiniLMEmbedder
-
-        emb = MiniLMEmbedder(quantize=True)
-        emb.load()  # the bot loads the model at start-up, before traffic
-        emb.embed_sync(["warm up"])
-        return emb, f"MiniLM ({emb.name}), background embedding on"
-    except Exception as exc:
-        if kind == "minilm":
-            raise
-        return None, f"none (MiniLM unavailable: {type(exc).__name__})"
 
 
 async def send_burst(
@@ -185,7 +163,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for c in range(args.channels)
     }
     standin = await SlackApiStandIn(users=users, members=members, page_size=200).start()
-    embedder, embedder_desc = make_embedder(args.embedder)
+    embedder, embedder_desc = bot_embedder(args.embedder, warm=True)
     engine = await MemoryEngine.open(
         MemoryConfig(store=StoreConfig(db_path=tmp / "bench.db")), embedder
     )
@@ -343,19 +321,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--channels", type=int, default=20)
     p.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     p.add_argument("--replay", type=int, default=100, help="events re-sent as Slack retries")
-    p.add_argument(
-        "--embedder",
-        choices=["auto", "minilm", "none"],
-        default="auto",
-        help="auto: MiniLM when its weights are installed",
-    )
+    add_embedder_option(p)
     p.add_argument(
         "--process-before-response",
         action="store_true",
         help="finish each event before its HTTP 200 (default: ack first, as in production)",
     )
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the store")
-    p.add_argument("--json", type=Path, help="also write the raw results here")
+    add_json_option(p)
     p.add_argument("--client-url", help=argparse.SUPPRESS)
     p.add_argument("--client-events", help=argparse.SUPPRESS)
     p.add_argument("--client-retry", action="store_true", help=argparse.SUPPRESS)
@@ -373,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         result = asyncio.run(run(args, Path(tmp)))
     print(report(result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     ok = (
         result["stored"] == result["events"] == result["found_ids"]
         and result["after_replay"] == result["events"]

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -55,17 +54,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from benchlib import REPO_ROOT
+from benchlib.cli import int_list, log, write_json
+from benchlib.host import cpu_seconds, loadavg_text
+from benchlib.pg import pg_admin, pg_version, start_pgserver, with_database
+from workers_report import bound, finish, render, summary_line
+
+from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
+from memory.engine import MemoryEngine
+from memory.models import MessageEvent, Scope
+
 SCRIPT = Path(__file__).resolve()
-REPO_ROOT = SCRIPT.parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchlib import pg_version, start_pgserver, with_database  # noqa: E402
-
-from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig  # noqa: E402
-from memory.engine import MemoryEngine  # noqa: E402
-from memory.models import MessageEvent, Scope  # noqa: E402
-
 TEMPLATE_DB = "bench_workers_src"
 NAMES = ("Alice", "Bob", "Carol", "Dan", "Erin", "Femi", "Gus")
 WORDS = (
@@ -73,21 +72,6 @@ WORDS = (
     " lunch paris tokyo garden piano marathon puppy recipe server backup holiday invoice"
     " client demo slides draft weekend football concert museum train flight"
 ).split()
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "n/a"
-
-
-# ---------------------------------------------------------------- the work
 
 
 def make_events(n_segments: int, channels: int, window: int) -> list[MessageEvent]:
@@ -137,26 +121,7 @@ async def build(cfg: MemoryConfig, events: list[MessageEvent], expect: int) -> d
     return counts
 
 
-# ---------------------------------------------------------------- PostgreSQL helpers
-
-
-def pg_admin(url: str, sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql)  # type: ignore[arg-type]  # our own fixed identifiers
-
-
 # ---------------------------------------------------------------- one run
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of a live process (None once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def base_env(llm_url: str, args: argparse.Namespace) -> dict[str, str]:
@@ -233,7 +198,7 @@ async def db_cpu(engine: MemoryEngine) -> dict[int, float]:
     if engine.store.driver_name != "postgres":
         return {}
     rows = await engine.store.db.read("SELECT pid FROM pg_stat_activity", ())
-    found = {int(r[0]): proc_cpu_s(int(r[0])) for r in rows}
+    found = {int(r[0]): cpu_seconds(int(r[0])) for r in rows}
     return {pid: t for pid, t in found.items() if t is not None}
 
 
@@ -269,7 +234,7 @@ async def run_processes(
     engine = await MemoryEngine.open(cfg, None)  # holds, releases and polls the work
     await hold(engine, time.time() + HOLD_S)
     calls0 = len(server.requests)
-    load0 = loadavg()
+    load0 = loadavg_text()
     t0 = time.monotonic()
     procs = [
         await asyncio.create_subprocess_exec(
@@ -314,7 +279,7 @@ async def run_processes(
                 raise SystemExit(f"{label}: processes not ready after {args.timeout_s} s")
             await asyncio.sleep(0.05)
         t_ready = time.monotonic()
-        cpu_at_release = [proc_cpu_s(p.pid) for p in procs]
+        cpu_at_release = [cpu_seconds(p.pid) for p in procs]
         db_at_release = await db_cpu(engine)
         await hold(engine, None)
         t_release = time.monotonic()
@@ -333,7 +298,7 @@ async def run_processes(
                 next_report += args.progress_s
             await asyncio.sleep(0.05)
         t_done = time.monotonic()
-        cpu_at_done = [proc_cpu_s(p.pid) for p in procs]
+        cpu_at_done = [cpu_seconds(p.pid) for p in procs]
         db_at_done = await db_cpu(engine)
     finally:
         await engine.close()
@@ -379,46 +344,8 @@ async def run_processes(
             else None
         ),
         "loadavg_start": load0,
-        "loadavg_end": loadavg(),
+        "loadavg_end": loadavg_text(),
     }
-
-
-def bound(slots: int, n_segments: int, channels: int, latency: float) -> dict[str, Any]:
-    """The LLM-latency bound: at most min(slots, channels) segments are in flight at once (a
-    channel's segments are written one after another), so writing takes at least
-    max(ceil(segments / in flight), the longest channel's segments) calls' latency."""
-    in_flight = min(slots, channels)
-    longest = -(-n_segments // channels)
-    floor_s = latency * max(-(-n_segments // in_flight), longest)
-    return {
-        "in_flight": in_flight,
-        "floor_s": round(floor_s, 2),
-        "segments_per_s": round(n_segments / floor_s, 2),
-    }
-
-
-def verdict(run: dict[str, Any], b: dict[str, Any], cores: int) -> str:
-    """Which limit the run met: the LLM (slots in flight / latency) when it reached 80% of
-    that bound, else the CPU when the writers and PostgreSQL kept 70% of the cores busy,
-    else the work between calls on a shared machine."""
-    share = run["segments_per_s"] / b["segments_per_s"]
-    db_busy = (run["db_cpu_ms_per_segment"] or 0.0) * run["segments_per_s"] / 1000
-    busy = run["cores_busy"] + db_busy
-    run["of_bound"] = round(share, 2)
-    if share >= 0.8:
-        return (
-            f"LLM latency x slots ({b['in_flight']} segment(s) in flight; {share:.0%} of the"
-            f" {b['segments_per_s']:g}/s bound)"
-        )
-    if busy >= 0.7 * cores:
-        return f"CPU (writers and database {busy:.2f} of {cores} cores busy; {share:.0%} of bound)"
-    return (
-        f"{share:.0%} of the {b['segments_per_s']:g}/s latency bound, and not this run's CPU"
-        f" (writers and database {busy:.2f} of {cores} cores busy): the rest is waiting"
-        " between each segment's sequential steps (prompt reads, commit, claim rounds:"
-        " database round trips and process wake-ups) on a CPU shared with other work"
-        f" (load {run['loadavg_end']})"
-    )
 
 
 # ---------------------------------------------------------------- the SQLite writer (child)
@@ -502,7 +429,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 cfg = memory_config(args.window, db_url=url)
                 env = {**env0, "SPEAKERMEM_DB_URL": url}
                 cmds = [[*worker_cmd, "--id", f"w{i + 1}"] for i in range(k)]
-                log(f"== {k} worker(s), concurrency {concurrency} each (load {loadavg()})")
+                log(f"== {k} worker(s), concurrency {concurrency} each (load {loadavg_text()})")
                 run = await run_processes(
                     f"{k} worker(s)", cmds, env, cfg, server, args.segments, args
                 )
@@ -544,65 +471,6 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def finish(run: dict[str, Any], b: dict[str, Any], args: argparse.Namespace) -> None:
-    """Add the bound, what each slot spent per segment beyond the LLM call, and the verdict."""
-    run["bound"] = b
-    per_slot = b["in_flight"] * run["writing_s"] / run["segments"]
-    run["beyond_llm_s_per_segment"] = round(per_slot - args.latency, 3)
-    if run["flush_ms_p50"] is not None:  # prompt building and validation around the call
-        run["before_commit_beyond_llm_ms_p50"] = round(run["flush_ms_p50"] - 1000 * args.latency)
-    run["bounded_by"] = verdict(run, b, os.cpu_count() or 1)
-
-
-def summary_line(label: str, run: dict[str, Any]) -> str:
-    return (
-        f"    {label}: {run['segments']} segments in {run['writing_s']} s ->"
-        f" {run['segments_per_s']}/s; {run['llm_calls']} LLM calls; exactly once:"
-        f" {run['exactly_once']}; start-up {run['startup_s']} s; bounded by {run['bounded_by']}"
-    )
-
-
-def render(results: dict[str, Any]) -> str:
-    a = results["args"]
-    lines = [
-        f"Writer throughput: {a['segments']} pending segments ({a['window']} messages each) in"
-        f" {a['channels']} channels; LLM test server answering after {a['latency']:g} s;"
-        f" concurrency {results['concurrency']} per process; no embedder; PostgreSQL"
-        f" {results.get('postgres', '?')}; {results['cores']} cores",
-        "",
-        "| Writer | Segments/s | Writing s | LLM calls | Each segment written once"
-        " | Latency bound (in flight) | Per segment beyond the LLM call, per slot"
-        " | CPU ms/segment: writers + PostgreSQL | Process start s | Load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for key, run in results["runs"].items():
-        backend, k = key.split("_")
-        label = {
-            "postgres": f"PostgreSQL, {k} x `speakermem worker`",
-            "sqlite": "SQLite, 1 process (bot's `Writer.flush_due`)",
-            "sqliteworker": "SQLite, 1 x `speakermem worker`",
-        }[backend]
-        lines.append(
-            f"| {label} | {run['segments_per_s']} | {run['writing_s']} | {run['llm_calls']} |"
-            f" {'yes' if run['exactly_once'] else '**NO**'} | {run['bound']['segments_per_s']}/s"
-            f" ({run['bound']['in_flight']}) | {run['beyond_llm_s_per_segment']:.2f} s |"
-            f" {run['cpu_ms_per_segment']} + {run['db_cpu_ms_per_segment'] or '-'} |"
-            f" {run['startup_s']} | {run['loadavg_start']} |"
-        )
-    lines.append("")
-    for key, run in results["runs"].items():
-        prep = run.get("before_commit_beyond_llm_ms_p50")
-        split = (
-            f"; of the {run['beyond_llm_s_per_segment']:.2f} s per segment beyond the LLM call,"
-            f" a median {prep} ms is the Writer's own work before the commit (prompt,"
-            " validation), the rest the commit and (workers) the claim rounds"
-            if prep is not None
-            else ""
-        )
-        lines.append(f"- {key}: bounded by {run['bounded_by']}{split}")
-    return "\n".join(lines)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Writer throughput with K `speakermem worker` processes on one PostgreSQL,"
@@ -610,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workers",
-        type=lambda v: [int(x) for x in v.split(",") if x.strip()],
+        type=int_list,
         default=[1, 3],
         help="worker process counts to run, comma-separated (default 1,3; '' for none)",
     )
@@ -679,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render(results))
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2, default=str))
+        write_json(args.out, results)
     return 0 if all(r["exactly_once"] for r in results["runs"].values()) else 1
 
 

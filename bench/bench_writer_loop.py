@@ -45,20 +45,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from benchlib import machine, pct
+from benchlib import REPO_ROOT, TICK_S, machine, pct
+from benchlib.cli import write_json
+from benchlib.slack_events import WORDS
+from benchlib.vectors import add_embedder_option, bot_embedder
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-TICK_S = 0.010
 TARGET_P99_MS = 50.0
-_WORDS_TEXT = """
-    deploy review budget friday cello hiking launch bug ticket coffee design meeting sprint
-    release lunch paris tokyo garden piano marathon puppy recipe server database backup
-    holiday invoice client demo slides draft weekend football concert museum train flight
-"""
-WORDS = _WORDS_TEXT.split()
 NAMES = ("Alice", "Bob", "Carol", "Dan", "Erin", "Femi")
 
 
@@ -189,22 +181,6 @@ class Ticker:
         return np.array([lag for t, lag in self.samples if start <= t <= end] or [0.0])
 
 
-def make_embedder(kind: str) -> Any:
-    if kind == "none":
-        return None
-    from integrations.embeddings.minilm import EmbedderUnavailable, MiniLMEmbedder
-
-    emb = MiniLMEmbedder(quantize=True)
-    try:
-        emb.load()  # the bot loads the model at start-up, before the loop gets busy
-    except EmbedderUnavailable as exc:
-        if kind == "minilm":
-            raise
-        print(f"MiniLM unavailable ({exc}); running without an embedder", file=sys.stderr)
-        return None
-    return emb
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -222,7 +198,7 @@ async def run(args: argparse.Namespace, url: str, db_path: Path) -> dict[str, An
         loop.set_debug(True)  # asyncio logs every callback/step slower than this
         loop.slow_callback_duration = args.debug_slow / 1000.0
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
-    embedder = make_embedder(args.embedder)
+    embedder, _ = bot_embedder(args.embedder)
     cfg = MemoryConfig(
         store=StoreConfig(db_path=db_path),
         ingest=IngestConfig(segment_window=args.window, session_gap_minutes=30.0),
@@ -377,12 +353,7 @@ def main() -> int:
     parser.add_argument("--window", type=int, default=25, help="segment window")
     parser.add_argument("--delay", type=float, default=2.0, help="LLM seconds per call")
     parser.add_argument("--concurrency", type=int, default=2, help="Writer channel concurrency")
-    parser.add_argument(
-        "--embedder",
-        choices=["auto", "minilm", "none"],
-        default="auto",
-        help="auto: MiniLM when its weights are installed",
-    )
+    add_embedder_option(parser)
     parser.add_argument("--max-wait", type=float, default=300.0, help="give up after (s)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--db", type=Path, default=None, help="database file (default: temp)")
@@ -423,7 +394,7 @@ def main() -> int:
             proc.kill()
     print(markdown(result))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+        write_json(args.out, result)
     return 0 if result["lag_run_ms"]["p99"] <= TARGET_P99_MS else 1
 
 

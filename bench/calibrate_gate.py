@@ -21,11 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from benchlib import REPO_ROOT
 
-from memory.writer.gate import (  # noqa: E402
+from memory.writer.gate import (
     DEFAULT_DENSE_THRESHOLD,
     DEFAULT_LEXICAL_THRESHOLD,
     EvidenceGate,

@@ -33,23 +33,20 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import machine
+from benchlib.cli import add_json_option, write_json
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bot.health import decide, measure_writer_queue  # noqa: E402
-from bot.scheduler import WriterScheduler  # noqa: E402
-from integrations.llm.openai_compat import OpenAICompatLLM  # noqa: E402
-from integrations.ops.metrics import MeteredLLM, Metrics  # noqa: E402
-from integrations.ops.server import OpsServer  # noqa: E402
-from integrations.slack.render import render_blocks  # noqa: E402
-from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig  # noqa: E402
-from memory.engine import MemoryEngine  # noqa: E402
-from memory.models import MessageEvent, Scope  # noqa: E402
-from memory.query.pipeline import RecallPipeline, RecallRequest  # noqa: E402
-from memory.writer.runner import Writer  # noqa: E402
-from tests.llm_server import Delay, LLMServer, Reply  # noqa: E402
+from bot.health import decide, measure_writer_queue
+from bot.scheduler import WriterScheduler
+from integrations.llm.openai_compat import OpenAICompatLLM
+from integrations.ops.metrics import MeteredLLM, Metrics
+from integrations.ops.server import OpsServer
+from integrations.slack.render import render_blocks
+from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
+from memory.engine import MemoryEngine
+from memory.models import MessageEvent, Scope
+from memory.query.pipeline import RecallPipeline, RecallRequest
+from memory.writer.runner import Writer
+from tests.llm_server import Delay, LLMServer, Reply
 
 TOPICS = ("deploy", "budget", "launch", "review", "holiday", "backup", "design", "invoice")
 
@@ -289,14 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retry-max", type=float, default=None, help="default: WriterConfig's")
     p.add_argument("--warmup", type=float, default=20.0, help="seconds of normal operation")
     p.add_argument("--sample", type=float, default=30.0, help="queue sample interval (s)")
-    p.add_argument("--json", type=Path, help="also write the raw results here")
+    add_json_option(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="scenario-llm-down-") as tmp:
         result = asyncio.run(scenario(args, Path(tmp)))
     print(report(result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
     ok = (
         result["catch_up_s"] is not None
         and result["segments_written_twice"] == 0

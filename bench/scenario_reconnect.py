@@ -37,18 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import machine
+from benchlib.cli import add_json_option, write_json
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bot.settings import Settings  # noqa: E402
-from integrations.runtime import run  # noqa: E402
-from memory.config import MemoryConfig, StoreConfig  # noqa: E402
-from memory.engine import MemoryEngine  # noqa: E402
-from memory.models import Scope  # noqa: E402
-from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn  # noqa: E402
-from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn  # noqa: E402
+from bot.settings import Settings
+from integrations.runtime import run
+from memory.config import MemoryConfig, StoreConfig
+from memory.engine import MemoryEngine
+from memory.models import Scope
+from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn
+from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn
 
 log = logging.getLogger("scenario_reconnect")
 DISCORD_CODES = {
@@ -340,14 +337,14 @@ def main(argv: list[str] | None = None) -> int:
         "--burst", type=int, default=20, help="messages posted at once right after the close"
     )
     p.add_argument("--settle", type=float, default=30.0, help="wait for all stored (s)")
-    p.add_argument("--json", type=Path, help="also write the raw results here")
+    add_json_option(p)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     with tempfile.TemporaryDirectory(prefix="scenario-reconnect-") as tmp:
         results = asyncio.run(main_async(args, Path(tmp)))
     print(report(results, args))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        write_json(args.json, results)
     return 0 if all(r["lost"] == 0 and r["duplicated"] == 0 for r in results) else 1
 
 

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # The one check: format, lint, types, import contracts, the generated reference, the docs
-# site, tests. Run from anywhere.
+# site, tests. Run from anywhere. --fast runs the fast test tier only (pytest -m "not slow
+# and not e2e": the pre-commit hook's); CI runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+TESTS=()
+if [[ "${1:-}" == "--fast" ]]; then
+  TESTS=(-m "not slow and not e2e")
+elif [[ $# -gt 0 ]]; then
+  echo "usage: bash deploy/check.sh [--fast]" >&2
+  exit 2
+fi
 SITE="$(mktemp -d)"
 trap 'rm -rf "$SITE"' EXIT
 echo "== ruff format --check"; ruff format --check .
@@ -11,4 +19,4 @@ echo "== import contracts";    lint-imports
 echo "== mypy";                mypy
 echo "== reference";           python scripts/gen_reference.py --check
 echo "== docs";                NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$SITE"
-echo "== pytest";              python -m pytest
+echo "== pytest";              python -m pytest ${TESTS[@]+"${TESTS[@]}"}

@@ -28,11 +28,19 @@ from memory.models import (
     RosterMember,
     Scope,
     SearchHit,
+    StoredMessage,
 )
 from memory.ports import Embedder, QueryEmbedder
 from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
-from memory.store import ChangeStatus, IngestOutcome, IngestStatus, Store, make_store
+from memory.store import (
+    CatchupCursors,
+    ChangeStatus,
+    IngestOutcome,
+    IngestStatus,
+    Store,
+    make_store,
+)
 from memory.store.diagnostics import location, schema_version
 
 log = logging.getLogger(__name__)
@@ -394,3 +402,52 @@ class MemoryEngine:
         out["db_bytes"] = await self.store.db_size_bytes()
         out["stats_ms"] = round((time.perf_counter() - started) * 1000, 1)
         return out
+
+    # ---- for the platform adapters ------------------------------------------------------
+    # What integrations/{discord,slack,shell} need beyond ingestion and search: thin doors
+    # onto the store, so an adapter never reaches `engine.store`.
+
+    def history_cursors(self) -> CatchupCursors:
+        """Where catch-up and reconciliation keep each channel's cursor (bot/catchup.py)."""
+        return self.store.catchup
+
+    async def set_channel_meta(
+        self, scope: Scope, *, name: str | None, is_private: bool | None
+    ) -> None:
+        """Record a channel's name and privacy as the platform says (None keeps what is
+        known); a channel not seen before is created."""
+        await self.store.channels.set_meta(scope, name=name, is_private=is_private)
+
+    async def channel_is_private(self, scope: Scope) -> bool:
+        """Whether `scope` is private; a channel never recorded counts as private (fail
+        closed)."""
+        return await self.store.channels.is_private(scope)
+
+    async def sync_members(
+        self, scope: Scope, listed: list[tuple[str, str | None, bool]]
+    ) -> tuple[int, int]:
+        """Make `scope`'s roster exactly `listed` (user id, display name or None, is_bot) in
+        one transaction. Returns (joined or renamed, left)."""
+        return await self.store.channels.sync_members(scope, listed)
+
+    async def messages_by_id(
+        self, scope: Scope, message_ids: Sequence[str]
+    ) -> dict[str, StoredMessage]:
+        """The stored messages of `scope` with these platform ids (missing ones left out)."""
+        return await self.store.messages.by_ids(scope, message_ids)
+
+    async def find_user(self, platform: str, workspace: str, name_or_id: str) -> list[str]:
+        """User ids whose id, display name or alias equals `name_or_id` (case-insensitive)."""
+        return await self.store.channels.find_user(platform, workspace, name_or_id)
+
+    async def workspace_channels(self, platform: str, workspace: str) -> list[Scope]:
+        """Every channel the store knows in one workspace."""
+        return [
+            scope
+            for row in await self.store.channels.all()
+            if (scope := row["scope"]).platform == platform and scope.workspace == workspace
+        ]
+
+    async def close_segment(self, scope: Scope) -> int:
+        """Close a channel's open segment now, so the Writer takes it (a manual flush)."""
+        return await self.store.segments.close_channel(scope)

@@ -331,8 +331,7 @@ def _discord_commands() -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
     """('/memory-admin forget user', description, [(option, description, required)]) as the
     Discord adapter registers them."""
     from bot.commands import COMMANDS, MEMORY
-    from integrations.discord.adapter import build_command
-    from integrations.discord.commands import build_memory_groups
+    from integrations.discord.commands import build_command, build_memory_groups
 
     async def nothing(*_: Any) -> None:
         return None

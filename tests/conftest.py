@@ -56,6 +56,34 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("backend", BACKENDS, indirect=True)
 
 
+def on_postgres(item: pytest.Item) -> bool:
+    """The test runs on the session's PostgreSQL: the [postgres] half of a contract module,
+    or a test that asks for the server itself."""
+    params = getattr(item, "callspec", None)
+    if params is not None and params.params.get("backend") == "postgres":
+        return True
+    return "pg_server" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests on PostgreSQL count as `slow` (each makes a database on a server and pays its
+    round trips: several times its SQLite twin), so the fast tier runs SQLite only and
+    `-k postgres` or the full suite runs them.
+
+    Tests marked `live` (a real model endpoint) run only when `-m` names them: another
+    marker expression, such as the fast tier's `-m "not slow and not e2e"`, leaves them out
+    as the default `-m 'not live'` does."""
+    for item in items:
+        if on_postgres(item):
+            item.add_marker(pytest.mark.slow)
+    if "live" in (config.getoption("markexpr") or ""):
+        return
+    live = [item for item in items if item.get_closest_marker("live") is not None]
+    if live:
+        config.hook.pytest_deselected(items=live)
+        items[:] = [item for item in items if item.get_closest_marker("live") is None]
+
+
 @pytest.fixture
 def backend(request: pytest.FixtureRequest) -> str:
     return str(getattr(request, "param", "sqlite"))

@@ -155,6 +155,7 @@ def test_discord_admin_is_manage_server_administrator_or_owner() -> None:
     assert not is_guild_admin({"123", GUILD_ID}, ALICE, perms)
 
 
+@pytest.mark.e2e
 def test_discord_interaction_carries_discords_own_channel_permissions() -> None:
     from tests.standins.discord_gateway import DiscordStandIn
 
@@ -193,6 +194,7 @@ def test_slack_channel_type_gives_privacy() -> None:
 # --- Slack, end to end --------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_slack_private_channel_refuses_when_its_roster_cannot_be_listed(
     tmp_path: Path,
 ) -> None:
@@ -215,6 +217,7 @@ async def test_slack_private_channel_refuses_when_its_roster_cannot_be_listed(
         await close()
 
 
+@pytest.mark.e2e
 async def test_slack_member_who_left_a_private_channel_gets_nothing_a_second_later(
     tmp_path: Path,
 ) -> None:
@@ -237,6 +240,7 @@ async def test_slack_member_who_left_a_private_channel_gets_nothing_a_second_lat
         await close()
 
 
+@pytest.mark.e2e
 async def test_slack_privacy_comes_from_the_events_channel_type(tmp_path: Path) -> None:
     rig, close = await slack_rig(tmp_path)
     try:
@@ -268,6 +272,7 @@ async def _discord_recall(bot: DiscordBot, payload: dict[str, Any]) -> dict[str,
     return bot.standin.followups[-1]["embeds"][0]
 
 
+@pytest.mark.e2e
 async def test_discord_view_without_read_message_history_is_refused(tmp_path: Path) -> None:
     guild = default_guild()
     general = next(c for c in guild["channels"] if c["id"] == GENERAL)
@@ -292,6 +297,7 @@ async def test_discord_view_without_read_message_history_is_refused(tmp_path: Pa
         await close()
 
 
+@pytest.mark.e2e
 async def test_discord_permissions_are_computed_when_the_question_is_asked(
     tmp_path: Path,
 ) -> None:
@@ -320,6 +326,7 @@ async def test_discord_permissions_are_computed_when_the_question_is_asked(
         await close()
 
 
+@pytest.mark.e2e
 async def test_discord_unreadable_interaction_permissions_refuse_instead_of_the_roster(
     tmp_path: Path, monkeypatch: Any
 ) -> None:

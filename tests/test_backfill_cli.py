@@ -90,6 +90,7 @@ def slack_standin() -> SlackApiStandIn:
     )
 
 
+@pytest.mark.e2e
 async def test_slack_backfill_stores_old_messages_once_and_a_rerun_stores_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -162,6 +163,7 @@ async def test_slack_backfill_stores_old_messages_once_and_a_rerun_stores_nothin
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_slack_backfill_that_fails_says_so_and_a_rerun_completes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -186,6 +188,7 @@ async def test_slack_backfill_that_fails_says_so_and_a_rerun_completes(
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_slack_backfill_unknown_channel_and_switched_off_channel(tmp_path: Path) -> None:
     standin = await slack_standin().start()
     try:
@@ -245,6 +248,7 @@ class ChannelStandIn(DiscordStandIn):
         return await super()._rest(request)
 
 
+@pytest.mark.e2e
 async def test_discord_backfill_over_rest_only(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -128,6 +128,7 @@ def _settings(standin: DiscordStandIn | None, tmp_path: Path, token: str | None 
     )
 
 
+@pytest.mark.e2e
 async def test_sync_commands_registers_recall_globally_and_per_guild(tmp_path: Path):
     standin = await DiscordStandIn().start()
     try:
@@ -152,6 +153,7 @@ async def test_sync_commands_registers_recall_globally_and_per_guild(tmp_path: P
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_discord_sync_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()

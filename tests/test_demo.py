@@ -110,6 +110,7 @@ def test_examples_are_supported_by_the_messages_they_cite(conv: demo.DemoConvers
 # ---- the demo runs through the real ingest path and answers with the right citations ----
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "embedder",
     [
@@ -186,6 +187,7 @@ async def test_demo_runs_again_without_duplicates(tmp_path: Path) -> None:
     assert "written with the demo" not in out.getvalue()
 
 
+@pytest.mark.slow
 async def test_demo_with_an_llm_runs_the_writer_over_every_segment(
     tmp_path: Path, llm_server: LLMServer
 ) -> None:
@@ -205,6 +207,7 @@ async def test_demo_with_an_llm_runs_the_writer_over_every_segment(
     assert len(writer_calls) >= done
 
 
+@pytest.mark.e2e
 def test_speakermem_demo_no_input(tmp_path: Path) -> None:
     env = {**os.environ, "SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
     proc = subprocess.run(

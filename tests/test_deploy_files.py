@@ -246,6 +246,7 @@ def test_application_id_comes_from_the_bot_token() -> None:
     assert application_id_from_token("") is None
 
 
+@pytest.mark.e2e
 def test_speakermem_discord_invite_url(tmp_path: Path) -> None:
     import os
     import sys
@@ -263,3 +264,47 @@ def test_speakermem_discord_invite_url(tmp_path: Path) -> None:
     assert ok.returncode == 0 and ok.stdout.strip().endswith("permissions=68608")
     missing = subprocess.run(run, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert missing.returncode == 2 and "--client-id" in missing.stderr
+
+
+# ---- the one check and its pre-commit hook -----------------------------------------------------
+
+
+def test_the_pre_commit_hook_runs_the_one_check_with_the_documented_fast_tier() -> None:
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    (repo,) = config["repos"]
+    (hook,) = repo["hooks"]
+    assert repo["repo"] == "local" and hook["language"] == "system"
+    assert hook["entry"] == "bash deploy/check.sh --fast" and hook["pass_filenames"] is False
+    tier = re.search(r'TESTS=\(-m "([^"]+)"\)', (DEPLOY / "check.sh").read_text())
+    assert tier is not None
+    assert f'`python -m pytest -m "{tier.group(1)}"`' in (ROOT / "CONTRIBUTING.md").read_text()
+
+
+def commands(path: Path) -> list[str]:
+    """A shell script's lines, comments and blank lines dropped."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_ci_runs_the_readmes_test_command_and_it_runs_every_test() -> None:
+    """The README's test command is what .ci/run runs; it runs the one check with no tier,
+    so every test but `live` runs, the quality floor among them."""
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Test\n\n```bash\n(.+?)\n```", readme, re.S)
+    assert block is not None
+    (command,) = [line.split("#")[0].strip() for line in block.group(1).splitlines()]
+    assert command == "bash deploy/test.sh" and command in commands(ROOT / ".ci" / "run")
+    assert commands(DEPLOY / "test.sh")[-1] == "bash deploy/check.sh"
+    check = commands(DEPLOY / "check.sh")
+    assert check[-1].endswith('python -m pytest ${TESTS[@]+"${TESTS[@]}"}')
+    assert "TESTS=()" in check  # no marker expression unless --fast
+    floor = (ROOT / "tests" / "test_quality_floor.py").read_text()
+    assert not re.search(r"pytest\.mark\.(slow|e2e|live|skip)\b", floor)
+
+
+@pytest.mark.e2e
+def test_the_one_check_refuses_an_option_it_does_not_know() -> None:
+    proc = subprocess.run(
+        ["bash", str(DEPLOY / "check.sh"), "--quick"], capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode == 2 and "usage: bash deploy/check.sh [--fast]" in proc.stderr

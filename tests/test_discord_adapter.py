@@ -191,6 +191,7 @@ def member_event(uid: str, name: str, roles: list[str], **kw: Any) -> dict[str, 
 # --- connection, roster -------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_connects_with_the_intents_and_redirects_only_while_running(bot: Bot, tmp_path):
     assert bot.standin.identify is not None
     assert bot.standin.identify["intents"] == build_intents().value
@@ -204,6 +205,7 @@ async def test_connects_with_the_intents_and_redirects_only_while_running(bot: B
     assert str(discord.gateway.DiscordWebSocket.DEFAULT_GATEWAY) == "wss://gateway.discord.gg/"
 
 
+@pytest.mark.e2e
 async def test_start_fails_cleanly_when_discord_is_unreachable(tmp_path: Path):
     engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
     try:
@@ -226,6 +228,7 @@ async def test_start_fails_cleanly_when_discord_is_unreachable(tmp_path: Path):
         await engine.close()
 
 
+@pytest.mark.e2e
 async def test_guild_create_rosters_follow_channel_permissions(bot: Bot):
     assert await bot.roster(GENERAL) == {OWNER_ID, ALICE, BOB, BOT_ID}
     # #secret: @everyone denied, role "members" allowed, the owner sees everything
@@ -239,6 +242,7 @@ async def test_guild_create_rosters_follow_channel_permissions(bot: Bot):
     assert names[ALICE] == "Ally"  # nick > global name > username
 
 
+@pytest.mark.e2e
 async def test_member_add_update_remove_keep_rosters_live(bot: Bot):
     await bot.send("GUILD_MEMBER_ADD", member_event(CARL, "carl", []))
     assert CARL in await bot.roster(GENERAL)
@@ -258,6 +262,7 @@ async def test_member_add_update_remove_keep_rosters_live(bot: Bot):
     assert any(m.user_id == CARL and m.left_at is not None for m in left)
 
 
+@pytest.mark.e2e
 async def test_channel_overwrite_changes_recompute_the_roster(bot: Bot):
     general = next(c for c in bot.standin.guild["channels"] if c["id"] == GENERAL)
     locked = {
@@ -292,6 +297,7 @@ async def test_channel_overwrite_changes_recompute_the_roster(bot: Bot):
     assert await bot.roster("700000000000000014") == set()
 
 
+@pytest.mark.e2e
 async def test_reconnect_reconciles_members_who_left_while_offline(tmp_path: Path):
     b, close = await start_bot(tmp_path)
     await close()
@@ -309,6 +315,7 @@ async def test_reconnect_reconciles_members_who_left_while_offline(tmp_path: Pat
 # --- messages -----------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_stop_drains_a_backlog_for_as_long_as_it_keeps_moving(bot: Bot):
     """A backlog longer than one drain window is applied in full on stop, not dropped."""
     real_many, real_one = bot.dispatcher.handle_many, bot.dispatcher.handle
@@ -330,7 +337,7 @@ async def test_stop_drains_a_backlog_for_as_long_as_it_keeps_moving(bot: Bot):
         await bot.standin.dispatch("MESSAGE_CREATE", m)
         edit = {**m, "content": f"backlog note {i} (edited)", "edited_timestamp": m["timestamp"]}
         await bot.standin.dispatch("MESSAGE_UPDATE", edit)
-    await until(lambda: bot.adapter.processed + bot.adapter._queue.qsize() >= 15)
+    await until(lambda: bot.adapter.processed + bot.adapter.intake.queue.qsize() >= 15)
     # 16 steps of 0.2 s (3.2 s) against windows of 1 s: the old fixed drain would have left
     # most of the backlog behind, while one step (a PostgreSQL commit on a loaded CI machine
     # beside the 0.2 s) stays well inside a window (0.3 s windows flaked there)
@@ -340,6 +347,7 @@ async def test_stop_drains_a_backlog_for_as_long_as_it_keeps_moving(bot: Bot):
         assert stored is not None and stored.text.endswith("(edited)")
 
 
+@pytest.mark.e2e
 async def test_stop_gives_up_on_a_backlog_that_does_not_move(bot: Bot):
     stuck = asyncio.Event()
 
@@ -349,13 +357,14 @@ async def test_stop_gives_up_on_a_backlog_that_does_not_move(bot: Bot):
     bot.dispatcher.handle_many = never  # type: ignore[method-assign]
     for i in range(3):
         await bot.standin.dispatch("MESSAGE_CREATE", message(bot.standin, f"stuck {i}"))
-    await until(lambda: bot.adapter._queue.qsize() + bot.adapter.processed >= 1)
+    await until(lambda: bot.adapter.intake.queue.qsize() + bot.adapter.processed >= 1)
     started = asyncio.get_running_loop().time()
     await bot.adapter.stop(drain_timeout=0.3, drain_limit=20.0)
     assert asyncio.get_running_loop().time() - started < 5.0  # one window, not the limit
     stuck.set()
 
 
+@pytest.mark.e2e
 async def test_create_update_delete_change_the_store(bot: Bot):
     m = message(bot.standin, "we booked the cabin near the glacier")
     await bot.send("MESSAGE_CREATE", m)
@@ -373,6 +382,7 @@ async def test_create_update_delete_change_the_store(bot: Bot):
     assert not await bot.engine.search("lodge", [scope(GENERAL)], mode="lexical")
 
 
+@pytest.mark.e2e
 async def test_edit_and_delete_of_messages_discord_py_never_saw(bot: Bot):
     # stored before this process (an import, an earlier run): not in any client cache
     old = MessageEvent(
@@ -403,6 +413,7 @@ async def test_edit_and_delete_of_messages_discord_py_never_saw(bot: Bot):
     assert (await bot.stored(GENERAL, old.message_id)).deleted
 
 
+@pytest.mark.e2e
 async def test_thread_messages_map_to_the_parent_channel(bot: Bot):
     m = message(bot.standin, "thread: we leave friday", channel_id=THREAD)
     await bot.send("MESSAGE_CREATE", m)
@@ -423,6 +434,7 @@ async def test_thread_messages_map_to_the_parent_channel(bot: Bot):
     assert bot.adapter.stats["private_thread_skipped"] == 1
 
 
+@pytest.mark.e2e
 async def test_bot_messages_are_not_stored(bot: Bot):
     own = message(bot.standin, "I am the bot", author=bot.standin.bot_user)
     other = message(bot.standin, "another bot", author=user("700000000000000999", "b", bot=True))
@@ -433,6 +445,7 @@ async def test_bot_messages_are_not_stored(bot: Bot):
     assert bot.adapter.stats["bot_message_skipped"] == 3
 
 
+@pytest.mark.e2e
 async def test_malformed_payloads_are_skipped_and_the_client_keeps_going(bot: Bot):
     good = message(bot.standin, "still listening")
     no_author = {k: v for k, v in message(bot.standin, "x").items() if k != "author"}
@@ -497,6 +510,7 @@ def linked_ids(embed: dict[str, Any]) -> set[tuple[str, str]]:
     return set(re.findall(rf"https://discord\.com/channels/{GUILD_ID}/(\d+)/(\d+)", text))
 
 
+@pytest.mark.e2e
 async def test_recall_defers_then_follows_up_with_jump_links(bot: Bot):
     budget = await post(bot, "the cabin budget is 300 euros per person")
     mountains = await post(bot, "I prefer the mountains anyway", author_index=2)
@@ -517,6 +531,7 @@ async def test_recall_defers_then_follows_up_with_jump_links(bot: Bot):
     assert "Ally" in embed["fields"][0]["value"] and "#general" in embed["fields"][0]["value"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("recall_scope", ["channel", "workspace"])
 async def test_recall_never_cites_a_channel_the_asker_cannot_read(bot: Bot, recall_scope: str):
     bot.dispatcher.pipeline = RecallPipeline(bot.engine, config=RecallConfig(scope=recall_scope))
@@ -544,8 +559,9 @@ class _Forgetful(dict):  # type: ignore[type-arg]
         pass
 
 
+@pytest.mark.e2e
 async def test_recall_without_the_raw_payload_rebuilds_it_from_the_interaction(bot: Bot):
-    bot.adapter._interactions = _Forgetful()  # type: ignore[assignment]
+    bot.adapter.intake.interactions = _Forgetful()  # type: ignore[assignment]
     secret = await post(bot, "the vault code is 4321", author_index=2, channel_id=SECRET)
     embed = await bot.recall("what is the vault code?", member_index=2, channel_id=SECRET)
     assert bot.adapter.stats["interaction_rebuilt"] == 1
@@ -554,6 +570,7 @@ async def test_recall_without_the_raw_payload_rebuilds_it_from_the_interaction(b
     assert not linked_ids(embed) and bot.standin.interaction_callbacks[-1]["data"]["flags"] & 64
 
 
+@pytest.mark.e2e
 async def test_recall_where_the_asker_cannot_read_is_refused_privately(bot: Bot):
     await post(bot, "the secret code is swordfish", author_index=2, channel_id=SECRET)
     embed = await bot.recall("what is the secret code?", member_index=1, channel_id=SECRET)
@@ -562,6 +579,7 @@ async def test_recall_where_the_asker_cannot_read_is_refused_privately(bot: Bot)
     assert "cannot read" in embed["description"]
 
 
+@pytest.mark.e2e
 async def test_recall_ephemeral_setting(tmp_path: Path):
     b, close = await start_bot(tmp_path, recall_ephemeral=True)
     try:
@@ -572,6 +590,7 @@ async def test_recall_ephemeral_setting(tmp_path: Path):
         await close()
 
 
+@pytest.mark.e2e
 async def test_sharded_client(tmp_path: Path):
     b, close = await start_bot(tmp_path, standin_cls=ShardedStandIn, discord_shard_count=1)
     try:

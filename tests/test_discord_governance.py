@@ -233,6 +233,7 @@ async def alive(bot: Bot, message_id: str) -> bool:
     return stored is not None and not stored.deleted
 
 
+@pytest.mark.e2e
 async def test_admins_by_role_or_ownership_members_refused_all_ephemeral(bot: Bot) -> None:
     owner = await status(bot, member_index=OWNER_I)
     assert REFUSED not in owner["content"]
@@ -263,6 +264,7 @@ async def test_admins_by_role_or_ownership_members_refused_all_ephemeral(bot: Bo
     assert mine["flags"] & EPHEMERAL and REFUSED not in mine["content"]
 
 
+@pytest.mark.e2e
 async def test_forget_user_confirmation_buttons(bot: Bot) -> None:
     bobs = [await post(bot, f"bob says number {n}", author_index=BOB_I) for n in range(3)]
     alices = await post(bot, "alice keeps talking", author_index=ALICE_I)
@@ -293,6 +295,7 @@ async def test_forget_user_confirmation_buttons(bot: Bot) -> None:
     assert await alive(bot, alices)
 
 
+@pytest.mark.e2e
 async def test_admin_rights_are_checked_again_at_the_click(bot: Bot) -> None:
     await bot.send(
         "GUILD_ROLE_UPDATE",
@@ -309,6 +312,7 @@ async def test_admin_rights_are_checked_again_at_the_click(bot: Bot) -> None:
     assert await alive(bot, alices)
 
 
+@pytest.mark.e2e
 async def test_export_comes_as_a_json_attachment(bot: Bot) -> None:
     await post(bot, "bob's favourite tea is oolong", author_index=BOB_I)
     member = [{"name": "member", "type": 6, "value": BOB}]
@@ -319,6 +323,7 @@ async def test_export_comes_as_a_json_attachment(bot: Bot) -> None:
     assert "oolong" in json.dumps(json.loads(raw))
 
 
+@pytest.mark.e2e
 async def test_notice_once_and_hygiene(bot: Bot) -> None:
     for n in range(3):
         await post(bot, f"hello number {n}", author_index=ALICE_I)
@@ -339,6 +344,7 @@ async def test_notice_once_and_hygiene(bot: Bot) -> None:
     assert bot.adapter.stats["bot_message_skipped"] >= 3
 
 
+@pytest.mark.e2e
 async def test_opted_out_member_is_not_stored_until_opt_in(bot: Bot) -> None:
     out = await run(bot, MEMBER_GROUP, ["opt-out"], [], member_index=ALICE_I)
     assert out["flags"] & EPHEMERAL and not custom_ids(out)

@@ -12,7 +12,7 @@ from memory.models import Scope
 from tests.standins.discord_gateway import GUILD_ID, ROLE_MEMBERS, default_guild, member, user
 from tests.test_discord_adapter import BOB, GENERAL, SECRET, message, start_bot, until
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.e2e]
 
 CARL = "700000000000000304"
 
@@ -97,7 +97,7 @@ async def test_creates_waiting_together_are_stored_as_one_burst_in_order(tmp_pat
         ]
         before = b.adapter.processed
         # all 61 wait in the queue at once (no await in between), as under a busy gateway
-        queue = b.adapter._queue
+        queue = b.adapter.intake.queue
         for payload in first:
             queue.put_nowait(("MESSAGE_CREATE", payload))
         queue.put_nowait(("MESSAGE_UPDATE", edit))

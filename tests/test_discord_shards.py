@@ -29,6 +29,7 @@ import integrations.discord.adapter as adapter_module
 from bot.dispatch import Dispatcher
 from bot.settings import Settings, parse_shard_ids
 from integrations.discord.adapter import DiscordAdapter
+from integrations.discord.connection import make_client
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from memory.query.pipeline import RecallPipeline
@@ -163,6 +164,7 @@ def on_shard(standin: ShardedGateway, shard: int) -> list[str]:
 # --- real connections, one per shard ------------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_stand_in_guilds_land_on_their_shards():
     standin = gateway(2, 1, 1)
     assert [shard_of(g, 3) for g in standin.guilds] == [0, 0, 1, 2]
@@ -173,6 +175,7 @@ def test_stand_in_guilds_land_on_their_shards():
     assert standin.channel_guild[general] == first["id"]
 
 
+@pytest.mark.e2e
 async def test_one_process_runs_two_shards_over_two_connections(
     tmp_path: Path, no_identify_wait: None
 ):
@@ -199,6 +202,7 @@ async def test_one_process_runs_two_shards_over_two_connections(
         await standin.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.contract
 async def test_two_processes_each_get_their_shard_and_store_once(tmp_path: Path, backend: str):
     standin = await gateway(2, 1).start()
@@ -230,6 +234,7 @@ async def test_two_processes_each_get_their_shard_and_store_once(tmp_path: Path,
         await standin.close()
 
 
+@pytest.mark.e2e
 @pytest.mark.contract
 async def test_each_process_catches_up_only_its_shards_guilds(tmp_path: Path, backend: str):
     standin = await gateway(1, 2).start()
@@ -266,6 +271,7 @@ async def test_each_process_catches_up_only_its_shards_guilds(tmp_path: Path, ba
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_a_dropped_shard_resumes_alone_while_the_other_stays_live(
     tmp_path: Path, no_identify_wait: None
 ):
@@ -311,6 +317,7 @@ async def test_a_dropped_shard_resumes_alone_while_the_other_stays_live(
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_a_shard_that_cannot_resume_catches_up_from_history(
     tmp_path: Path, no_identify_wait: None
 ):
@@ -352,6 +359,7 @@ async def test_a_shard_that_cannot_resume_catches_up_from_history(
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_members_of_a_guild_are_asked_for_over_its_shards_connection(
     tmp_path: Path, no_identify_wait: None
 ):
@@ -384,6 +392,7 @@ async def test_members_of_a_guild_are_asked_for_over_its_shards_connection(
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_start_waits_for_the_identify_spacing_of_every_shard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -419,8 +428,7 @@ def settings(**extra: Any) -> Settings:
 
 def built_client(**extra: Any) -> discord.Client:
     """The client the adapter would connect (never connected here: nothing to close)."""
-    adapter = DiscordAdapter(settings(**extra), None, None)  # type: ignore[arg-type]
-    return adapter._make_client()
+    return make_client(settings(**extra), guild_ready_timeout=2.0)
 
 
 def test_range_builds_client_for_those_shards():

@@ -416,9 +416,24 @@ def test_perms_from_guild_create_with_standin_guild():
     assert can_read_channel(member_roles(bob), "700000000000000303", g, channels[THREAD])
     assert can_read_channel({ROLE_ADMIN}, "1", g, channels[SECRET])
     assert ROLE_MEMBERS in member_roles(bob)
+
+
+def test_readable_channels_are_the_text_channels_a_member_can_read() -> None:
+    """What the guild state answers for "which channels may this member's /recall read":
+    top-level text channels the member can view, never the category or a thread (a thread is
+    read through its parent)."""
+    payload = default_guild()
+    g, channels = perms_from_guild_create(payload)
+    members = {m["user"]["id"]: m for m in payload["members"]}
+    alice, bob = members["700000000000000302"], members["700000000000000303"]
     assert readable_channels(member_roles(alice), "700000000000000302", g, channels.values()) == (
         GENERAL,
     )
+    bobs = readable_channels(member_roles(bob), "700000000000000303", g, channels.values())
+    assert sorted(bobs) == sorted([GENERAL, SECRET])
+    assert readable_channels({ROLE_ADMIN}, "1", g, channels.values()) == bobs
+    assert readable_channels(set(), OWNER_ID, g, channels.values()) == bobs
+    assert readable_channels(set(), "1", g, [channels[SECRET], channels[THREAD]]) == ()
 
 
 def test_thread_inherits_parent_overwrites():

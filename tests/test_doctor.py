@@ -70,6 +70,7 @@ def doctor(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
 # ---- exit codes through the CLI ----------------------------------------------------------
 
 
+@pytest.mark.e2e
 def test_no_llm_exits_0_with_a_warning(tmp_path: Path) -> None:
     proc = doctor(tmp_path, "--offline")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -79,6 +80,7 @@ def test_no_llm_exits_0_with_a_warning(tmp_path: Path) -> None:
     assert "schema" in out and "sqlite-vec" in out and "FTS5" in out
 
 
+@pytest.mark.e2e
 def test_unreachable_llm_exits_1_with_the_fix(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}/v1"
     proc = doctor(tmp_path, "--quick", SPEAKERMEM_LLM_BASE_URL=url)
@@ -175,6 +177,7 @@ def test_parity_reference_is_shipped_with_the_package() -> None:
     assert len(sentences) == vectors.shape[0] >= 3 and vectors.shape[1] == 384
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _minilm_installed(), reason="MiniLM weights absent")
 async def test_minilm_parity_check_passes(tmp_path: Path) -> None:
     from integrations.doctor import embedder_checks
@@ -208,6 +211,7 @@ def test_token_formats() -> None:
     assert not any("xoxp-user" in c.detail or "client-secret" in c.detail for c in checks)
 
 
+@pytest.mark.e2e
 async def test_network_token_checks_call_auth_test_and_users_me(tmp_path: Path) -> None:
     slack = await SlackApiStandIn().start()
     discord = await DiscordStandIn().start()

@@ -101,6 +101,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RSS from /proc")
 def test_the_cache_budget_bounds_the_whole_process_not_each_connection(tmp_path: Path) -> None:
     """Four readers scanning a 48 MB table: per-connection caches of 8 MiB would keep

@@ -98,6 +98,7 @@ def test_fixture_is_small_and_matches_official_weights(reference: dict[str, Any]
     assert all(len(v) == 384 for v in reference["vectors"])
 
 
+@pytest.mark.slow
 @needs_model
 async def test_default_config_matches_sentence_transformers(
     embedder: MiniLMEmbedder, reference: dict[str, Any]
@@ -108,6 +109,7 @@ async def test_default_config_matches_sentence_transformers(
     assert cos.min() >= 0.99, f"cosine {cos.min():.4f} for {reference['sentences'][worst]!r}"
 
 
+@pytest.mark.slow
 @needs_model
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "plain"])
 def test_fp32_graphs_match_sentence_transformers(
@@ -180,6 +182,7 @@ def test_order_is_kept_across_length_sorted_sub_batches(
     np.testing.assert_allclose(a, one_by_one, atol=1e-4)
 
 
+@pytest.mark.slow
 @needs_model
 async def test_event_loop_stays_responsive(embedder: MiniLMEmbedder) -> None:
     await embedder.embed(["warm up"])
@@ -262,6 +265,7 @@ def test_cache_is_reused(cache_dir: Path, embedder: MiniLMEmbedder) -> None:
     assert not list(cache_dir.glob("*.tmp"))
 
 
+@pytest.mark.e2e
 @needs_model
 def test_loading_imports_no_torch_and_opens_no_socket(cache_dir: Path) -> None:
     script = f"""
@@ -320,6 +324,24 @@ def test_wrong_weights_are_refused(tmp_path: Path) -> None:
         emb.close()
     assert hashlib.sha256(b"not the real weights").hexdigest() in str(info.value)
     assert not (tmp_path / "cache").exists()
+
+
+@needs_model
+def test_a_model_the_graph_cannot_build_is_refused(tmp_path: Path) -> None:
+    official = minilm.locate_model_dir()
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for f in official.iterdir():
+        if f.is_file() and f.name != "config.json":
+            (model_dir / f.name).symlink_to(f)
+    config = json.loads((official / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+    emb = MiniLMEmbedder(cache_dir=tmp_path / "cache", model_dir=model_dir)
+    try:
+        with pytest.raises(EmbedderUnavailable, match="unsupported activation 'relu'"):
+            emb.embed_sync(["hello"])
+    finally:
+        emb.close()
 
 
 # ------------------------------------------------------------------------------------------

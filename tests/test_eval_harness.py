@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,37 +17,77 @@ from memory.eval.harness import SYSTEMS, EvalHarness, markdown_table
 from memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
-from tests.llm_server import Handler, LLMServer, Reply
+from tests.llm_server import Handler, Item, LLMServer, Reply, Status
 
 pytestmark = pytest.mark.contract
 
 FIXTURE = Path(__file__).parent / "fixtures" / "locomo_small.json"
 
 
-def answer_or_judge(request: dict[str, Any]) -> Reply:
-    """Judge requests (json schema 'judge') get CORRECT; answer requests cite [1]."""
+ANSWERS = {
+    "What is the name of Ben's dog?": "Ben's dog is called Pixel [1].",
+    "What hobby did Ben pick up after climbing?": "Ben took up knitting [1].",
+    "Where does Ana volunteer?": "Ana volunteers at the animal shelter [1].",
+}
+"""What the stand-in model answers: right, wrong (the gold answer is pottery), right."""
+
+
+def field(text: str, name: str) -> str:
+    found = re.search(rf"^{name}: (.*)$", text, re.M)
+    assert found, (name, text)
+    return found.group(1)
+
+
+def grade(request: dict[str, Any]) -> Reply:
+    """A judge that reads what it is sent: CORRECT when every word of the gold answer is in
+    the system answer. It can only score the harness's answers right if the harness sends
+    each question with its own gold answer and the pipeline's answer to it."""
+    user = request["messages"][-1]["content"]
+    gold, said = field(user, "Gold answer").casefold(), field(user, "System answer").casefold()
+    label = "CORRECT" if all(word in said for word in re.findall(r"\w+", gold)) else "WRONG"
+    return Reply(content=json.dumps({"label": label, "reason": "compared with the gold"}))
+
+
+def model(request: dict[str, Any]) -> Reply:
+    """The judge (json schema 'judge'), Project/Select (unusable JSON: the deterministic
+    fallbacks) and the answer to the question in the prompt."""
     fmt = request.get("response_format") or {}
     if fmt.get("json_schema", {}).get("name") == "judge":
-        return Reply(content=json.dumps({"label": "CORRECT", "reason": "same fact"}))
+        return grade(request)
     if fmt:
-        return Reply(content="{}")  # project/select: unusable -> deterministic fallbacks
-    return Reply(content="Ben's dog is called Pixel [1].")
+        return Reply(content="{}")
+    prompt = request["messages"][-1]["content"]
+    question = prompt.split("<question>")[-1].split("</question>")[0].strip()
+    return Reply(content=ANSWERS[question])
+
+
+async def run_harness(tmp_path: Path, llm_server: LLMServer) -> dict[str, Any]:
+    dataset = read_locomo(FIXTURE)
+    engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
+    llm = OpenAICompatLLM(llm_server.base_url, "k", "test-model", 5.0, "json_schema", max_retries=0)
+    try:
+        await engine.ingest_many(dataset.messages)
+        await engine.embed_pending()
+        harness = EvalHarness(engine, RecallPipeline(engine, llm=llm), k=10, llm=llm)
+        return await harness.run(dataset)
+    finally:
+        await llm.aclose()
+        await engine.close()
+
+
+def judge_requests(llm_server: LLMServer) -> list[dict[str, str]]:
+    return [
+        {k: field(r["messages"][-1]["content"], k) for k in ("Question", "Gold answer")}
+        for r in llm_server.requests
+        if (r.get("response_format") or {}).get("json_schema", {}).get("name") == "judge"
+    ]
 
 
 async def test_harness_reports_every_system_and_answers(
     tmp_path: Path, llm_server: LLMServer
 ) -> None:
-    dataset = read_locomo(FIXTURE)
-    engine = await MemoryEngine.open(make_config(tmp_path), HashEmbedder())
-    llm = OpenAICompatLLM(llm_server.base_url, "k", "test-model", 5.0, "json_schema")
-    llm_server.default = Handler(answer_or_judge)
-    try:
-        await engine.ingest_many(dataset.messages)
-        await engine.embed_pending()
-        harness = EvalHarness(engine, RecallPipeline(engine, llm=llm), k=10, llm=llm)
-        report = await harness.run(dataset)
-    finally:
-        await engine.close()
+    llm_server.default = Handler(model)
+    report = await run_harness(tmp_path, llm_server)
     assert set(report["systems"]) == set(SYSTEMS)
     for name in SYSTEMS:
         system = report["systems"][name]
@@ -55,11 +96,43 @@ async def test_harness_reports_every_system_and_answers(
     assert report["skipped_without_evidence"] == 1
     # a 5-message channel: every system finds everything within 10
     assert report["systems"]["speakermem"]["evidence_recall"] == 1.0
-    assert report["answers"]["judge_accuracy"] == 1.0
-    assert 0 < report["answers"]["token_f1"] <= 1
+    # the judge saw each question with its own gold answer, and graded two of three right
+    assert judge_requests(llm_server) == [
+        {"Question": "What is the name of Ben's dog?", "Gold answer": "Pixel"},
+        {"Question": "What hobby did Ben pick up after climbing?", "Gold answer": "pottery"},
+        {"Question": "Where does Ana volunteer?", "Gold answer": "animal shelter"},
+    ]
+    assert report["answers"]["judged"] == 3
+    assert report["answers"]["judge_accuracy"] == pytest.approx(2 / 3, abs=1e-4)
+    assert 0 < report["answers"]["token_f1"] < 1
     assert "system1" in report["latency_per_question"]
     assert "answer_prompt" in report["mean_tokens_per_question"]
     assert "| speakermem |" in markdown_table(report)
+
+
+async def test_an_unusable_judgement_is_left_out_not_counted_wrong(
+    tmp_path: Path, llm_server: LLMServer
+) -> None:
+    """A judge reply without a usable label, or a judge call that fails, scores nothing:
+    the accuracy is over the questions actually judged."""
+    judged = 0
+
+    def flaky(request: dict[str, Any]) -> Item:
+        nonlocal judged
+        fmt = request.get("response_format") or {}
+        if fmt.get("json_schema", {}).get("name") == "judge":
+            judged += 1
+            if judged == 1:
+                return Reply(content=json.dumps({"label": "MAYBE", "reason": "unsure"}))
+            if judged == 2:
+                return Status(500)
+        return model(request)
+
+    llm_server.default = Handler(flaky)
+    report = await run_harness(tmp_path, llm_server)
+    assert judged == 3
+    assert report["answers"]["judged"] == 1
+    assert report["answers"]["judge_accuracy"] == 1.0  # the shelter answer, judged right
 
 
 def test_eval_cli_writes_json_and_markdown(

@@ -141,6 +141,7 @@ async def test_catch_up_never_moves_past_an_event_it_could_neither_store_nor_kee
     assert prog.done and await live(engine) == [f"h{i}" for i in range(7)]
 
 
+@pytest.mark.e2e
 def test_a_disk_that_fills_mid_line_leaves_the_spill_whole(tmp_path: Path) -> None:
     """RLIMIT_FSIZE caps the file a few bytes into the next line (the kernel writes part of
     it, then refuses): the append fails, the file is cut back, and it reads as before."""

@@ -16,7 +16,8 @@ After every step, against a model of what must hold:
   person (or an opted-out one, after they opted out), and no record names a forgotten
   person whose name the store knew; a forgotten person has no name row.
 
-CI runs a bounded number of examples (about a minute on a busy machine); the longer run is
+The full suite runs a bounded number of examples (about a minute on a busy machine; the
+module is `slow`, out of the fast tier); the longer run is
 `python -m pytest -m slow tests/test_forget_property.py`.
 """
 
@@ -59,6 +60,8 @@ from tests.llm_server import Handler, Item, LLMServer, Reply
 from tests.test_commit_check import HeldAnswer, derive_everything
 from tests.test_forget_failures import History
 from tests.test_reliability_store import hold_write_lock
+
+pytestmark = pytest.mark.slow
 
 PEOPLE = {"alice": "Alice", "bob": "Bob", "carol": "Carol"}
 CHANNELS = ("general", "side")
@@ -543,7 +546,6 @@ def test_forgetting_holds_under_random_interleavings() -> None:
     )
 
 
-@pytest.mark.slow
 def test_forgetting_holds_under_random_interleavings_long_run(
     request: pytest.FixtureRequest,
 ) -> None:

@@ -65,6 +65,7 @@ def run_probe() -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
+@pytest.mark.e2e
 def test_trim_hands_back_what_threads_freed() -> None:
     kept, after_trim = run_probe()
     assert kept >= 20, kept  # glibc kept the freed blocks resident...
@@ -96,6 +97,7 @@ def count_arenas(mode: str) -> int:
     return sum(line.startswith("Arena ") for line in err.splitlines())
 
 
+@pytest.mark.e2e
 def test_limit_arenas_caps_the_arenas_of_threads_started_after_it() -> None:
     assert count_arenas("free") >= 5  # each thread got its own
     assert 1 <= count_arenas("cap") <= 2
@@ -129,6 +131,7 @@ def mapped_blocks(mode: str) -> int:
     return int(fresh_process(MMAP_PROBE, mode).stdout)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(heap.mallinfo() is None, reason="needs glibc 2.33+ (mallinfo2)")
 def test_fixed_mmap_threshold_keeps_large_blocks_out_of_the_heap() -> None:
     assert mapped_blocks("free") == 0  # the freed 4 MiB block raised glibc's threshold

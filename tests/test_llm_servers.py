@@ -318,6 +318,7 @@ async def test_tokens_per_run_and_per_thousand_messages(tmp_path: Path) -> None:
     assert cost == pytest.approx((usage.prompt_tokens + 2 * usage.completion_tokens) / 1e6)
 
 
+@pytest.mark.slow
 async def test_status_shows_the_backlog_and_what_the_writer_costs(tmp_path: Path) -> None:
     async with LLMServer(default=Handler(writer_model), persona=vllm(8192)) as server:
         settings = settings_for(tmp_path, server, llm_prompt_price_per_mtok=3.0)

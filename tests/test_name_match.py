@@ -9,6 +9,8 @@ import pytest
 
 from memory.models import RosterMember
 from memory.query import projection as P
+from memory.query import roster_index as R
+from memory.query.project_words import name_key
 from memory.search.name_match import SMALL, NameAlternation, alternation
 
 SYLLABLES = ["al", "bo", "ka", "ri", "zed", "nor", "vel", "mi", "to", "sha", "o'", "ne", "ß"]
@@ -62,15 +64,15 @@ def roster() -> list[RosterMember]:
 
 
 def test_filtered_matching_equals_the_full_alternation(roster: list[RosterMember]) -> None:
-    idx = P._index(roster)
+    idx = R.roster_index(roster)
     assert idx.name_re is not None and idx.id_re is not None
     assert len(idx.name_re.keys) > SMALL  # the filtered path, not the small-set shortcut
     full_name = re.compile(
-        idx.name_re.template.replace("{alt}", alternation(idx.name_re.keys, P._key_pattern)),
+        idx.name_re.template.replace("{alt}", alternation(idx.name_re.keys, R.key_pattern)),
         re.IGNORECASE,
     )
     full_id = re.compile(
-        idx.id_re.template.replace("{alt}", alternation(idx.id_re.keys, P._key_pattern))
+        idx.id_re.template.replace("{alt}", alternation(idx.id_re.keys, R.key_pattern))
     )
     rng = random.Random(11)
     found = 0
@@ -88,10 +90,10 @@ def test_common_words_overlay_equals_a_fresh_build(roster: list[RosterMember]) -
     rng = random.Random(3)
     for _ in range(30):
         common = frozenset(
-            P._key(rng.choice(roster).display_name.split()[0]) for _ in range(rng.randint(1, 3))
+            name_key(rng.choice(roster).display_name.split()[0]) for _ in range(rng.randint(1, 3))
         )
-        fresh = P._build_index.__wrapped__(sig, common)
-        overlay = P._index(roster, common)
+        fresh = R.build_index.__wrapped__(sig, common)
+        overlay = R.roster_index(roster, common)
         assert overlay.caps_only == fresh.caps_only
         assert overlay.squashed == fresh.squashed
         assert overlay.common == fresh.common
@@ -109,15 +111,15 @@ class _CountingRoster(list[RosterMember]):
 
 def test_the_roster_index_is_built_once_per_roster_list(roster: list[RosterMember]) -> None:
     counted = _CountingRoster(roster)
-    first = P._index(counted)
+    first = R.roster_index(counted)
     walks = counted.walks
     assert walks >= 1
     for _ in range(5):
-        assert P._index(counted) is first
+        assert R.roster_index(counted) is first
         P.fallback_projection("what did Bob say about the plan?", counted)
     assert counted.walks == walks  # not walked again per question
     grown = [*roster, RosterMember(user_id="Unew", display_name="Newcomer Person")]
-    assert "unew" in P._index(grown).ids_fold
+    assert "unew" in R.roster_index(grown).ids_fold
 
 
 def test_small_key_sets_compile_the_alternation_once() -> None:

@@ -12,6 +12,7 @@ import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,8 @@ from memory.query.compose import approx_tokens, compose, render_pack
 from memory.query.pipeline import RecallPipeline, RecallRequest
 from memory.query.system2 import Row, RowRecord
 from tests.fakes import HashEmbedder
+
+pytestmark = pytest.mark.slow
 
 SCOPE = Scope(platform="test", workspace="w", channel="c")
 T0 = datetime(2024, 1, 1, tzinfo=UTC)

@@ -25,6 +25,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot.scheduler import WriterScheduler
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
@@ -232,6 +234,7 @@ async def _rows(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[
         return list(await cur.fetchall())
 
 
+@pytest.mark.e2e
 async def test_two_bots_and_two_workers_share_one_postgres(
     pg_store_databases: PgDatabases, tmp_path: Path
 ) -> None:

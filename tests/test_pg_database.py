@@ -211,6 +211,7 @@ async def test_two_openers_of_an_empty_database_migrate_once(
         await second.close()
 
 
+@pytest.mark.e2e
 def test_two_processes_opening_an_empty_database_both_succeed(pg_url: str) -> None:
     script = (
         "import asyncio, sys\n"
@@ -393,6 +394,7 @@ async def test_make_store_picks_the_backend_from_the_url(pg_url: str, tmp_path: 
         await store.close()
 
 
+@pytest.mark.slow  # waits out the store's connection retries (~5 s)
 async def test_an_unreachable_server_is_a_store_error(tmp_path: Path) -> None:
     url = f"postgresql://nobody@/none?host={tmp_path}&connect_timeout=1"
     db = PgDatabase(config(url, lock_wait_s=1))

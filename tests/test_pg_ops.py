@@ -91,6 +91,7 @@ async def seeded(tmp_path: Path, pg_store_databases: PgDatabases) -> AsyncIterat
     yield url
 
 
+@pytest.mark.e2e
 async def test_backup_and_restore_answers_the_same(
     tmp_path: Path,
     seeded: str,
@@ -202,6 +203,7 @@ async def test_doctor_names_a_missing_text_search_configuration(
     assert checks["pgvector"].status == "ok"
 
 
+@pytest.mark.slow  # waits out the store's connection retries (~5 s)
 async def test_doctor_unreachable_server_masks_the_password(tmp_path: Path) -> None:
     url = f"postgresql://speakermem:s3cr3t-pw@/nowhere?host={tmp_path / 'no-socket'}"
     settings = pg_settings(tmp_path, url, db_lock_wait_s=0.2)

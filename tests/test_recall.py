@@ -42,7 +42,7 @@ from memory.query.compose import (
 from memory.query.links import default_link
 from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest, RecallResult
 from memory.query.projection import fallback_projection
-from memory.query.system2 import system2
+from memory.query.system2 import read_rows
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 from tests.llm_server import Garbage, Handler, Item, LLMServer, Reply
@@ -578,13 +578,14 @@ async def test_rows_embed_the_issue_only_when_lexical_matches_run_short(
         return vector
 
     full = fallback_projection("What does Alice think about the launch?", roster)
-    rows = await system2(engine, full, roster, pks, RecallConfig(), query_vector=lazy("launch"))
+    cfg = RecallConfig()
+    rows = (await read_rows(engine, full, roster, pks, cfg, query_vector=lazy("launch"))).rows
     assert calls == [] and len([rr for rr in rows[0].records if not rr.via_source]) == 2
 
     # no record shares a word with "weekly standup": every row is filled by the dense pool,
     # which is fetched once for all rows
     short = fallback_projection("What does everyone think about the weekly standup?", roster)
-    rows = await system2(engine, short, roster, pks, RecallConfig(), query_vector=lazy("x"))
+    rows = (await read_rows(engine, short, roster, pks, cfg, query_vector=lazy("x"))).rows
     assert calls == ["x"]
     by_key = {r.key: r for r in rows}
     assert {rr.record.id for rr in by_key[GROUP].records} == {ids["g1"], ids["g2"]}

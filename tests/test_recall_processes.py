@@ -30,6 +30,8 @@ from tests.llm_server import Handler, LLMServer, Reply
 from tests.standins.slack_api import SlackApiStandIn, signed_headers
 from tests.test_run import LAUNCH_EVENT, SECRET, free_port, start_bot, wait_for_port
 
+pytestmark = pytest.mark.e2e
+
 TEAM = Scope(platform="test", workspace="w1", channel="team")
 QUESTIONS = (
     "When is the budget review?",

@@ -25,7 +25,7 @@ from tests.standins.discord_gateway import GENERAL, GUILD_ID, SECRET, THREAD, Di
 from tests.test_discord_adapter import settings_for
 from tests.test_governance_forget import fts_hits, table_scan
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.e2e]
 
 WORDS = ("zorblatt", "quixvane", "mervolin", "plimwick", "dravenox", "tessaloon")
 KEPT = "jintrabe"

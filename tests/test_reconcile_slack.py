@@ -34,7 +34,7 @@ from tests.test_reliability_slack_catchup import (
     new_standin,
 )
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.e2e]
 
 T0 = int(time.time()) - 2 * 3600
 WORDS = (

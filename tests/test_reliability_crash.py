@@ -36,6 +36,8 @@ from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 from tests.llm_server import LLMServer, Reply
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[1]
 GENERAL = Scope(platform="test", workspace="w1", channel="general")
 FAST = WriterConfig(retry_base_s=0.01, retry_max_s=0.05)

@@ -161,6 +161,7 @@ async def dispatcher(engine: MemoryEngine) -> Dispatcher:
     return Dispatcher(engine, RecallPipeline(engine))
 
 
+@pytest.mark.slow
 @pytest.mark.sqlite_only(
     "state() reads FTS5 MATCH and json_each (PostgreSQL twin: test_pg_search.py)"
 )

@@ -95,6 +95,7 @@ def test_slack_zip_limits_refuse_with_a_clear_reason(tmp_path: Path) -> None:
     assert len(read_slack_export(archive, limits=at)) == len(ok)
 
 
+@pytest.mark.slow
 def test_a_zip_bomb_entry_is_refused_before_decompressing(tmp_path: Path) -> None:
     archive = zip_dir(SLACK_DIR, tmp_path / "bomb.zip")
     # 300 MB of blanks deflates to ~300 kB; written in chunks, never held whole
@@ -118,6 +119,7 @@ def test_a_zip_bomb_entry_is_refused_before_decompressing(tmp_path: Path) -> Non
     assert peak < 20 * 1024 * 1024
 
 
+@pytest.mark.slow
 def test_discord_export_is_streamed_not_loaded_whole(tmp_path: Path) -> None:
     path = discord_export(tmp_path / "big.json", 20_000)
     size = path.stat().st_size
@@ -196,6 +198,7 @@ def db_state(db: Path) -> dict[str, Any]:
     }
 
 
+@pytest.mark.e2e
 def test_import_run_twice_stores_everything_once(tmp_path: Path) -> None:
     db = tmp_path / "twice.db"
     path = discord_export(tmp_path / "export.json", 300)
@@ -209,6 +212,7 @@ def test_import_run_twice_stores_everything_once(tmp_path: Path) -> None:
     assert state["fts"] == 300 and state["in_segments"] == 300
 
 
+@pytest.mark.e2e
 def test_kill_9_during_an_import_then_rerun_loses_and_doubles_nothing(tmp_path: Path) -> None:
     db = tmp_path / "killed.db"
     n = 30_000

@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bot.health import LLMHealth, decide
 from bot.scheduler import WriterScheduler
 from integrations.llm.openai_compat import OpenAICompatLLM
@@ -122,6 +124,7 @@ async def seed(engine: MemoryEngine) -> list[Scope]:
     return scopes
 
 
+@pytest.mark.slow
 async def test_llm_down_backs_off_reports_queue_answers_extractively_and_catches_up(
     tmp_path: Path, llm_server: LLMServer
 ) -> None:

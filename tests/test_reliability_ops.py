@@ -70,6 +70,7 @@ async def get(url: str) -> tuple[int, str]:
         return resp.status, await resp.text()
 
 
+@pytest.mark.e2e
 async def test_running_bot_serves_healthz_and_metrics(tmp_path: Path) -> None:
     api = await SlackApiStandIn(
         users={"U1": {"name": "alice", "profile": {"display_name": "Alice"}}},
@@ -270,6 +271,7 @@ def test_json_formatter_emits_one_object_per_line() -> None:
     assert "ValueError: boom" in data["exc"] and "\n" not in line
 
 
+@pytest.mark.e2e
 def test_log_format_setting_switches_the_cli_to_json(tmp_path: Path) -> None:
     env = {
         **os.environ,
@@ -312,6 +314,7 @@ def test_configure_logging_replaces_handlers() -> None:
 # --- backup and restore -----------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_online_backup_while_another_process_writes_then_restore_answers_the_same(
     tmp_path: Path, scope: Scope
 ) -> None:
@@ -383,6 +386,7 @@ async def test_online_backup_while_another_process_writes_then_restore_answers_t
         await restored.close()
 
 
+@pytest.mark.e2e
 def test_backup_cli(tmp_path: Path) -> None:
     env = {
         **os.environ,

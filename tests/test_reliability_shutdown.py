@@ -26,6 +26,8 @@ from tests.standins.discord_gateway import DiscordStandIn
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn, sign
 from tests.test_run import free_port
 
+pytestmark = pytest.mark.e2e
+
 SECRET = "shutdown-signing-secret"
 
 

@@ -45,6 +45,7 @@ def config(db: Path, **store: object) -> MemoryConfig:
     return MemoryConfig(store=StoreConfig(db_path=db, **store))  # type: ignore[arg-type]
 
 
+@pytest.mark.e2e
 async def test_ingestion_waits_out_a_5s_write_lock_and_drops_nothing(
     tmp_path: Path, scope: Scope
 ) -> None:
@@ -66,6 +67,7 @@ async def test_ingestion_waits_out_a_5s_write_lock_and_drops_nothing(
         await engine.close()
 
 
+@pytest.mark.e2e
 async def test_lock_wait_is_bounded_by_the_setting(tmp_path: Path, scope: Scope) -> None:
     db = tmp_path / "locked.db"
     engine = await MemoryEngine.open(config(db, busy_timeout_ms=200, lock_wait_s=1.0))
@@ -83,6 +85,7 @@ async def test_lock_wait_is_bounded_by_the_setting(tmp_path: Path, scope: Scope)
         await engine.close()
 
 
+@pytest.mark.e2e
 def test_sqlite_sees_the_holder(tmp_path: Path) -> None:
     """The helper really locks: a plain connection with no busy wait is refused."""
     db = tmp_path / "x.db"

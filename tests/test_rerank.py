@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-import memory.query.pipeline as pipeline_module
+import memory.query.pool as pool_module
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from memory.query.pipeline import RecallPipeline, RecallRequest
@@ -148,7 +148,7 @@ async def test_pipeline_reorders_only_the_head_of_the_pool(
     fused = (await base.run(request, answer=False)).trace.s1_evidence
     assert len(fused) == len(texts)
 
-    monkeypatch.setattr(pipeline_module, "RERANK_WEIGHTS", {"length": 1.0})
+    monkeypatch.setattr(pool_module, "RERANK_WEIGHTS", {"length": 1.0})
     depth = 4
     cfg = engine.config.recall.model_copy(update={"rerank_depth": depth})
     got = (await RecallPipeline(engine, config=cfg).run(request, answer=False)).trace.s1_evidence

@@ -47,6 +47,7 @@ def scope() -> Scope:
     return Scope(platform="slack", workspace=TEAM_ID, channel=CHANNEL)
 
 
+@pytest.mark.e2e
 async def test_ten_thousand_members_take_tens_of_calls_not_ten_thousand(
     standin: SlackApiStandIn, store: MemoryEngine
 ) -> None:
@@ -79,6 +80,7 @@ async def test_ten_thousand_members_take_tens_of_calls_not_ten_thousand(
     assert "U00007" not in {m.user_id for m in await store.members(scope())}
 
 
+@pytest.mark.e2e
 async def test_a_member_the_directory_lacks_costs_one_users_info(
     standin: SlackApiStandIn, store: MemoryEngine
 ) -> None:
@@ -97,6 +99,7 @@ async def test_a_member_the_directory_lacks_costs_one_users_info(
     assert directory.get(TEAM_ID, "UNEW") == ("New Person", False)
 
 
+@pytest.mark.e2e
 async def test_rate_limited_pages_wait_for_retry_after_then_ask_again(
     standin: SlackApiStandIn, store: MemoryEngine
 ) -> None:
@@ -120,6 +123,7 @@ async def test_rate_limited_pages_wait_for_retry_after_then_ask_again(
     assert cursors[:4] == [None, None, None, "1000"]
 
 
+@pytest.mark.e2e
 async def test_a_refused_listing_keeps_the_old_directory(
     standin: SlackApiStandIn, store: MemoryEngine
 ) -> None:

@@ -13,11 +13,14 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from tests.standins.slack_api import SlackApiStandIn, signed_headers
+
+pytestmark = pytest.mark.e2e
 
 SECRET = "test-signing-secret"
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
+import pytest
 from pydantic import SecretStr
 
 from bot.settings import Settings
@@ -30,6 +31,7 @@ def test_the_known_secrets_are_secret_fields() -> None:
     assert {"slack_bot_token", "slack_signing_secret", "discord_token", "llm_api_key"} <= found
 
 
+@pytest.mark.e2e
 def test_config_prints_every_secret_masked(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEAKERMEM_")}
     values = {name: f"sekrit-{name}-0123456789" for name in secret_fields()}

@@ -250,6 +250,7 @@ async def test_memory_commands_run_as_admin_and_destructive_ones_ask_first(
         assert await bot.engine.store.channels.is_private(scope_of("local", "general")) is False
 
 
+@pytest.mark.e2e
 def test_speakermem_shell_reads_a_piped_script(tmp_path: Path) -> None:
     env = {**os.environ, "SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
     proc = subprocess.run(
@@ -272,6 +273,7 @@ def _shell_cmd(db: Path) -> list[str]:
 SHELL_ENV = {"SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
 
 
+@pytest.mark.e2e
 def test_piped_script_on_an_empty_database_runs_its_first_line(tmp_path: Path) -> None:
     """`speakermem shell < session.txt`: no demo offer eats the first command."""
     proc = subprocess.run(
@@ -289,6 +291,7 @@ def test_piped_script_on_an_empty_database_runs_its_first_line(tmp_path: Path) -
     assert "#general (public): Carol" in proc.stdout
 
 
+@pytest.mark.e2e
 def test_terminal_on_an_empty_database_is_offered_the_demo(tmp_path: Path) -> None:
     """On a terminal the shell still asks, and the answer line is taken as the answer."""
     import pty

@@ -220,6 +220,7 @@ async def seed(rig: Rig) -> None:
 # --- /recall -----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_web_api_calls_share_one_connection(rig: Rig) -> None:
     """slack_sdk opens a session (and a connection) per call unless given one: permalink
     lookups for every cited message would each pay for a new connection."""
@@ -231,6 +232,7 @@ async def test_web_api_calls_share_one_connection(rig: Rig) -> None:
     assert len(rig.standin.peers) - before == 4 and len(ports) == 1, ports
 
 
+@pytest.mark.e2e
 async def test_recall_acks_then_answers_with_permalink_citations(rig: Rig) -> None:
     await seed(rig)
     status, ack_body, posted = await rig.recall("U1", GENERAL, "when is the trip to Lisbon?")
@@ -262,6 +264,7 @@ async def test_recall_acks_then_answers_with_permalink_citations(rig: Rig) -> No
     assert len(rig.standin.method_calls("chat.getPermalink")) == calls
 
 
+@pytest.mark.e2e
 async def test_recall_ephemeral_setting_and_empty_question(rig: Rig) -> None:
     await seed(rig)
     rig.adapter.settings.recall_ephemeral = True
@@ -273,6 +276,7 @@ async def test_recall_ephemeral_setting_and_empty_question(rig: Rig) -> None:
     assert "Ask me something" in section_text(posted["blocks"])
 
 
+@pytest.mark.e2e
 async def test_ack_does_not_wait_for_a_slow_recall(tmp_path: Path) -> None:
     """The production default (process_before_response=False): ack first, answer later."""
     rig, close = await _rig(tmp_path, process_before_response=False)
@@ -297,6 +301,7 @@ async def test_ack_does_not_wait_for_a_slow_recall(tmp_path: Path) -> None:
 # --- events change the store and the roster -----------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_message_edit_delete_and_member_events(rig: Rig) -> None:
     assert await rig.event(message(GENERAL, "U1", "first draft of the plan", 1)) == 200
     stored = await rig.engine.store.messages.get(gscope(), ts(1))
@@ -376,9 +381,10 @@ async def test_message_edit_delete_and_member_events(rig: Rig) -> None:
     assert await rig.event(renamed, 6) == 200
     members = {m.user_id: m for m in await rig.engine.members(gscope())}
     assert members["U2"].display_name == "Robert"
-    assert await rig.adapter.user_info(TEAM_ID, "U2") == ("Robert", False)
+    assert await rig.adapter.roster.user_info(TEAM_ID, "U2") == ("Robert", False)
 
 
+@pytest.mark.e2e
 async def test_concurrent_first_sight_syncs_each_channel_once(rig: Rig) -> None:
     events = [
         message(GENERAL if n % 2 else PRIVATE, f"U{1 + n % 3}", f"burst message {n}", n)
@@ -398,17 +404,19 @@ async def test_concurrent_first_sight_syncs_each_channel_once(rig: Rig) -> None:
     assert not await rig.engine.store.channels.is_private(gscope(GENERAL))
 
 
+@pytest.mark.e2e
 async def test_resync_leaves_members_slack_no_longer_lists(rig: Rig) -> None:
     assert await rig.event(message(GENERAL, "U1", "hello", 1)) == 200
     rig.standin.members[GENERAL].remove("U3")
-    assert await rig.adapter.ensure_roster(gscope(), force=True)
+    assert await rig.adapter.roster.ensure(gscope(), force=True)
     assert "U3" not in {m.user_id for m in await rig.engine.members(gscope())}
     # within the TTL a second ensure makes no API call
     calls = len(rig.standin.calls)
-    assert await rig.adapter.ensure_roster(gscope())
+    assert await rig.adapter.roster.ensure(gscope())
     assert len(rig.standin.calls) == calls
 
 
+@pytest.mark.e2e
 async def test_users_list_rate_limit_is_retried(rig: Rig) -> None:
     rig.standin.rate_limit("users.list", retry_after=0)
     assert await rig.event(message(GENERAL, "U2", "hi all", 1)) == 200
@@ -425,6 +433,7 @@ async def test_users_list_rate_limit_is_retried(rig: Rig) -> None:
 # --- signatures ------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_bad_signature_and_stale_timestamp_get_401(rig: Rig) -> None:
     body = json.dumps(envelope(message(GENERAL, "U1", "should never be stored", 1)))
     before = await rig.counts()
@@ -452,6 +461,7 @@ async def test_bad_signature_and_stale_timestamp_get_401(rig: Rig) -> None:
 # --- privacy -------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("recall_scope", ["channel", "workspace"])
 async def test_private_channel_never_answers_elsewhere(tmp_path: Path, recall_scope: str) -> None:
     rig, close = await _rig(tmp_path, recall_scope=recall_scope)
@@ -488,6 +498,7 @@ async def test_private_channel_never_answers_elsewhere(tmp_path: Path, recall_sc
 # --- malformed payloads and bots -------------------------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_malformed_payloads_are_acked_logged_and_skipped(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -540,6 +551,7 @@ async def test_malformed_payloads_are_acked_logged_and_skipped(
     assert stored is not None and stored.text == "after the storm"
 
 
+@pytest.mark.e2e
 async def test_bot_messages_are_not_stored(rig: Rig) -> None:
     own = message(GENERAL, BOT_USER_ID, "I am the bot", 1)
     own_bot = {
@@ -570,6 +582,7 @@ async def test_bot_messages_are_not_stored(rig: Rig) -> None:
 # --- Socket Mode -----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e
 async def test_socket_mode_acks_envelopes_and_answers(tmp_path: Path) -> None:
     rig, close = await _rig(tmp_path, mode="socket")
     try:
@@ -641,6 +654,7 @@ def test_render_escapes_and_links_citations() -> None:
     assert escape("a<b>&c") == "a&lt;b&gt;&amp;c"
 
 
+@pytest.mark.e2e
 def test_render_respects_slack_limits() -> None:
     n = 600
     text = " ".join(f"fact number {i} is long enough to matter [{i}]" for i in range(1, n + 1))

@@ -33,7 +33,7 @@ from tests.test_slack_adapter import (
     seed,
 )
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.e2e]
 
 ADMIN, MEMBER, OTHER = "U1", "U2", "U3"
 REFUSED = "is for workspace admins"

@@ -26,6 +26,8 @@ from integrations.slack import translate as str_
 from tests.standins.discord_gateway import APP_ID, GENERAL, GUILD_ID, THREAD, DiscordStandIn
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn, sign, signed_headers
 
+pytestmark = pytest.mark.e2e
+
 SECRET = "standin-signing-secret"
 
 

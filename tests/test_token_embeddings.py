@@ -18,6 +18,7 @@ def embedder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniLMEmbedde
     emb.close()
 
 
+@pytest.mark.slow
 def test_one_unit_row_per_word_piece_without_special_tokens(embedder: MiniLMEmbedder) -> None:
     texts = ["Ross fed the monkey", "unbelievably hilarious", ""]
     states = embedder.token_embeddings_sync(texts)

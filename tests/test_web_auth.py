@@ -55,6 +55,7 @@ async def csrf_of(http: aiohttp.ClientSession, url: str) -> str:
 # ---- the operator's token ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_the_login_link_signs_the_operator_in_with_a_safe_cookie(
     console_store: Path,  # noqa: F811
     tmp_path: Path,
@@ -337,6 +338,7 @@ async def _overview(http: aiohttp.ClientSession, rc: RunningConsole) -> str:
         return await resp.text()
 
 
+@pytest.mark.e2e
 async def test_discord_sign_in_gives_a_member_their_channels_and_an_admin_the_guild(
     tmp_path: Path,
 ) -> None:
@@ -366,6 +368,7 @@ async def test_discord_sign_in_gives_a_member_their_channels_and_an_admin_the_gu
                 assert resp.status == 200
 
 
+@pytest.mark.e2e
 async def test_discord_rights_are_rechecked_and_a_revoked_token_signs_out(
     tmp_path: Path,
 ) -> None:
@@ -396,6 +399,7 @@ async def test_discord_rights_are_rechecked_and_a_revoked_token_signs_out(
                 assert resp.status == 303 and resp.headers["Location"].startswith("/login")
 
 
+@pytest.mark.e2e
 async def test_a_discord_sign_in_that_is_cancelled_or_forged_is_refused(tmp_path: Path) -> None:
     async with discord_console(tmp_path) as (rc, standin):
         async with aiohttp.ClientSession(cookie_jar=jar()) as http:
@@ -441,6 +445,7 @@ async def slack_console(
         await standin.close()
 
 
+@pytest.mark.e2e
 async def test_sign_in_with_slack_reads_admin_rights_with_the_bot_token(tmp_path: Path) -> None:
     users = {"U1": {"real_name": "Sam"}, "U2": {"real_name": "Uma", "is_admin": True}}
     async with slack_console(tmp_path, users) as (rc, standin):
@@ -462,6 +467,7 @@ async def test_sign_in_with_slack_reads_admin_rights_with_the_bot_token(tmp_path
         assert info and all(c["_authorization"] == f"Bearer {SLACK_BOT_TOKEN}" for c in info)
 
 
+@pytest.mark.e2e
 async def test_a_slack_id_token_for_another_sign_in_is_refused(tmp_path: Path) -> None:
     async with slack_console(tmp_path, {"U1": {"real_name": "Sam"}}) as (rc, standin):
         standin.next_user = "U1"
@@ -473,6 +479,7 @@ async def test_a_slack_id_token_for_another_sign_in_is_refused(tmp_path: Path) -
                 assert resp.status == 303
 
 
+@pytest.mark.e2e
 async def test_without_a_bot_token_only_the_admin_list_makes_slack_admins(tmp_path: Path) -> None:
     users = {"U2": {"real_name": "Uma", "is_admin": True}}
     async with slack_console(tmp_path, users, bot_token=None) as (rc, standin):
@@ -485,6 +492,7 @@ async def test_without_a_bot_token_only_the_admin_list_makes_slack_admins(tmp_pa
         assert standin.method_calls("users.info") == []
 
 
+@pytest.mark.e2e
 async def test_no_token_or_secret_in_any_page_or_log(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -21,6 +21,7 @@ from tests.web_fixtures import (
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(browser.missing() is not None, reason=str(browser.missing())),
+    pytest.mark.e2e,
 ]
 
 QUESTION = "What did Bobby propose for offline sync?"

@@ -56,6 +56,7 @@ def _read_until(proc: subprocess.Popen[str], pattern: str, limit_s: float = 60.0
     raise AssertionError(f"never printed {pattern!r}: {lines}")
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 async def test_demo_then_web_serves_the_demo_behind_the_printed_login_link(
     tmp_path: Path,
@@ -90,6 +91,7 @@ async def test_demo_then_web_serves_the_demo_behind_the_printed_login_link(
     assert code == 0
 
 
+@pytest.mark.e2e
 def test_web_without_a_store_says_what_to_do(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "integrations.cli.main", "web", "--port", "0"],
@@ -141,6 +143,7 @@ async def _slack_bot(tmp_path: Path, **extra: object) -> tuple[Settings, SlackAp
     return settings, api, port
 
 
+@pytest.mark.e2e
 async def test_run_serves_the_console_when_web_port_is_set(tmp_path: Path) -> None:
     web_port = free_port()
     for with_port in (True, False):

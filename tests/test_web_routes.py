@@ -262,6 +262,7 @@ async def _request(
         return resp.status, await resp.text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("role", ROLE_NAMES)
 async def test_every_route_for_the_role(role: str, console_store: Path, tmp_path: Path) -> None:  # noqa: F811
     db = copy_store(console_store, tmp_path)

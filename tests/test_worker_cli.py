@@ -247,6 +247,7 @@ async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
     return int(proc.returncode or 0), out.decode()
 
 
+@pytest.mark.e2e
 async def test_worker_command_once(
     tmp_path: Path, engine: MemoryEngine, llm_server: LLMServer
 ) -> None:
@@ -270,6 +271,7 @@ async def test_worker_command_once(
     assert len(llm_server.requests) == 2
 
 
+@pytest.mark.e2e
 async def test_worker_command_needs_an_llm(tmp_path: Path, backend: str) -> None:
     if backend != "sqlite":
         pytest.skip("fails before opening any store")

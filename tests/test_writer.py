@@ -452,6 +452,7 @@ CRASH_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 @pytest.mark.sqlite_only("the crashing child process opens the store by its SQLite file path")
 async def test_crash_between_reply_and_commit_redoes_the_segment_once(
     engine: MemoryEngine, scope: Scope, llm_server: LLMServer
@@ -636,6 +637,7 @@ async def test_scheduled_runs_take_a_few_segments_each_and_follow_on_at_once(
 # ---------------------------------------------------------------- replay writer
 
 
+@pytest.mark.slow
 async def test_replay_writer_on_locomo_dev(tmp_path: Path) -> None:
     from memory.datasets.locomo import read_locomo
     from memory.writer.replay import replay_observations

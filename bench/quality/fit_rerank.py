@@ -31,7 +31,7 @@ import numpy as np
 from ablation import half  # type: ignore[import-not-found]
 from scipy.optimize import minimize
 
-import memory.query.pipeline as pipeline_module
+import memory.query.pool as pool_module
 from bot.settings import load_settings
 from integrations.app import open_engine
 from memory.datasets import DATASET_READERS
@@ -49,8 +49,8 @@ async def dump(args: argparse.Namespace) -> list[dict[str, Any]]:
         captured.append((list(order[:depth]), matrix.copy()))
         return list(order)
 
-    pipeline_module.rerank = capture  # type: ignore[assignment]
-    pipeline_module.RERANK_WEIGHTS = {"fused": 1.0}  # enables the stage; order unchanged
+    pool_module.rerank = capture  # type: ignore[assignment]
+    pool_module.RERANK_WEIGHTS = {"fused": 1.0}  # enables the stage; order unchanged
     items: list[dict[str, Any]] = []
     async with open_engine(settings) as engine:
         overrides: dict[str, Any] = {"rerank_depth": args.depth}

@@ -1,4 +1,9 @@
-"""`/memory` on Discord: the app-command groups, and pure functions from payloads to text.
+"""The application commands on Discord: the tree, its registration, and `/memory`'s groups.
+
+`build_tree` builds every command of `bot.commands.COMMANDS`: ``/recall`` from its
+platform-neutral spec (`build_command`), ``/memory`` as the two groups below. Registration
+(tree sync) happens only in `sync_commands` (``speakermem discord-sync``), never on start:
+Discord rate-limits it.
 
 Layout, and why: Discord applies ``default_member_permissions`` to a whole top-level
 command, never to one subcommand, and members need ``mine``, ``opt-out``, ``opt-in`` and
@@ -17,7 +22,9 @@ one command set. The option values are read from the raw interaction payload by
 
 from __future__ import annotations
 
+import inspect
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
@@ -25,7 +32,16 @@ from typing import Any, Literal
 import discord
 from discord import app_commands
 
-from bot.commands import MEMORY, MEMORY_SUBCOMMAND_BY_NAME, MEMORY_SUBCOMMANDS
+from bot.commands import (
+    COMMANDS,
+    MEMORY,
+    MEMORY_SUBCOMMAND_BY_NAME,
+    MEMORY_SUBCOMMANDS,
+    CommandSpec,
+)
+from bot.settings import Settings
+from integrations.discord.connection import discord_endpoints, discord_token
+from integrations.discord.permissions import MANAGE_GUILD
 from integrations.payload import PayloadError, req_dict, req_str
 
 __all__ = [
@@ -33,14 +49,20 @@ __all__ = [
     "CONFIRM_PREFIX",
     "CONTENT_LIMIT",
     "MEMBER_GROUP",
+    "CommandHandler",
     "MemoryHandler",
+    "build_command",
     "build_memory_groups",
+    "build_tree",
     "confirm_custom_id",
     "discord_usage",
     "memory_line",
     "parse_confirm_custom_id",
     "reply_parts",
+    "sync_commands",
 ]
+
+log = logging.getLogger(__name__)
 
 MEMBER_GROUP = MEMORY.name
 ADMIN_GROUP = f"{MEMORY.name}-admin"
@@ -48,6 +70,7 @@ CONFIRM_PREFIX = "speakermem:"
 """custom_id prefix of the Confirm/Cancel buttons: ``speakermem:confirm:<token>``."""
 
 MemoryHandler = Callable[[discord.Interaction], Awaitable[None]]
+CommandHandler = Callable[[discord.Interaction, dict[str, Any]], Awaitable[None]]
 
 _SUBCOMMAND_TYPES = (1, 2)
 """SUB_COMMAND, SUB_COMMAND_GROUP option types."""
@@ -202,6 +225,97 @@ def build_memory_groups(handler: MemoryHandler) -> list[app_commands.Group]:
         )
     )
     return [member, admin]
+
+
+# --- the tree ----------------------------------------------------------------------------------
+
+
+def build_command(
+    spec: CommandSpec, handler: CommandHandler
+) -> app_commands.Command[Any, Any, Any]:
+    """An app command from a platform-neutral spec: string options, described and bounded."""
+
+    async def callback(interaction: discord.Interaction, **options: Any) -> None:
+        await handler(interaction, options)
+
+    params = [
+        inspect.Parameter(
+            "interaction", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=discord.Interaction
+        )
+    ]
+    for opt in sorted(spec.options, key=lambda o: not o.required):
+        annotation: Any = app_commands.Range[str, 1, opt.max_length]
+        params.append(
+            inspect.Parameter(
+                opt.name,
+                inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=annotation if opt.required else annotation | None,
+                default=inspect.Parameter.empty if opt.required else None,
+            )
+        )
+    callback.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    callback.__name__ = callback.__qualname__ = spec.name.replace("-", "_")
+    callback.__discord_app_commands_param_description__ = {  # type: ignore[attr-defined]
+        o.name: o.description[:100] for o in spec.options
+    }
+    command: app_commands.Command[Any, Any, Any] = app_commands.Command(
+        name=spec.name, description=spec.description, callback=callback
+    )
+    command.guild_only = True
+    if spec.admin_only:
+        command.default_permissions = discord.Permissions(MANAGE_GUILD)
+    return command
+
+
+def build_tree(
+    client: discord.Client, handlers: Mapping[str, CommandHandler]
+) -> app_commands.CommandTree[Any]:
+    tree: app_commands.CommandTree[Any] = app_commands.CommandTree(client)
+    for spec in COMMANDS:
+        handler = handlers.get(spec.name)
+        if handler is None:
+            continue
+        if spec.name == MEMORY.name:
+            # subcommands with typed options, in two groups (`build_memory_groups`)
+            for group in build_memory_groups(_without_options(handler)):
+                tree.add_command(group)
+            continue
+        tree.add_command(build_command(spec, handler))
+    return tree
+
+
+def _without_options(handler: CommandHandler) -> MemoryHandler:
+    async def forward(interaction: discord.Interaction) -> None:
+        await handler(interaction, {})
+
+    return forward
+
+
+async def sync_commands(settings: Settings, guild_id: str | None) -> list[str]:
+    """Register the commands with Discord (global, or one guild for instant availability).
+
+    Only REST is used: log in, PUT the command list, log out. Run it once after
+    installing or upgrading, not on every start (Discord rate-limits command syncs).
+    """
+    token = discord_token(settings)
+
+    async def unused(interaction: discord.Interaction, options: dict[str, Any]) -> None:
+        raise RuntimeError("sync-only tree")  # pragma: no cover
+
+    with discord_endpoints(settings):
+        client = discord.Client(intents=discord.Intents.none())
+        tree = build_tree(client, {spec.name: unused for spec in COMMANDS})
+        async with client:
+            await client.login(token)
+            if guild_id:
+                guild = discord.Object(int(guild_id))
+                tree.copy_global_to(guild=guild)
+                synced = await tree.sync(guild=guild)
+            else:
+                synced = await tree.sync()
+    names = [c.name for c in synced]
+    log.info("synced commands %s to %s", names, f"guild {guild_id}" if guild_id else "all guilds")
+    return names
 
 
 # --- pure: payload → text line -------------------------------------------------------------------

@@ -29,7 +29,7 @@ from bot.events import MessageEvent, Scope
 from bot.reconcile import Reconciler
 from integrations.discord import translate as tr
 from integrations.payload import PayloadError
-from memory.store import CatchupCursors
+from memory.engine import MemoryEngine
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,10 @@ def snowflake_at(ts: float) -> int:
     return max(0, (int(ts * 1000) - DISCORD_EPOCH_MS) << 22)
 
 
-class DiscordHistory:
+class ChannelReader:
+    """Reads channel history over REST (``GET /channels/{id}/messages``), `page_size`
+    messages a request, with thread → parent maps from `parents` for the translator."""
+
     platform = tr.PLATFORM
 
     def __init__(
@@ -56,6 +59,11 @@ class DiscordHistory:
         self.parents = parents or (lambda guild_id: {})
         self.page_size = page_size
         self.skipped = 0
+        """Messages the translator could not read (malformed payloads)."""
+
+
+class DiscordHistory(ChannelReader):
+    """Catch-up and backfill: a channel's messages after a point, oldest first."""
 
     async def pages(
         self, scope: Scope, *, after_id: str | None, after_ts: float | None
@@ -90,7 +98,7 @@ class DiscordCatchUp:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        repo: CatchupCursors,
+        engine: MemoryEngine,
         client: discord.Client,
         *,
         parents: Callable[[str], dict[str, str]] | None = None,
@@ -100,9 +108,13 @@ class DiscordCatchUp:
     ) -> None:
         """`shard_of` (a sharded client): a guild id's shard when this process runs it,
         else None; without it every stored Discord channel is this process's. `reconcile`:
-        what was deleted or edited meanwhile is checked after each pass."""
+        what was deleted or edited meanwhile is checked after each pass. The cursors are
+        saved through `engine`."""
         self.catchup = CatchUp(
-            dispatcher, repo, DiscordHistory(client, parents=parents), reconcile=reconcile
+            dispatcher,
+            engine.history_cursors(),
+            DiscordHistory(client, parents=parents),
+            reconcile=reconcile,
         )
         self.names = names or dict
         self.shard_of = shard_of

@@ -15,7 +15,7 @@ for the channel is spent.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import discord
@@ -23,12 +23,11 @@ import discord
 from bot.events import Scope
 from bot.reconcile import Budget, Gone, PlatformMessage, Seen
 from integrations.discord import translate as tr
-from integrations.discord.history import DISCORD_EPOCH_MS
+from integrations.discord.history import DISCORD_EPOCH_MS, ChannelReader
 from integrations.payload import PayloadError, parse_iso
 
 __all__ = ["DiscordHistoryCheck"]
 
-PAGE = 100
 UNKNOWN_CHANNEL = 10003
 
 
@@ -52,20 +51,8 @@ def _when(value: Any) -> float | None:
         return None
 
 
-class DiscordHistoryCheck:
-    platform = tr.PLATFORM
-
-    def __init__(
-        self,
-        client: discord.Client,
-        *,
-        parents: Callable[[str], dict[str, str]] | None = None,
-        page_size: int = PAGE,
-    ) -> None:
-        self.client = client
-        self.parents = parents or (lambda guild_id: {})
-        self.page_size = page_size
-        self.skipped = 0
+class DiscordHistoryCheck(ChannelReader):
+    """Reconciliation: a span of a channel (or thread) as Discord holds it now."""
 
     async def channel(
         self, scope: Scope, low: float, high: float, budget: Budget

@@ -127,9 +127,7 @@ class ShellAdapter:
 
     async def start(self) -> None:
         if not await self.engine.channel_pks([self.scope]):
-            await self.engine.store.channels.set_meta(
-                self.scope, name=self.channel, is_private=False
-            )
+            await self.engine.set_channel_meta(self.scope, name=self.channel, is_private=False)
         self.say(
             f"SpeakerMem shell: workspace {self.workspace!r}. You are {self.user_name} in "
             f"#{self.channel}. /help lists the commands."
@@ -197,7 +195,7 @@ class ShellAdapter:
 
     async def post(self, text: str) -> None:
         scope = self.scope
-        if await self.engine.store.channels.is_private(scope) and not await self._member(
+        if await self.engine.channel_is_private(scope) and not await self._member(
             scope, self.user_id
         ):
             raise ShellError(
@@ -218,14 +216,14 @@ class ShellAdapter:
     async def switch_channel(self, channel: str, *, private: bool) -> None:
         scope = scope_of(self.workspace, channel)
         known = await self.engine.channel_pks([scope])
-        if private and known and not await self.engine.store.channels.is_private(scope):
+        if private and known and not await self.engine.channel_is_private(scope):
             raise ShellError(f"#{channel} already exists and is public")
         if not known:  # switching to a new channel creates it, as on a chat platform
-            await self.engine.store.channels.set_meta(scope, name=channel, is_private=private)
+            await self.engine.set_channel_meta(scope, name=channel, is_private=private)
         self.channel = channel
         if private and not known:
             await self.join(self.user_id, self.user_name)
-        kind = "private" if await self.engine.store.channels.is_private(scope) else "public"
+        kind = "private" if await self.engine.channel_is_private(scope) else "public"
         self.say(f"now in #{channel} ({kind}{'' if known or private else ', new'})")
 
     async def join(self, user_id: str, name: str) -> None:
@@ -234,7 +232,7 @@ class ShellAdapter:
 
     async def who(self) -> None:
         members = await self.engine.members(self.scope)
-        private = await self.engine.store.channels.is_private(self.scope)
+        private = await self.engine.channel_is_private(self.scope)
         self.say(render.render_roster(self.channel, private, members))
 
     async def recall(self, question: str) -> None:
@@ -245,7 +243,7 @@ class ShellAdapter:
         for c in answer.citations:
             by_scope.setdefault(c.scope, []).append(c.message_id)
         for scope, ids in by_scope.items():
-            found = await self.engine.store.messages.by_ids(scope, ids)
+            found = await self.engine.messages_by_id(scope, ids)
             texts.update({(scope.channel, mid): m.text for mid, m in found.items()})
         self.say(render.render_answer(answer, texts))
 
@@ -268,7 +266,7 @@ class ShellAdapter:
     async def resolve(self, name: str) -> tuple[str, str]:
         """(user id, display name) of a name, alias or id in this workspace; new names are new
         users."""
-        ids = await self.engine.store.channels.find_user(PLATFORM, self.workspace, name)
+        ids = await self.engine.find_user(PLATFORM, self.workspace, name)
         if len(ids) > 1:
             raise ShellError(f"{name!r} is ambiguous ({', '.join(ids)}): use the id")
         if not ids:
@@ -276,10 +274,7 @@ class ShellAdapter:
         return ids[0], await self._display_name(ids[0]) or new_user(name)[1]
 
     async def _display_name(self, user_id: str) -> str | None:
-        for row in await self.engine.store.channels.all():
-            scope: Scope = row["scope"]
-            if scope.platform != PLATFORM or scope.workspace != self.workspace:
-                continue
+        for scope in await self.engine.workspace_channels(PLATFORM, self.workspace):
             for m in await self.engine.members(scope, include_left=True):
                 if m.user_id == user_id:
                     return m.display_name

@@ -186,9 +186,7 @@ class MemoryBuild:
 async def load(bot: LocalBot, conv: DemoConversation) -> DemoLoad:
     """Send the conversation through the dispatcher (idempotent: ids are never stored twice)."""
     for ch in conv.channels:
-        await bot.engine.store.channels.set_meta(
-            conv.scope(ch.id), name=ch.id, is_private=ch.private
-        )
+        await bot.engine.set_channel_meta(conv.scope(ch.id), name=ch.id, is_private=ch.private)
     stats = bot.dispatcher.stats
     errors_before = sum(stats.errors.values())
     stored_before = stats.handled["message_stored"]
@@ -226,7 +224,7 @@ async def build_memory(bot: LocalBot, conv: DemoConversation) -> MemoryBuild:
         return out
     out.writer = getattr(bot.llm, "model", "llm")
     for ch in conv.channels:
-        await bot.engine.store.segments.close_channel(conv.scope(ch.id))
+        await bot.engine.close_segment(conv.scope(ch.id))
     outcomes: list[FlushOutcome] = await bot.writer.flush_due(limit=10_000)
     out.segments = len(outcomes)
     out.records = sum(o.accepted for o in outcomes if o.status == "committed")

@@ -48,7 +48,7 @@ from bot.events import MessageEvent, Scope
 from bot.reconcile import Reconciler
 from integrations.slack.roster_sync import RateLimitedApi, Sleep
 from integrations.slack.translate import PLATFORM, PayloadError, translate_event
-from memory.store import CatchupCursors
+from memory.engine import MemoryEngine
 
 __all__ = ["PAGE", "SlackCatchUp", "SlackHistory", "slack_ts"]
 
@@ -241,7 +241,7 @@ class SlackCatchUp:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        repo: CatchupCursors,
+        engine: MemoryEngine,
         history: SlackHistory,
         *,
         workspace: str | None = None,
@@ -249,9 +249,12 @@ class SlackCatchUp:
         on_page: Callable[[ChannelProgress, int], None] | None = None,
         reconcile: Reconciler | None = None,
     ) -> None:
-        """`reconcile`: what was deleted or edited meanwhile is checked after each pass."""
+        """`reconcile`: what was deleted or edited meanwhile is checked after each pass. The
+        cursors are saved through `engine`."""
         self.history = history
-        self.catchup = CatchUp(dispatcher, repo, history, on_page=on_page, reconcile=reconcile)
+        self.catchup = CatchUp(
+            dispatcher, engine.history_cursors(), history, on_page=on_page, reconcile=reconcile
+        )
         self.workspace = workspace
         self.names = names or dict
         self._pending: dict[Scope, Start] = {}

@@ -210,5 +210,5 @@ async def sync_channel_roster(
         if known is None:
             unnamed += 1
         entries.append((uid, known[0], known[1]) if known else (uid, None, False))
-    changed, left = await engine.store.channels.sync_members(scope, entries)
+    changed, left = await engine.sync_members(scope, entries)
     return SyncOutcome(len(listed), changed, left, unnamed)

@@ -106,16 +106,9 @@ class PlatformDeletions:
         return receipt
 
     async def audit(self, scope: Scope, actor: str, receipt: Receipt, args: dict[str, Any]) -> None:
-        await self.repo.log(
-            platform=scope.platform,
-            workspace=scope.workspace,
-            actor=actor,
-            action=receipt.action,
-            target=receipt.target,
-            args=args,
-            receipt=receipt,
+        await self.governance.audit_log.record(
+            scope.platform, scope.workspace, actor, receipt, args
         )
-        log.info("%s by %s on %s: %s", receipt.action, actor, receipt.target, receipt.summary())
 
     async def _forget(
         self,

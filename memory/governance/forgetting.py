@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from memory.config import GovernanceConfig
@@ -32,6 +33,19 @@ Audit = Callable[[str, str, str, Receipt, dict[str, Any]], Awaitable[None]]
 Steps = Callable[[Receipt], Awaitable[None]]
 
 
+@dataclass(frozen=True)
+class ForgetSpec:
+    """What one forget does, as its job records it (`forget_jobs`): a resumed job runs the
+    same steps again."""
+
+    platform: str
+    workspace: str
+    action: str
+    target: str
+    actor: str
+    args: dict[str, Any]
+
+
 class Forgetting:
     def __init__(self, engine: MemoryEngine, cfg: GovernanceConfig, audit: Audit) -> None:
         self.engine = engine
@@ -45,27 +59,31 @@ class Forgetting:
 
     async def message(self, scope: Scope, message_id: str, *, actor: str) -> Receipt:
         return await self._job(
-            scope.platform,
-            scope.workspace,
-            "forget-message",
-            f"{scope}/{message_id}",
-            actor,
-            {"channel": scope.channel, "message_id": message_id},
+            ForgetSpec(
+                scope.platform,
+                scope.workspace,
+                "forget-message",
+                f"{scope}/{message_id}",
+                actor,
+                {"channel": scope.channel, "message_id": message_id},
+            )
         )
 
     async def person(
         self, platform: str, workspace: str, user_id: str, *, actor: str, action: str
     ) -> Receipt:
-        return await self._job(platform, workspace, action, user_id, actor, {})
+        return await self._job(ForgetSpec(platform, workspace, action, user_id, actor, {}))
 
     async def channel(self, scope: Scope, *, actor: str) -> Receipt:
         return await self._job(
-            scope.platform,
-            scope.workspace,
-            "channel-off-purge",
-            str(scope),
-            actor,
-            {"purge": True, "channel": scope.channel},
+            ForgetSpec(
+                scope.platform,
+                scope.workspace,
+                "channel-off-purge",
+                str(scope),
+                actor,
+                {"purge": True, "channel": scope.channel},
+            )
         )
 
     async def lift(self, platform: str, workspace: str, user_id: str, *, actor: str) -> Receipt:
@@ -85,39 +103,24 @@ class Forgetting:
         done: list[Receipt] = []
         for job in await jobs.open():
             await jobs.retried(job.id)
-            done.append(
-                await self._run(
-                    job.id,
-                    job.platform,
-                    job.workspace,
-                    job.action,
-                    job.target,
-                    job.actor,
-                    job.args,
-                    resumed=True,
-                )
+            spec = ForgetSpec(
+                job.platform, job.workspace, job.action, job.target, job.actor, job.args
             )
+            done.append(await self._run(job.id, spec, resumed=True))
         return done
 
     # ---- the steps ------------------------------------------------------------------------
 
-    def _steps(
-        self,
-        action: str,
-        platform: str,
-        workspace: str,
-        target: str,
-        actor: str,
-        args: dict[str, Any],
-    ) -> Steps:
+    def _steps(self, spec: ForgetSpec) -> Steps:
         """The idempotent steps of a forget (run again, they finish what is left)."""
+        platform, workspace, action, args = spec.platform, spec.workspace, spec.action, spec.args
         if action == "forget-message":
             scope = Scope(platform=platform, workspace=workspace, channel=args["channel"])
             return lambda r: self._message_steps(scope, args["message_id"], r)
         if action == "channel-off-purge":
             scope = Scope(platform=platform, workspace=workspace, channel=args["channel"])
-            return lambda r: self._channel_steps(scope, actor, r)
-        return lambda r: self._person_steps(platform, workspace, target, action, r)
+            return lambda r: self._channel_steps(scope, spec.actor, r)
+        return lambda r: self._person_steps(platform, workspace, spec.target, action, r)
 
     async def _message_steps(self, scope: Scope, message_id: str, receipt: Receipt) -> None:
         await self.run_hooks(
@@ -175,47 +178,34 @@ class Forgetting:
 
     # ---- the job ----------------------------------------------------------------------------
 
-    async def _job(
-        self,
-        platform: str,
-        workspace: str,
-        action: str,
-        target: str,
-        actor: str,
-        args: dict[str, Any],
-    ) -> Receipt:
+    async def _job(self, spec: ForgetSpec) -> Receipt:
         job = await self.engine.store.forget_jobs.start(
-            platform, workspace, action, target, actor, args
+            spec.platform, spec.workspace, spec.action, spec.target, spec.actor, spec.args
         )
-        return await self._run(job, platform, workspace, action, target, actor, args)
+        return await self._run(job, spec)
 
-    async def _run(
-        self,
-        job: int,
-        platform: str,
-        workspace: str,
-        action: str,
-        target: str,
-        actor: str,
-        args: dict[str, Any],
-        *,
-        resumed: bool = False,
-    ) -> Receipt:
-        receipt = Receipt(action=action, target=target)
-        logged = {k: v for k, v in args.items() if k not in ("channel", "message_id")}
+    async def _run(self, job: int, spec: ForgetSpec, *, resumed: bool = False) -> Receipt:
+        receipt = Receipt(action=spec.action, target=spec.target)
+        logged = {k: v for k, v in spec.args.items() if k not in ("channel", "message_id")}
         if resumed:
             logged["resumed"] = job
         try:
-            await self._steps(action, platform, workspace, target, actor, args)(receipt)
+            await self._steps(spec)(receipt)
         except Exception as exc:
             receipt.complete = False
             receipt.notes.append("incomplete: retried automatically until done")
             try:
                 await self.engine.store.forget_jobs.failed(job, f"{type(exc).__name__}: {exc}")
-                await self.audit(platform, workspace, actor, receipt, {**logged, "complete": False})
+                await self.audit(
+                    spec.platform,
+                    spec.workspace,
+                    spec.actor,
+                    receipt,
+                    {**logged, "complete": False},
+                )
             except Exception:  # the store is failing: the open job still says so
-                log.exception("could not record the incomplete %s of %s", action, target)
+                log.exception("could not record the incomplete %s of %s", spec.action, spec.target)
             raise ForgetIncomplete(receipt, exc) from exc
         await self.engine.store.forget_jobs.done(job)
-        await self.audit(platform, workspace, actor, receipt, logged)
+        await self.audit(spec.platform, spec.workspace, spec.actor, receipt, logged)
         return receipt

@@ -2,18 +2,23 @@
 
 Platform-neutral: the bot layer resolves who asked and whether they are an admin; the CLI
 calls the same methods with actor "cli". Each admin action is written to the audit log with
-its receipt (counts per table, never the forgotten text).
+its receipt (counts per table, never the forgotten text; memory.governance.audit_log).
+Forgetting runs as recorded jobs (memory.governance.forgetting), an edit re-checks the
+records citing it (memory.governance.edit_recheck), and the read-only reports come from
+memory.governance.reports.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from memory.config import GovernanceConfig
 from memory.engine import MemoryEngine
+from memory.governance.audit_log import AuditLog
+from memory.governance.edit_recheck import still_supported
 from memory.governance.errors import (
     AmbiguousUser,
     ForgetIncomplete,
@@ -28,21 +33,19 @@ from memory.governance.policy import (
     effective_retention,
     retention_cutoff,
 )
-from memory.models import GROUP, EditEvent, Scope
+from memory.governance.reports import GovernanceReports, LLMProbe
+from memory.models import EditEvent, Scope
 from memory.query.links import LinkResolver, default_link
 from memory.store import ChangeStatus
-from memory.store.diagnostics import status_counts
-from memory.store.usage import writer_status
-from memory.writer.gate import EvidenceGate, date_terms
+from memory.writer.gate import EvidenceGate
 from memory.writer.runner import gate_from
 
 log = logging.getLogger(__name__)
 
-LLMProbe = Callable[[], Awaitable[bool]]
-"""Answers whether the LLM endpoint is reachable (built in the composition root)."""
 
+class Governance(GovernanceReports):
+    """Every governance action; the reports come from `GovernanceReports`."""
 
-class Governance:
     def __init__(
         self,
         engine: MemoryEngine,
@@ -58,7 +61,8 @@ class Governance:
         self.llm_probe = llm_probe
         self.gate = gate or gate_from(engine.config.writer)
         self.link = link
-        self.forgetting = Forgetting(engine, self.cfg, self._audit)
+        self.audit_log = AuditLog(engine)
+        self.forgetting = Forgetting(engine, self.cfg, self.audit_log.record)
         self.forget_hooks: list[ForgetHook] = self.forgetting.hooks
         """Run by every forget (bot.dispatch registers the spill's)."""
 
@@ -84,7 +88,7 @@ class Governance:
         receipt = Receipt(action="channel-on" if on else "channel-off", target=str(scope))
         if before is None or before != on:
             receipt.add("channel_policy", 1)
-        await self._audit(scope.platform, scope.workspace, actor, receipt, {"on": on})
+        await self.audit_log.record(scope.platform, scope.workspace, actor, receipt, {"on": on})
         return receipt
 
     async def purge_channel(self, scope: Scope, *, actor: str) -> Receipt:
@@ -111,7 +115,7 @@ class Governance:
             target = str(scope)
         receipt = Receipt(action="retention-set", target=target)
         receipt.add("retention_policy", 1)
-        await self._audit(platform, workspace, actor, receipt, {"days": days})
+        await self.audit_log.record(platform, workspace, actor, receipt, {"days": days})
         return receipt
 
     async def apply_retention(
@@ -136,7 +140,7 @@ class Governance:
                     pks, receipt, reason="retention", batch=self.cfg.forget_batch
                 )
         if receipt.counts or actor != "scheduler":
-            await self._audit("*", "*", actor, receipt, {"now": now})
+            await self.audit_log.record("*", "*", actor, receipt, {"now": now})
         return receipt
 
     # ---- users and aliases --------------------------------------------------------------
@@ -178,7 +182,7 @@ class Governance:
             changed = await self.repo.remove_alias(platform, workspace, user_id, alias)
         receipt = Receipt(action="alias-add" if add else "alias-remove", target=user_id)
         receipt.add("user_aliases", int(changed))
-        await self._audit(platform, workspace, actor, receipt, {"alias": alias})
+        await self.audit_log.record(platform, workspace, actor, receipt, {"alias": alias})
         return receipt
 
     # ---- forgetting ---------------------------------------------------------------------
@@ -246,7 +250,7 @@ class Governance:
         else:
             receipt = Receipt(action="opt-out", target=user_id)
             receipt.add("user_prefs", 1)
-            await self._audit(platform, workspace, actor, receipt, {})
+            await self.audit_log.record(platform, workspace, actor, receipt, {})
         return receipt
 
     async def opt_in(self, platform: str, workspace: str, user_id: str, *, actor: str) -> Receipt:
@@ -258,7 +262,7 @@ class Governance:
             "forgotten_people",
             int(await self.engine.store.tombstones.lift(platform, workspace, user_id)),
         )
-        await self._audit(platform, workspace, actor, receipt, {})
+        await self.audit_log.record(platform, workspace, actor, receipt, {})
         return receipt
 
     # ---- edits --------------------------------------------------------------------------
@@ -273,43 +277,11 @@ class Governance:
         pks = await self.repo.message_pks(event.scope, [event.message_id])
         failing: list[int] = []
         for rid in await self.repo.records_citing(pks):
-            if not await self._still_supported(rid):
+            if not await still_supported(self.engine, self.gate, rid):
                 failing.append(rid)
         if failing:
             await self.repo.withdraw(failing, receipt, reason="edit")
         return status, receipt
-
-    async def _still_supported(self, record_id: int) -> bool:
-        got = await self.engine.store.records.get_many([record_id])
-        rec = got.get(record_id)
-        if rec is None:
-            return True
-        cited = list((await self.engine.store.messages.by_ids(rec.scope, rec.from_ids)).values())
-        cited = [m for m in cited if not m.deleted]
-        if not cited:
-            return False
-        names: dict[str, list[str]] = {}
-        for member in await self.engine.members(rec.scope, include_left=True):
-            names[member.user_id] = [member.display_name, *member.aliases]
-        speakers: list[str] = []
-        context: list[str] = []
-        for m in cited:
-            speakers.append(m.speaker_name)
-            speakers.extend(names.get(m.speaker_id, []))
-            for uid in m.addressees:
-                context.extend(names.get(uid, [uid]))
-            context.extend(date_terms(m.ts))
-        for uid in (rec.owner, rec.source):
-            if uid != GROUP:
-                context.extend(names.get(uid, []))
-        if rec.supersedes is not None:
-            prev = (await self.engine.store.records.get_many([rec.supersedes])).get(rec.supersedes)
-            if prev is not None:
-                context.append(prev.content)
-        score = self.gate.score(
-            rec.content, [m.text for m in cited], speakers, context_terms=context
-        )
-        return score.passed
 
     # ---- notices ------------------------------------------------------------------------
 
@@ -321,262 +293,13 @@ class Governance:
     async def release_notice(self, scope: Scope) -> None:
         await self.repo.release_notice(scope)
 
-    # ---- reports ------------------------------------------------------------------------
-
-    async def status(
-        self, platform: str | None = None, workspace: str | None = None
-    ) -> dict[str, Any]:
-        """Counts, queues and switches of one workspace (or platform) when given, else of
-        the whole store; never another workspace's numbers."""
-        store = self.engine.store
-        counts = await status_counts(store, platform, workspace)
-        writer = await writer_status(store, self.engine.config.writer, platform, workspace)
-        reachable: bool | None = None
-        if self.llm_probe is not None:
-            try:
-                reachable = bool(await self.llm_probe())
-            except Exception:  # a probe that fails means "not reachable"
-                reachable = False
-        channels = []
-        for c in await store.channels.all():
-            scope: Scope = c["scope"]
-            if platform is not None and scope.platform != platform:
-                continue
-            if workspace is not None and scope.workspace != workspace:
-                continue
-            policy = await self.repo.channel_policy(scope)
-            channels.append(
-                {
-                    "channel": str(scope),
-                    "name": c["name"],
-                    "on": channel_enabled(policy.enabled, self.cfg.channel_default_enabled),
-                    "explicit": policy.enabled is not None,
-                    "retention_days": policy.retention_days,
-                    "messages": c["messages"],
-                }
-            )
-        retention = {
-            f"{p}/{w}": d
-            for (p, w), d in (await self.repo.workspace_retention()).items()
-            if (platform is None or p == platform) and (workspace is None or w == workspace)
-        }
-        catchup = await self._catchup_status(platform, workspace, channels)
-        incomplete = [
-            {"id": j.id, "action": j.action, "started_at": j.started_at, "error": j.last_error}
-            for j in await store.forget_jobs.open(platform, workspace)
-        ]
-        return {
-            "messages": counts["messages"],
-            "tombstones": counts["tombstones"],
-            "unembedded": counts["unembedded"],
-            "records_active": counts["records_active"],
-            "records": counts["records"],
-            "writer_queue": {
-                "pending_segments": counts["pending_segments"],
-                "open_segments": counts["open_segments"],
-                "rederive": await self.repo.rederive_depth(platform, workspace),
-                **writer["queue"],
-            },
-            "writer_usage": writer["usage"],
-            "writer_last_run": counts["writer_last_run"],
-            "writer_last_outcome": counts["writer_last_outcome"],
-            "llm_reachable": reachable,
-            "llm_configured": self.llm_probe is not None,
-            "db_bytes": await store.db_size_bytes(),
-            "channels": channels,
-            "channels_on": sum(1 for c in channels if c["on"]),
-            "channels_off": sum(1 for c in channels if not c["on"]),
-            "default_channel_on": self.cfg.channel_default_enabled,
-            "workspace_retention": retention,
-            "opted_out_members": await self.repo.opted_out_count(platform, workspace),
-            "forgotten_people": await store.tombstones.count(platform, workspace),
-            "forgets_incomplete": incomplete,
-            "catchup": catchup,
-        }
-
-    async def _catchup_status(
-        self, platform: str | None, workspace: str | None, channels: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """Saved catch-up/backfill cursors (bot.catchup): how far each channel's history
-        fetch got, so `status` shows a run in progress, finished or interrupted; and each
-        channel's reconciliation after downtime (bot.reconcile), with what it left unchecked
-        in `detail`."""
-        repo = self.engine.store.catchup
-        names = {c["channel"]: c["name"] for c in channels}
-        platforms = (
-            [platform] if platform else sorted({c["channel"].split("/")[0] for c in channels})
-        )
-        out: list[dict[str, Any]] = []
-        for plat in platforms:
-            for kind in ("catchup", "backfill", "reconcile"):
-                for cur in await repo.cursors(plat, kind):
-                    if workspace is not None and cur.scope.workspace != workspace:
-                        continue
-                    out.append(
-                        {
-                            "channel": str(cur.scope),
-                            "name": names.get(str(cur.scope)),
-                            "kind": kind,
-                            "cursor_ts": cur.cursor_ts,
-                            "fetched": cur.fetched,
-                            "finished": cur.finished,
-                            "updated_at": cur.updated_at,
-                            "detail": cur.detail,
-                        }
-                    )
-        return out
+    # ---- reports (status, export_user, mine: memory.governance.reports) ----------------
 
     async def audit(
         self, limit: int, *, platform: str | None = None, workspace: str | None = None
     ) -> list[dict[str, Any]]:
-        entries = await self.repo.audit(limit, platform=platform, workspace=workspace)
-        return [
-            {
-                "id": e.id,
-                "at": e.at,
-                "actor": e.actor,
-                "action": e.action,
-                "target": e.target,
-                "args": e.args,
-                "receipt": e.receipt,
-                "workspace": f"{e.platform}/{e.workspace}",
-            }
-            for e in entries
-        ]
-
-    async def export_user(
-        self,
-        platform: str,
-        workspace: str,
-        user_id: str,
-        *,
-        readable: Sequence[Scope] | None = None,
-    ) -> dict[str, Any]:
-        """Their messages and every record they are source or owner of, with provenance.
-
-        `readable`: the channels the requester may read (a chat-side admin); what lies in
-        other channels is left out and only counted. None: everything (the CLI's operator)."""
-        store = self.engine.store
-        allowed = None if readable is None else {s.channel for s in readable}
-        rows = await self.repo.user_messages(platform, workspace, user_id)
-        recs = await self.repo.user_records(platform, workspace, user_id)
-        shown_rows = [r for r in rows if allowed is None or r[0] in allowed]
-        shown_recs = [r for r in recs if allowed is None or r.scope.channel in allowed]
-        messages = [
-            {
-                "channel": r[0],
-                "message_id": r[1],
-                "thread_id": r[2],
-                "ts": r[3],
-                "text": r[4],
-                "edited_at": r[5],
-                "link": self.link(
-                    Scope(platform=platform, workspace=workspace, channel=r[0]), r[1], r[2]
-                ),
-            }
-            for r in shown_rows
-        ]
-        records = []
-        for rec in shown_recs:
-            chain = await store.records.chain(rec.id)
-            records.append(
-                {
-                    "id": rec.id,
-                    "channel": rec.scope.channel,
-                    "layer": rec.layer.value,
-                    "scope": rec.record_scope.value,
-                    "content": rec.content,
-                    "owner": rec.owner,
-                    "source": rec.source,
-                    "event": rec.event,
-                    "time": rec.time.isoformat(),
-                    "state": rec.state.value,
-                    "from_ids": list(rec.from_ids),
-                    "chain": [n.id for n in chain],
-                    "supersedes": rec.supersedes,
-                    "superseded_by": rec.superseded_by,
-                    "writer_model": rec.writer_model,
-                    "prompt_version": rec.prompt_version,
-                }
-            )
-        names = await self.repo.user_names(platform, workspace, user_id)
-        return {
-            "platform": platform,
-            "workspace": workspace,
-            "user_id": user_id,
-            "display_name": names["display_name"],
-            "aliases": names["aliases"],
-            "opted_out": await self.repo.is_opted_out(platform, workspace, user_id),
-            "exported_at": time.time(),
-            "messages": messages,
-            "records": records,
-            "withheld": {  # in channels the requester cannot read
-                "messages": len(rows) - len(shown_rows),
-                "records": len(recs) - len(shown_recs),
-            },
-        }
-
-    async def mine(
-        self,
-        platform: str,
-        workspace: str,
-        user_id: str,
-        *,
-        readable: Sequence[Scope] | None = None,
-        limit: int = 25,
-    ) -> dict[str, Any]:
-        """Active records where the member is source or owner, with links to what they cite.
-
-        Only records from channels the member can read (their roster, or what the platform
-        said): a record in a private channel they left does not come back through `mine`."""
-        store = self.engine.store
-        if readable is None:
-            readable = await store.channels.readable_channels(platform, workspace, user_id)
-        allowed = {s.channel for s in readable}
-        recs = await self.repo.active_user_records(platform, workspace, user_id)
-        out: list[dict[str, Any]] = []
-        hidden = 0
-        for rec in recs:
-            if rec.scope.channel not in allowed:
-                hidden += 1
-                continue
-            if len(out) >= limit:
-                continue
-            cited = await store.messages.by_ids(rec.scope, rec.from_ids)
-            out.append(
-                {
-                    "id": rec.id,
-                    "channel": rec.scope.channel,
-                    "layer": rec.layer.value,
-                    "content": rec.content,
-                    "owner": rec.owner,
-                    "source": rec.source,
-                    "links": [
-                        self.link(rec.scope, mid, cited[mid].thread_id if mid in cited else None)
-                        for mid in rec.from_ids
-                    ],
-                }
-            )
-        return {
-            "records": out,
-            "total_records": len(recs) - hidden,
-            "messages": await self.repo.live_message_count(platform, workspace, user_id),
-            "opted_out": await self.repo.is_opted_out(platform, workspace, user_id),
-        }
-
-    async def _audit(
-        self, platform: str, workspace: str, actor: str, receipt: Receipt, args: dict[str, Any]
-    ) -> None:
-        await self.repo.log(
-            platform=platform,
-            workspace=workspace,
-            actor=actor,
-            action=receipt.action,
-            target=receipt.target,
-            args=args,
-            receipt=receipt,
-        )
-        log.info("%s by %s on %s: %s", receipt.action, actor, receipt.target, receipt.summary())
+        """The audit log's latest entries (memory.governance.audit_log)."""
+        return await self.audit_log.entries(limit, platform=platform, workspace=workspace)
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from memory.context_budget import approx_tokens
 from memory.models import GROUP, Scope, StoredMessage
 from memory.query.system2 import Row, RowRecord
 
@@ -400,11 +401,6 @@ def fit_budgets(
     if n := _fit_track(texts, s2_fixed, s2_budget):
         notes.append(f"shortened {n} record or support texts to fit the rows' budget")
     return notes
-
-
-def approx_tokens(text: str) -> int:
-    """About four characters per token for English chat; good enough for budgets."""
-    return (len(text) + 3) // 4
 
 
 def _when(ts: datetime) -> str:

@@ -34,7 +34,7 @@ import numpy as np
 from memory.config import RecallConfig
 from memory.engine import MemoryEngine
 from memory.governance.policy import visible_records
-from memory.models import GROUP, DerivedRecord, RosterMember, StoredMessage
+from memory.models import GROUP, DerivedRecord, RosterMember, Scope, StoredMessage
 from memory.query.projection import ALL, Projection
 from memory.roster_cache import derived, display_names
 from memory.search.fts_query import build_match
@@ -208,23 +208,6 @@ async def linked_records(
     for rid, pk in await engine.store.records.citing(list(near), owners):
         out[rid] = min(out.get(rid, near[pk]), near[pk])
     return out, 3
-
-
-async def system2(
-    engine: MemoryEngine,
-    projection: Projection,
-    roster: Sequence[RosterMember],
-    channel_pks: Sequence[int],
-    cfg: RecallConfig,
-    *,
-    query_vector: QueryVector,
-    evidence: Sequence[StoredMessage] = (),
-) -> list[Row]:
-    """The rows only (see `read_rows`)."""
-    result = await read_rows(
-        engine, projection, roster, channel_pks, cfg, query_vector=query_vector, evidence=evidence
-    )
-    return result.rows
 
 
 async def visible_record_ids(
@@ -482,3 +465,18 @@ async def fill_rows(
         for row in rows:
             row.fallback = [messages[pk] for pk in by_speaker.get(row.key, []) if pk in messages]
     return S2Result(rows=rows, people=cands.people, queries=queries)
+
+
+async def support_messages(engine: MemoryEngine, rows: Sequence[Row]) -> dict[str, StoredMessage]:
+    """The messages the rows' records cite ("scope|message id" -> message), for Compose to
+    number beside the System 1 excerpts."""
+    wanted: dict[Scope, set[str]] = {}
+    for row in rows:
+        for rr in row.records:
+            for node in rr.chain:
+                wanted.setdefault(node.scope, set()).update(node.from_ids)
+    out: dict[str, StoredMessage] = {}
+    for scope, ids in wanted.items():
+        for mid, msg in (await engine.store.messages.by_ids(scope, sorted(ids))).items():
+            out[f"{scope}|{mid}"] = msg
+    return out

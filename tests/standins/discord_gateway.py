@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import json
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -192,6 +193,8 @@ class DiscordStandIn:
         self.history_queries: list[tuple[str, dict[str, str]]] = []
         """(channel id, query) of every history GET: ``after=`` pages forward (catch-up),
         ``before=`` backwards (reconciliation)."""
+        self.history_times: list[float] = []
+        """time.monotonic() at which each history GET arrived (beside `history_queries`)."""
         self.deleted_channels: set[str] = set()
         """Channels and threads `delete_channel` removed: their history is a 404."""
         self.resumable = True
@@ -501,6 +504,7 @@ class DiscordStandIn:
     def _history(self, channel_id: str, query: Any) -> web.Response:
         """Discord's paging: `after` gives the `limit` messages right after it, newest first."""
         self.history_queries.append((channel_id, dict(query)))
+        self.history_times.append(time.monotonic())
         if channel_id in self.deleted_channels:
             return _json({"message": "Unknown Channel", "code": 10003}, status=404)
         limits = self.history_rate_limits

@@ -84,6 +84,8 @@ class SlackApiStandIn:
         self._history_ts = itertools.count(1)
         self._failures: dict[str, list[str]] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.call_times: list[float] = []
+        """time.monotonic() at which each Web API call arrived (beside `calls`)."""
         self.peers: list[Any] = []
         """The client's (host, port) of each Web API call, in order: one port = one connection."""
         self.posted: list[dict[str, Any]] = []
@@ -175,6 +177,7 @@ class SlackApiStandIn:
         method = request.match_info["method"]
         args = await self._args(request)
         self.calls.append((method, args))
+        self.call_times.append(time.monotonic())
         self.peers.append(
             request.transport.get_extra_info("peername") if request.transport else None
         )
