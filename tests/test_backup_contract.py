@@ -31,8 +31,8 @@ from memory.engine import MemoryEngine
 from memory.governance.service import Governance
 from memory.interactions import interaction_names
 from memory.models import Scope
+from memory.store import pick_driver
 from memory.store.backup import backup_store
-from memory.store.driver import pick_driver
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.test_governance_forget import GENERAL, SECRET, seed

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import memory.store.database
 import memory.store.pg.schema
+import memory.store.sqlite.database
 from bot.catchup import CatchUp
 from bot.dispatch import Dispatcher
 from memory.config import MemoryConfig, StoreConfig
@@ -41,7 +41,7 @@ async def test_the_migration_keeps_a_switched_off_channel_off_and_drops_the_colu
             db_url=request.getfixturevalue("pg_url") if pg else None,
         )
     )
-    module = memory.store.pg.schema if pg else memory.store.database
+    module = memory.store.pg.schema if pg else memory.store.sqlite.database
     released = module.migrations
     before_this = 10 if pg else 8
     monkeypatch.setattr(

@@ -11,9 +11,8 @@ import pytest
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.models import Scope
-from memory.store import DriverUnavailable, pick_driver, stdlib_can_load_extensions
-from memory.store import driver as driver_mod
-from memory.store.database import StoreError
+from memory.store import DriverUnavailable, StoreError, pick_driver, stdlib_can_load_extensions
+from memory.store.sqlite import driver as driver_mod
 from tests.conftest import msg
 
 
@@ -82,7 +81,7 @@ READ_EVERY_READER = """
 import asyncio, sys
 from pathlib import Path
 from memory.config import StoreConfig
-from memory.store.database import Database
+from memory.store.sqlite.database import SqliteDatabase
 
 def rss_mb():
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -90,7 +89,7 @@ def rss_mb():
             return int(line.split()[1]) / 1024
 
 async def main():
-    db = Database(StoreConfig(db_path=Path(sys.argv[1]), readers=4, cache_mib=8))
+    db = SqliteDatabase(StoreConfig(db_path=Path(sys.argv[1]), readers=4, cache_mib=8))
     await db.open()
     before = rss_mb()
     # all four readers at once, so each connection fills its own cache with the table

@@ -560,17 +560,17 @@ async def test_a_crash_mid_cascade_leaves_nothing_half_applied(
 ) -> None:
     """The batch is one transaction: a failure after records were withdrawn rolls it all back,
     and running the forget again finishes the job."""
-    from memory.store.governance import GovernanceRepo
+    from memory.store.governance import ForgetCascade
 
     await seed(engine, embedder)
     before = await counts(engine)
-    original = GovernanceRepo._withdraw_tx
+    original = ForgetCascade._withdraw_tx
 
-    async def crash(self: GovernanceRepo, *args: Any, **kwargs: Any) -> None:
+    async def crash(self: ForgetCascade, *args: Any, **kwargs: Any) -> None:
         await original(self, *args, **kwargs)
         raise RuntimeError("power cut")
 
-    monkeypatch.setattr(GovernanceRepo, "_withdraw_tx", crash)
+    monkeypatch.setattr(ForgetCascade, "_withdraw_tx", crash)
     gov = Governance(engine)
     with pytest.raises(ForgetIncomplete) as failed:
         await gov.forget_user("test", "w1", "alice", actor="cli")
@@ -584,7 +584,7 @@ async def test_a_crash_mid_cascade_leaves_nothing_half_applied(
     (entry,) = await gov.audit(5)
     assert entry["args"]["complete"] is False and entry["receipt"] == {"forgotten_people": 1}
     assert [j.target for j in await engine.store.forget_jobs.open()] == ["alice"]
-    monkeypatch.setattr(GovernanceRepo, "_withdraw_tx", original)
+    monkeypatch.setattr(ForgetCascade, "_withdraw_tx", original)
     receipt = await gov.forget_user("test", "w1", "alice", actor="cli")
     assert_receipt_matches(receipt, before, await counts(engine))
     await assert_gone(engine, embedder, ALICE_WORDS, {"a1", "a2", "a3"})

@@ -27,8 +27,7 @@ from memory.models import (
     RosterEvent,
     Scope,
 )
-from memory.store import WriterRunLog
-from memory.store.database import StoreError
+from memory.store import StoreError, WriterRunLog
 from memory.store.migrate import TABLES, VECTOR_TABLES, keyset_sql, migrate, upsert_sql
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder

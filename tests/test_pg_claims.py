@@ -22,8 +22,7 @@ from integrations.llm.openai_compat import OpenAICompatLLM
 from memory.config import WriterConfig
 from memory.engine import MemoryEngine
 from memory.models import Layer, MessageEvent, NewRecord, RecordScope, Scope
-from memory.store import Store, WriterRunLog, make_store
-from memory.store.segments import LeaseLost
+from memory.store import LeaseLost, Store, WriterRunLog, make_store
 from memory.writer.runner import Writer
 from tests.conftest import T0, make_config
 from tests.fakes import HashEmbedder

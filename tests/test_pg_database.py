@@ -15,11 +15,12 @@ import psycopg
 import pytest
 
 from memory.config import StoreConfig
-from memory.store import Store, StoreBusy, StoreError, make_store
-from memory.store.database import StoreFull
-from memory.store.pg.database import PgDatabase, map_error, masked_url, translate
+from memory.store import Store, StoreBusy, StoreError, StoreFull, make_store
+from memory.store.pg.database import PgDatabase, map_error, masked_url
+from memory.store.pg.dialect import translate
 from memory.store.pg.schema import migrations
 from memory.store.pg.store import PgStore
+from memory.store.sqlite.store import SqliteStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,8 +101,9 @@ async def test_rows_answer_by_index_and_by_name(pg_url: str) -> None:
         )
         assert agg[0] == 3 and isinstance(agg[0], int)
         assert agg[1] == 1.5 and isinstance(agg[1], float)
-        async with db.reader() as conn, conn.execute("SELECT ? + 1", (41,)) as cur:
-            assert (await cur.fetchone())[0] == 42
+        async with db.reader() as conn:  # a pooled connection, for a backend's own SQL
+            cur = await conn.execute(translate("SELECT ? + 1 AS n"), (41,))
+            assert (await cur.fetchone())["n"] == 42
     finally:
         await db.close()
 
@@ -252,7 +254,7 @@ def test_two_processes_opening_an_empty_database_both_succeed(pg_url: str) -> No
 async def test_every_sqlite_table_and_column_exists_on_postgres(
     pg_url: str, tmp_path: Path
 ) -> None:
-    lite = Store(StoreConfig(db_path=tmp_path / "parity.db"), gap_seconds=60, window=5)
+    lite = SqliteStore(StoreConfig(db_path=tmp_path / "parity.db"), gap_seconds=60, window=5)
     await lite.open()
     try:
         tables = [
@@ -378,7 +380,7 @@ async def test_record_checks_refuse_bad_json_as_integrity_errors(pg_url: str) ->
 
 async def test_make_store_picks_the_backend_from_the_url(pg_url: str, tmp_path: Path) -> None:
     lite = make_store(StoreConfig(db_path=tmp_path / "x.db"), gap_seconds=60, window=5)
-    assert type(lite) is Store
+    assert type(lite) is SqliteStore
     with pytest.raises(StoreError, match="postgresql://"):
         make_store(StoreConfig(db_url="mysql://x/y"), gap_seconds=60, window=5)  # type: ignore[arg-type]
     store = make_store(config(pg_url), gap_seconds=60, window=5)
@@ -427,8 +429,8 @@ async def test_the_interaction_cursor_never_moves_back(pg_url: str) -> None:
                 "INSERT INTO channels (platform, workspace, channel, created_at)"
                 " VALUES ('t', 'w', 'c', 1)"
             )
-            await tx.execute(store.interactions._CURSOR_UPSERT, (pk, 30))
-            await tx.execute(store.interactions._CURSOR_UPSERT, (pk, 10))
+            await tx.execute(store.interactions._cursor_upsert, (pk, 30))
+            await tx.execute(store.interactions._cursor_upsert, (pk, 10))
         rows = await store.db.read(
             "SELECT last_pk FROM interaction_cursor WHERE channel_pk = ?", (pk,)
         )

@@ -21,8 +21,8 @@ from integrations.doctor import settings_checks, store_checks
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.models import Scope
+from memory.store import StoreError
 from memory.store.backup import backup_store
-from memory.store.database import StoreError
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.pg_fixtures import PgDatabases

@@ -25,7 +25,9 @@ from memory.engine import MemoryEngine
 from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
 from memory.query.pipeline import RecallPipeline
 from memory.search.fts_query import build_match, quote
-from memory.store.pg.messages import parse_match, vector_literal
+from memory.store.pg import bm25
+from memory.store.pg.bm25 import parse_match
+from memory.store.pg.message_vectors import vector_literal
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 
@@ -414,11 +416,11 @@ async def test_dense_coarse_pass_ranks_sign_bits_by_hamming(
     """Fewer candidates than rows: the stored sign bits choose them (as SQLite's binary
     index does), `oversample_fraction` of the channel's rows when that is more. Narrowed:
     pgvector's inner product keeps only the best 2 * limit of them before numpy."""
-    import memory.store.pg.messages as pgm
+    import memory.store.pg.message_vectors as pgv
 
     if narrow:
-        monkeypatch.setattr(pgm, "RESCORE_ALL", 0)
-        monkeypatch.setattr(pgm, "RESCORE_MARGIN", 0)
+        monkeypatch.setattr(pgv, "RESCORE_ALL", 0)
+        monkeypatch.setattr(pgv, "RESCORE_MARGIN", 0)
     _, pg = pair
     pks = await channel_pks(pg, SCOPE)
     rows = await pg.store.db.read(
@@ -515,7 +517,7 @@ async def test_lexical_pruning_returns_the_full_ranking(
                 bound = 0.0
                 for i, df in enumerate(dfs):
                     if df is not None and i + 1 not in ess:
-                        bound += pgm._idf(stats[0], df) * (pgm.K1 + 1)
+                        bound += bm25.idf(stats[0], df) * (bm25.K1 + 1)
                 if len(rare) < limit or -rare[limit - 1][1] <= bound:
                     continue
                 decided += 1

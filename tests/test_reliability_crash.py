@@ -30,7 +30,7 @@ from memory.config import GovernanceConfig, MemoryConfig, StoreConfig, WriterCon
 from memory.engine import MemoryEngine
 from memory.governance.service import Governance
 from memory.models import Layer, NewRecord, RecordScope, Scope
-from memory.store.driver import connect_sync, pick_driver
+from memory.store.sqlite.driver import connect_sync, pick_driver
 from memory.writer.runner import Writer
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder

@@ -34,7 +34,7 @@ from integrations.runtime import build_spill
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from memory.query.pipeline import RecallPipeline
-from memory.store.database import StoreFull
+from memory.store import StoreFull
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 

@@ -27,8 +27,8 @@ from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from memory.ports import ChatMessage, LLMUnavailable
-from memory.store.backup import backup_database
-from memory.store.driver import pick_driver
+from memory.store.sqlite.backup import backup_database
+from memory.store.sqlite.driver import pick_driver
 from tests.conftest import msg
 from tests.llm_server import LLMServer, Reply
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn, sign
@@ -291,7 +291,7 @@ def test_log_format_setting_switches_the_cli_to_json(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         out[fmt] = [ln for ln in proc.stderr.splitlines() if "store open" in ln]
     assert out["text"] and not out["text"][0].startswith("{")
-    assert json.loads(out["json"][0])["logger"] == "memory.store.database"
+    assert json.loads(out["json"][0])["logger"] == "memory.store.sqlite.database"
 
 
 def test_configure_logging_replaces_handlers() -> None:

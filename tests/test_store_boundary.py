@@ -11,7 +11,7 @@ from memory.engine import MemoryEngine
 from memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
 from memory.store import WriterRunLog
 from memory.store.diagnostics import last_writer_run, location, schema_version
-from memory.store.schema import migrations
+from memory.store.sqlite.schema import migrations
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 

@@ -16,7 +16,7 @@ from memory.governance.policy import channel_enabled
 from memory.models import Scope
 from memory.query.links import LinkResolver
 from memory.store.diagnostics import status_counts
-from memory.store.governance import GovernanceRepo
+from memory.store.protocol import Governance as GovernanceStore
 from memory.store.usage import writer_status
 
 LLMProbe = Callable[[], Awaitable[bool]]
@@ -27,7 +27,7 @@ class GovernanceReports:
     """The read-only half of `Governance` (memory.governance.service)."""
 
     engine: MemoryEngine
-    repo: GovernanceRepo
+    repo: GovernanceStore
     cfg: GovernanceConfig
     llm_probe: LLMProbe | None
     link: LinkResolver

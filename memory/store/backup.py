@@ -1,89 +1,18 @@
-"""Online backups of the SQLite file (`speakermem backup PATH`).
-
-`VACUUM INTO` runs inside one read transaction on its own connection, so the copy is a
-consistent snapshot even while the bot keeps writing (WAL readers never block the
-writer, nor it them), and it comes out compacted, with no -wal file to carry along. The
-copy is written next to the target and renamed into place only after it passes SQLite's
-integrity check, so a failed or interrupted backup never leaves a half file at PATH.
-
-Restore: stop the bot, replace the database file with the backup and delete any
-`-wal`/`-shm` files beside it, then start the bot (see docs/guides/operators.md).
-
-A PostgreSQL store (StoreConfig.db_url) is dumped by memory/store/pg/backup.py instead;
-`backup_store` picks the one the configuration selects.
-"""
+"""Online backups (`speakermem backup PATH`) of the store the configuration selects:
+VACUUM INTO of the SQLite file (memory/store/sqlite/backup.py) or pg_dump of a PostgreSQL
+database (memory/store/pg/backup.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from memory.config import StoreConfig
-from memory.store.database import StoreError
-from memory.store.driver import Driver, connect_sync
+from memory.store.backup_result import BackupResult
+from memory.store.errors import StoreError
+from memory.store.sqlite.backup import backup_database
+from memory.store.sqlite.driver import Driver
 
-
-@dataclass(frozen=True)
-class BackupResult:
-    path: Path
-    bytes: int
-    messages: int
-    records: int
-    seconds: float
-
-
-def _backup(source: Path, dest: Path, driver: Driver, busy_timeout_ms: int) -> BackupResult:
-    started = time.perf_counter()
-    if not source.exists():
-        raise StoreError(f"no database at {source}")
-    if dest.exists():
-        raise StoreError(f"{dest} exists; choose a new file name (backups never overwrite)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    src = connect_sync(source, driver)
-    try:
-        src.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        src.execute("VACUUM INTO ?", (str(tmp),))
-    except driver.error as exc:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise StoreError(f"backup of {source} failed: {exc}") from exc
-    finally:
-        src.close()
-    copy = connect_sync(tmp, driver)
-    try:
-        check = copy.execute("PRAGMA integrity_check").fetchone()[0]
-        messages = copy.execute("SELECT count(*) FROM messages").fetchone()[0]
-        records = copy.execute("SELECT count(*) FROM records").fetchone()[0]
-    finally:
-        copy.close()
-    if check != "ok":
-        tmp.unlink()
-        raise StoreError(f"backup failed its integrity check ({check}); nothing written")
-    os.replace(tmp, dest)
-    return BackupResult(
-        path=dest,
-        bytes=dest.stat().st_size,
-        messages=int(messages),
-        records=int(records),
-        seconds=time.perf_counter() - started,
-    )
-
-
-BUSY_TIMEOUT_MS: int = StoreConfig.model_fields["busy_timeout_ms"].default
-
-
-async def backup_database(
-    source: Path, dest: Path, driver: Driver, *, busy_timeout_ms: int = BUSY_TIMEOUT_MS
-) -> BackupResult:
-    """Copy `source` to `dest` consistently while other processes may be writing."""
-    return await asyncio.to_thread(_backup, source, dest, driver, busy_timeout_ms)
+__all__ = ["BackupResult", "backup_store"]
 
 
 async def backup_store(

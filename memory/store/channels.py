@@ -14,9 +14,9 @@ from memory.store.policy import PolicyRepo
 from memory.store.rows import from_ts, to_ts
 
 WORKSPACE_WIDE = "*"
+"""Channel value of roster events that concern the whole workspace (renames, guild leaves)."""
 MEMBER_CACHE_CHANNELS = 64
 """Channels whose member lists stay cached (least recently used beyond)."""
-"""Channel value of roster events that concern the whole workspace (renames, guild leaves)."""
 
 
 def normalise_alias(alias: str) -> str:
@@ -29,6 +29,19 @@ class ChannelRepo:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.policy = PolicyRepo(db)
+        dialect = db.dialect
+        self._members_sql = (
+            "SELECT r.user_id, coalesce(u.display_name, r.user_id), coalesce(u.is_bot, 0),"
+            " r.joined_at, r.left_at,"
+            f" (SELECT {dialect.json_array_agg('a.alias', 'a.alias_norm')} FROM user_aliases a"
+            "  WHERE a.platform = r.platform AND a.workspace = r.workspace"
+            "  AND a.user_id = r.user_id)"
+            " FROM roster r LEFT JOIN users u ON u.platform = r.platform"
+            " AND u.workspace = r.workspace AND u.user_id = r.user_id"
+            f" WHERE r.channel_pk = ? AND ({dialect.truthy('?')} OR r.left_at IS NULL)"
+            " ORDER BY r.joined_at, r.user_id"
+        )
+        """A channel's members with their aliases as a JSON array."""
         """Switches, opt-outs and tombstones, shared by every repository (each has `channels`)."""
         self._pk_cache: dict[tuple[str, str, str], int] = {}
         self._members: OrderedDict[tuple[int, bool], tuple[int, list[RosterMember]]] = OrderedDict()
@@ -130,7 +143,12 @@ class ChannelRepo:
     async def upsert_users(
         self, tx: Transaction, scope: Scope, users: list[tuple[str, str, bool]]
     ) -> None:
-        """Record (user_id, display name, is_bot) as seen now; a changed name is a rename."""
+        """Record (user_id, display name, is_bot) as seen now; a changed name is a rename.
+
+        Written in user-id order, as every roster and user write is: PostgreSQL locks row by
+        row, and two processes syncing one channel's members in different orders (two Slack
+        workers, a re-sync racing a join) took each other's rows crosswise and one failed
+        with a deadlock. In one order the second waits for the first and then goes on."""
         now = time.time()
         await tx.executemany(
             "INSERT INTO users (platform, workspace, user_id, display_name, is_bot, updated_at)"
@@ -141,20 +159,21 @@ class ChannelRepo:
             " WHERE users.display_name != excluded.display_name OR users.is_bot != excluded.is_bot",
             [
                 (scope.platform, scope.workspace, uid, name, int(bot), now)
-                for uid, name, bot in users
+                for uid, name, bot in sorted(users, key=lambda u: u[0])
             ],
         )
 
     @staticmethod
     async def add_member_rows(tx: Transaction, rows: list[tuple[object, ...]]) -> None:
         """Ensure members for many channels at once: rows of (pk, platform, ws, channel, uid,
-        first seen); a member who had left and speaks again is re-joined."""
+        first seen); a member who had left and speaks again is re-joined (in one order: see
+        `upsert_users`)."""
         await tx.executemany(
             "INSERT INTO roster (channel_pk, platform, workspace, channel, user_id, joined_at)"
             " VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (channel_pk, user_id) DO UPDATE SET left_at = NULL"
             " WHERE roster.left_at IS NOT NULL AND roster.left_at < excluded.joined_at",
-            rows,
+            sorted(rows, key=lambda r: (str(r[0]), str(r[4]))),
         )
 
     async def _forgotten(self, tx: Transaction, scope: Scope, user_id: str) -> bool:
@@ -246,6 +265,7 @@ class ChannelRepo:
         Returns (joined or renamed, left). A roster of thousands costs one commit, not one
         per member."""
         at = time.time() if at is None else at
+        listed = sorted(listed, key=lambda u: u[0])  # one order (see `upsert_users`)
         async with self.db.transaction() as tx:
             pk = await self.ensure(tx, scope)
             await tx.policy_lock(shared=True)
@@ -298,17 +318,6 @@ class ChannelRepo:
             )
             return len(changed), len(gone)
 
-    _MEMBERS_SQL = (
-        "SELECT r.user_id, coalesce(u.display_name, r.user_id), coalesce(u.is_bot, 0),"
-        " r.joined_at, r.left_at,"
-        " (SELECT json_group_array(a.alias) FROM user_aliases a WHERE a.platform = r.platform"
-        "  AND a.workspace = r.workspace AND a.user_id = r.user_id)"
-        " FROM roster r LEFT JOIN users u ON u.platform = r.platform"
-        " AND u.workspace = r.workspace AND u.user_id = r.user_id"
-        " WHERE r.channel_pk = ? AND (? OR r.left_at IS NULL) ORDER BY r.joined_at, r.user_id"
-    )
-    """A channel's members with their aliases as a JSON array (SQLite's json1 here)."""
-
     async def members(self, scope: Scope, *, include_left: bool = False) -> list[RosterMember]:
         """The channel's members, oldest first. Cached per channel until its roster revision
         moves (migration 5): a community channel's thousands of members are read once, not
@@ -326,7 +335,7 @@ class ChannelRepo:
         if cached is not None and cached[0] == rev:
             self._members.move_to_end(key)
             return cached[1]
-        rows = await self.db.read(self._MEMBERS_SQL, (pk, int(include_left)))
+        rows = await self.db.read(self._members_sql, (pk, int(include_left)))
         members = [
             RosterMember(
                 user_id=r[0],

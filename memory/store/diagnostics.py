@@ -1,78 +1,42 @@
-"""Read-only facts about an open store, for `speakermem doctor` (SQLite stays in memory.store).
+"""Read-only facts about an open store, for `speakermem doctor`, `status` and `stats`.
 
-`store_health` picks the diagnosis of the store's backend: `diagnose` here for SQLite,
-memory/store/pg/diagnostics.diagnose_pg for PostgreSQL.
+`store_health` picks the diagnosis of the store's backend: memory/store/sqlite/diagnostics.py
+(SQLite's versions and PRAGMAs) or memory/store/pg/diagnostics.py (the server's). The other
+functions here are portable SQL.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memory.config import StoreConfig
-from memory.store import Store
-from memory.store.schema import migrations
+from memory.store.protocol import Store
+from memory.store.sqlite.database import SqliteDatabase
+from memory.store.sqlite.diagnostics import StoreHealth, diagnose
 
 if TYPE_CHECKING:
     from memory.store.pg.diagnostics import PgHealth
 
-
-@dataclass(frozen=True)
-class StoreHealth:
-    path: str
-    driver: str
-    sqlite_version: str
-    vec_version: str | None
-    fts5: bool
-    fts_ok: bool
-    schema_version: int
-    latest_version: int
-    journal_mode: str
-
-    @property
-    def migrated(self) -> bool:
-        return self.schema_version >= self.latest_version
-
-
-async def diagnose(store: Store) -> StoreHealth:
-    """Versions, extensions and index health; every query here only reads."""
-    db = store.db
-    (sqlite_version,) = (await db.read("SELECT sqlite_version()"))[0]
-    try:
-        vec_version: str | None = str((await db.read("SELECT vec_version()"))[0][0])
-    except Exception:  # the driver's own error class: the extension is not loaded
-        vec_version = None
-    options = {str(r[0]).upper() for r in await db.read("PRAGMA compile_options")}
-    fts5 = "ENABLE_FTS5" in options
-    try:
-        await db.read("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH 'doctor'")
-        fts_ok = True
-    except Exception:
-        fts_ok = False
-    (journal,) = (await db.read("PRAGMA journal_mode"))[0]
-    latest = max(m.version for m in migrations(store.db.config.vec_chunk_size))
-    return StoreHealth(
-        path=str(db.path),
-        driver=store.driver_name,
-        sqlite_version=str(sqlite_version),
-        vec_version=vec_version,
-        fts5=fts5 or fts_ok,
-        fts_ok=fts_ok,
-        schema_version=await db.schema_version(),
-        latest_version=latest,
-        journal_mode=str(journal),
-    )
+__all__ = [
+    "StoreHealth",
+    "configured_location",
+    "last_writer_run",
+    "location",
+    "schema_version",
+    "status_counts",
+    "store_health",
+]
 
 
 async def store_health(store: Store) -> StoreHealth | PgHealth:
     """The diagnosis of `store`'s backend (SQLite: `diagnose`; PostgreSQL: `diagnose_pg`)."""
-    if store.driver_name == "postgres":
-        from memory.store.pg.database import PgDatabase
-        from memory.store.pg.diagnostics import diagnose_pg
+    if isinstance(store.db, SqliteDatabase):
+        return await diagnose(store.db, store.driver_name)
+    from memory.store.pg.database import PgDatabase
+    from memory.store.pg.diagnostics import diagnose_pg
 
-        assert isinstance(store.db, PgDatabase)
-        return await diagnose_pg(store.db, store.driver_name)
-    return await diagnose(store)
+    assert isinstance(store.db, PgDatabase)
+    return await diagnose_pg(store.db, store.driver_name)
 
 
 def configured_location(config: StoreConfig) -> str:
@@ -85,8 +49,8 @@ def configured_location(config: StoreConfig) -> str:
 
 
 def location(store: Store) -> str:
-    """The database file's path, as text."""
-    return str(store.db.path)
+    """Where the data is, printable: the database file's path, or the masked URL."""
+    return store.db.where
 
 
 async def schema_version(store: Store) -> int:

@@ -1,4 +1,4 @@
-"""The interaction graph in SQLite: inferred addressees and reply links per message.
+"""The interaction graph: inferred addressees and reply links per message.
 
 The inference itself is pure (`memory.interactions`); this repository feeds it each
 channel's new messages in order, with the last few earlier turns as context, and keeps a
@@ -36,22 +36,25 @@ def _turn(r: tuple) -> Turn:  # type: ignore[type-arg]
 
 
 class InteractionRepo:
-    _ADDRESSEE_UPSERT = (
-        "INSERT OR REPLACE INTO message_addressees (message_pk, addressee, how) VALUES (?, ?, ?)"
-    )
-    _LINK_UPSERT = (
-        "INSERT OR REPLACE INTO message_links (message_pk, parent_pk, how) VALUES (?, ?, ?)"
-    )
-    """The upserts of inferred addressees and links (SQLite's INSERT OR REPLACE here)."""
-    _CURSOR_UPSERT = (
-        "INSERT INTO interaction_cursor (channel_pk, last_pk) VALUES (?, ?)"
-        " ON CONFLICT (channel_pk) DO UPDATE SET last_pk = excluded.last_pk"
-    )
-    """Where the channel's pass stands (one writer here: the newest pass is the furthest)."""
-
     def __init__(self, db: Database) -> None:
         self.db = db
         self._locks: dict[int, asyncio.Lock] = {}
+        dialect = db.dialect
+        # inferred addressees and links: the same keys again, the last write wins
+        self._addressee_upsert = dialect.upsert(
+            "message_addressees", ("message_pk", "addressee", "how"), ("message_pk", "addressee")
+        )
+        self._link_upsert = dialect.upsert(
+            "message_links", ("message_pk", "parent_pk", "how"), ("message_pk",)
+        )
+        self._cursor_upsert = (
+            "INSERT INTO interaction_cursor (channel_pk, last_pk) VALUES (?, ?)"
+            " ON CONFLICT (channel_pk) DO UPDATE SET last_pk ="
+            f" {dialect.greatest('interaction_cursor.last_pk', 'excluded.last_pk')}"
+        )
+        """Where the channel's pass stands. It only moves forward: passes in two processes
+        may overlap, and the one that read less must not move the cursor back over what
+        the other already read."""
 
     async def update(
         self, channel_pk: int, names: NameIndex, *, limit: int = 5_000, wait: bool = True
@@ -91,14 +94,14 @@ class InteractionRepo:
             )
             async with self.db.transaction() as tx:
                 await tx.executemany(
-                    self._ADDRESSEE_UPSERT,
+                    self._addressee_upsert,
                     [(i.pk, uid, how) for i in inferred for uid, how in i.addressees],
                 )
                 await tx.executemany(
-                    self._LINK_UPSERT,
+                    self._link_upsert,
                     [(i.pk, i.parent, i.parent_how) for i in inferred if i.parent is not None],
                 )
-                await tx.execute(self._CURSOR_UPSERT, (channel_pk, new[-1][0]))
+                await tx.execute(self._cursor_upsert, (channel_pk, new[-1][0]))
             return len(new)
 
     async def behind(self) -> list[tuple[int, Scope]]:

@@ -47,9 +47,10 @@ import numpy as np
 import psycopg
 
 from memory.config import StoreConfig
-from memory.store.database import Database, StoreError
+from memory.store.errors import StoreError
 from memory.store.pg.database import PgDatabase, masked_url
-from memory.store.pg.messages import vector_literal
+from memory.store.pg.message_vectors import vector_literal
+from memory.store.sqlite.database import SqliteDatabase
 
 TABLES: tuple[str, ...] = (
     "channels",
@@ -197,7 +198,7 @@ class Migrator:
 
     def __init__(
         self,
-        source: Database,
+        source: SqliteDatabase,
         target: PgDatabase,
         *,
         batch: int = DEFAULT_BATCH,
@@ -576,7 +577,7 @@ async def migrate(
     since an earlier run): only for a target that nothing but this migration writes to."""
     if not await asyncio.to_thread(source_path.is_file):
         raise StoreError(f"no SQLite database at {source_path}")
-    source = Database(
+    source = SqliteDatabase(
         StoreConfig(db_path=source_path, readers=1, sqlite_driver=sqlite_driver)  # type: ignore[arg-type]
     )
     target = PgDatabase(StoreConfig(db_url=check_target(target_url), readers=1))  # type: ignore[arg-type]

@@ -20,7 +20,8 @@ import numpy as np
 from memory.governance.policy import Refusal, admission, commit_refusal
 from memory.governance.tombstones import Exclusions
 from memory.models import GROUP, MessageEvent, NewRecord, Scope
-from memory.store.database import IN_CHUNK, Database, StoreError, Transaction
+from memory.store.database import IN_CHUNK, Database, Transaction
+from memory.store.errors import StoreError
 from memory.store.inlists import in_list
 
 log = logging.getLogger(__name__)

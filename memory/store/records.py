@@ -1,9 +1,16 @@
-"""System 2: derived records with append-only update chains, FTS5 and vector indexes."""
+"""System 2: derived records with append-only update chains, and their vectors.
+
+Backend-neutral: commits (a segment's records, chain links, provenance, vectors, run log
+and done mark in one transaction) and reads. Lexical and dense search over records are
+each backend's own (memory/store/sqlite/records.py: FTS5 and vec0; memory/store/pg/
+records.py: BM25 over tsvector and pgvector).
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -11,14 +18,11 @@ import numpy as np
 
 from memory.models import DerivedRecord, NewRecord, Scope
 from memory.store.channels import ChannelRepo
-from memory.store.database import Database, StoreError, Transaction
+from memory.store.database import Database, Transaction
+from memory.store.errors import ChainConflict, LeaseLost, StoreError
 from memory.store.inlists import in_list
 from memory.store.rows import RECORD_COLUMNS, record_from_row, to_ts
-from memory.store.segments import LeaseLost, holds_claim
-
-
-class ChainConflict(StoreError):
-    """An update targeted a record that is no longer the active head of its chain."""
+from memory.store.segments import holds_claim
 
 
 @dataclass
@@ -39,20 +43,26 @@ class WriterRunLog:
     error: str | None = None
 
 
-class RecordRepo:
-    _SEGMENT_STATE_SQL = "SELECT state, claimed_by, lease_until FROM segments WHERE id = ?"
-    """commit_segment's done and claim check. SQLite's one writer serialises two commits of a
-    segment; PostgreSQL locks the row (FOR UPDATE) so a second worker's commit waits and sees
-    'done', and a claim (which skips locked rows) cannot move the segment meanwhile."""
-
-    _FOR_SHARE = ""
-    """Row locks on the cited messages while a commit checks them (PostgreSQL: a forget of
-    one of them waits for the commit, then finds its records; SQLite's one writer needs
-    none)."""
+class RecordRepo(ABC):
+    """The records of every channel; a backend adds its lexical and dense search."""
 
     def __init__(self, db: Database, channels: ChannelRepo) -> None:
         self.db = db
         self.channels = channels
+        self.generation = 0
+        """Record inserts this repository committed or attempted (a search's cache of
+        corpus figures is stale once it moves)."""
+        dialect = db.dialect
+        self._segment_state_sql = (
+            f"SELECT state, claimed_by, lease_until FROM segments WHERE id = ?{dialect.for_update}"
+        )
+        """commit_segment's done and claim check. SQLite's one writer serialises two commits
+        of a segment; PostgreSQL locks the row (FOR UPDATE) so a second worker's commit waits
+        and sees 'done', and a claim (which skips locked rows) cannot move the segment
+        meanwhile."""
+        self._cited_lock = dialect.for_share
+        """Row locks on the cited messages while a commit checks them (PostgreSQL: a forget
+        of one of them waits for the commit, then finds its records)."""
 
     async def commit_segment(
         self,
@@ -74,7 +84,7 @@ class RecordRepo:
         lease of some worker holds the segment (memory.store.segments.holds_claim).
         """
         async with self.db.transaction() as tx:
-            seg = await tx.fetchone(self._SEGMENT_STATE_SQL, (segment_id,))
+            seg = await tx.fetchone(self._segment_state_sql, (segment_id,))
             if seg is None:
                 raise StoreError(f"segment {segment_id} does not exist")
             if seg[0] == "done":
@@ -86,7 +96,7 @@ class RecordRepo:
                 )
             pk = await self.channels.ensure(tx, scope)
             records, vectors, dropped = await self.channels.policy.admissible(
-                tx, pk, scope, records, vectors, lock_rows=self._FOR_SHARE
+                tx, pk, scope, records, vectors, lock_rows=self._cited_lock
             )
             if dropped:
                 for reason, n in dropped.items():
@@ -123,7 +133,7 @@ class RecordRepo:
                     return []
             pk = await self.channels.ensure(tx, scope)
             records, vectors, refused = await self.channels.policy.admissible(
-                tx, pk, scope, records, vectors, lock_rows=self._FOR_SHARE
+                tx, pk, scope, records, vectors, lock_rows=self._cited_lock
             )
             if dropped is not None:
                 for reason, n in refused.items():
@@ -139,8 +149,10 @@ class RecordRepo:
         vectors: np.ndarray | None,
         segment_id: int | None,
     ) -> list[int]:
+        self.generation += 1
         ids: list[int] = []
         now = time.time()
+        dialect = self.db.dialect
         for i, rec in enumerate(records):
             chain_root: int | None = None
             if rec.supersedes is not None:
@@ -186,40 +198,36 @@ class RecordRepo:
                     (rid, rec.supersedes),
                 )
             if rec.from_ids:
+                # record_sources rows for the channel's stored messages it cites (ones
+                # already linked are skipped)
                 marks, from_ids = in_list(rec.from_ids)
-                await tx.execute(self._link_sources_sql(marks), (rid, pk, *from_ids))
+                await tx.execute(
+                    dialect.insert_or_ignore(
+                        "record_sources (record_id, message_pk, platform, workspace, channel)",
+                        "SELECT ?, id, platform, workspace, channel FROM messages"
+                        f" WHERE channel_pk = ? AND message_id IN ({marks})",
+                    ),
+                    (rid, pk, *from_ids),
+                )
             if vectors is not None:
-                await self._index_vector(tx, rid, pk, vectors[i])
+                await tx.execute(
+                    "INSERT INTO records_vec (rowid, channel_pk, embedding)"
+                    f" VALUES (?, ?, {dialect.vector_cast})",
+                    (rid, pk, dialect.vector_param(vectors[i])),
+                )
             ids.append(rid)
         return ids
-
-    @staticmethod
-    def _link_sources_sql(marks: str) -> str:
-        """record_sources rows for the record (1st parameter) and the channel's (2nd) stored
-        messages among the message ids bound to `marks`; ones already linked are skipped."""
-        return (
-            "INSERT OR IGNORE INTO record_sources (record_id, message_pk, platform,"
-            " workspace, channel) SELECT ?, id, platform, workspace, channel FROM messages"
-            f" WHERE channel_pk = ? AND message_id IN ({marks})"
-        )
-
-    async def _index_vector(
-        self, tx: Transaction, record_id: int, channel_pk: int, vector: np.ndarray
-    ) -> None:
-        await tx.execute(
-            "INSERT INTO records_vec (rowid, channel_pk, embedding) VALUES (?, ?, ?)",
-            (record_id, channel_pk, np.ascontiguousarray(vector, dtype=np.float32).tobytes()),
-        )
 
     async def _vectors(self, record_ids: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """The stored vectors of those records that have one: their ids, as read, and a
         float32 matrix with one row per id."""
+        dialect = self.db.dialect
         rows = await self.db.read_in(
-            "SELECT rowid, embedding FROM records_vec WHERE rowid IN ({marks})", record_ids
+            f"SELECT rowid, {dialect.vector_column('embedding')} FROM records_vec"
+            " WHERE rowid IN ({marks})",
+            record_ids,
         )
-        ids = [int(r[0]) for r in rows]
-        matrix = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32)
-        return ids, matrix.reshape(len(ids), -1) if ids else matrix
+        return [int(r[0]) for r in rows], dialect.vector_matrix([r[1] for r in rows])
 
     @staticmethod
     async def _log_run(tx: Transaction, segment_id: int, scope: Scope, run: WriterRunLog) -> None:
@@ -304,62 +312,41 @@ class RecordRepo:
         )
         return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
-    async def lexical(
+    # ---- search: lexical and dense search are each backend's own ----------------------
+
+    @abstractmethod
+    async def _best_by(
         self,
+        column: str,
         match: str,
         channel_pks: Sequence[int],
-        limit: int,
-        *,
-        active_only: bool = True,
-        owner: str | None = None,
-        source: str | None = None,
-        exclude_owner: str | None = None,
-    ) -> list[tuple[int, float]]:
-        """FTS5 BM25 over records of the channels, optionally one owner's or one source's."""
-        if not match or not channel_pks:
-            return []
-        marks, channels = in_list(channel_pks)
-        sql = (
-            "SELECT r.id, bm25(records_fts) AS score FROM records_fts"
-            " JOIN records r ON r.id = records_fts.rowid"
-            f" WHERE records_fts MATCH ? AND r.channel_pk IN ({marks})"
-        )
-        params: list[object] = [match, *channels]
-        if active_only:
-            sql += " AND r.state = 'active'"
-        if owner is not None:
-            sql += " AND r.owner = ?"
-            params.append(owner)
-        if source is not None:
-            sql += " AND r.source = ?"
-            params.append(source)
-        if exclude_owner is not None:
-            sql += " AND r.owner != ?"
-            params.append(exclude_owner)
-        sql += " ORDER BY score LIMIT ?"
-        params.append(limit)
-        return [(r[0], r[1]) for r in await self.db.read(sql, params)]
+        keys: list[str],
+        per_key: int,
+        about_others: bool,
+    ) -> dict[str, list[int]]:
+        """The best `per_key` active matches of each of `keys` in `column` ('owner' or
+        'source'), best first; only records about someone else with `about_others`."""
 
     async def lexical_by_owner(
         self, match: str, channel_pks: Sequence[int], owners: Sequence[str], per_owner: int
     ) -> dict[str, list[int]]:
         """The best `per_owner` active matches of each owner, best first: one query for all
         the rows, however many (the per-person query it replaces cost a round trip each)."""
-        return await self._lexical_grouped(match, channel_pks, "owner", owners, per_owner)
+        return await self._lexical_grouped("owner", match, channel_pks, owners, per_owner)
 
     async def lexical_by_source(
         self, match: str, channel_pks: Sequence[int], sources: Sequence[str], per_source: int
     ) -> dict[str, list[int]]:
         """Each source's best active matches about someone else (owner != source)."""
         return await self._lexical_grouped(
-            match, channel_pks, "source", sources, per_source, about_others=True
+            "source", match, channel_pks, sources, per_source, about_others=True
         )
 
     async def _lexical_grouped(
         self,
+        column: str,
         match: str,
         channel_pks: Sequence[int],
-        column: str,
         keys: Sequence[str],
         per_key: int,
         *,
@@ -367,28 +354,10 @@ class RecordRepo:
     ) -> dict[str, list[int]]:
         if column not in ("owner", "source"):
             raise ValueError(f"cannot group records by {column!r}")
-        keys = list(dict.fromkeys(keys))
-        if not match or not channel_pks or not keys or per_key <= 0:
+        wanted = list(dict.fromkeys(keys))
+        if not match or not channel_pks or not wanted or per_key <= 0:
             return {}
-        pk_marks, channels = in_list(channel_pks)
-        key_marks, padded = in_list(keys)
-        # FTS5 first, then the owner/source filter: measured on 20k records, handing FTS5 the
-        # people's record ids instead (rowid IN ...) made it test each id alone, 40x slower.
-        # The inner LIMIT keeps SQLite from flattening bm25() into the window's ORDER BY.
-        sql = (
-            f"SELECT id, grp FROM (SELECT id, grp, row_number() OVER"
-            f" (PARTITION BY grp ORDER BY score, id) AS rn FROM ("
-            f"SELECT r.id AS id, r.{column} AS grp, bm25(records_fts) AS score"
-            " FROM records_fts JOIN records r ON r.id = records_fts.rowid"
-            f" WHERE records_fts MATCH ? AND r.channel_pk IN ({pk_marks})"
-            f" AND r.{column} IN ({key_marks}) AND r.state = 'active'"
-            + (" AND r.owner != r.source" if about_others else "")
-            + " LIMIT -1)) WHERE rn <= ? ORDER BY grp, rn"
-        )
-        out: dict[str, list[int]] = {}
-        for rid, grp in await self.db.read(sql, [match, *channels, *padded, per_key]):
-            out.setdefault(grp, []).append(rid)
-        return out
+        return await self._best_by(column, match, channel_pks, wanted, per_key, about_others)
 
     async def latest_owned(
         self, channel_pks: Sequence[int], owners: Sequence[str], per_owner: int
@@ -460,23 +429,6 @@ class RecordRepo:
             query, await self.latest_owned(channel_pks, owners, per_owner)
         )
 
-    async def matching_owners(
-        self, match: str, channel_pks: Sequence[int], limit: int
-    ) -> list[str]:
-        """Owners (people, not GROUP) of the best `limit` active matches, best first."""
-        if not match or not channel_pks or limit <= 0:
-            return []
-        marks, channels = in_list(channel_pks)
-        rows = await self.db.read(
-            "SELECT r.owner, bm25(records_fts) AS score FROM records_fts"
-            " JOIN records r ON r.id = records_fts.rowid"
-            f" WHERE records_fts MATCH ? AND r.channel_pk IN ({marks})"
-            " AND r.state = 'active' AND r.record_scope = 'PERSON'"
-            " ORDER BY score LIMIT ?",
-            [match, *channels, limit],
-        )
-        return list(dict.fromkeys(r[0] for r in rows))
-
     async def chains(self, record_ids: Sequence[int]) -> dict[int, list[DerivedRecord]]:
         """Each record's whole update chain, oldest first, in one query for all of them."""
         if not record_ids:
@@ -493,21 +445,6 @@ class RecordRepo:
         for rec in sorted(map(record_from_row, nodes), key=lambda r: r.id):
             by_root.setdefault(rec.chain_root, []).append(rec)
         return {rid: by_root.get(root, []) for rid, root in root_of.items()}
-
-    async def dense(
-        self, query: np.ndarray, channel_pks: Sequence[int], limit: int
-    ) -> list[tuple[int, float]]:
-        q = np.ascontiguousarray(query, dtype=np.float32).reshape(-1).tobytes()
-        out: list[tuple[int, float]] = []
-        for pk in channel_pks:
-            rows = await self.db.read(
-                "SELECT rowid, distance FROM records_vec WHERE embedding MATCH ?"
-                " AND k = ? AND channel_pk = ?",
-                (q, limit, pk),
-            )
-            out.extend((r[0], 1.0 - float(r[1])) for r in rows)
-        out.sort(key=lambda x: -x[1])
-        return out[:limit]
 
     async def counts(self) -> dict[str, int]:
         rows = await self.db.read(

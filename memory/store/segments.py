@@ -19,7 +19,8 @@ import time
 from typing import NamedTuple
 
 from memory.models import Scope, Segment
-from memory.store.database import Database, StoreError
+from memory.store.database import Database
+from memory.store.errors import LeaseLost as LeaseLost  # its old import path
 from memory.store.inlists import in_list
 from memory.store.rows import SEGMENT_COLUMNS, segment_from_row
 
@@ -32,11 +33,6 @@ class Backlog(NamedTuple):
     """Pending segments that failed at least once."""
     oldest_opened_at: float | None
     earliest_retry_at: float | None
-
-
-class LeaseLost(StoreError):
-    """The caller's claim on a segment is gone: another worker claimed it after the lease
-    ran out (or it was released or deferred meanwhile). Nothing was written."""
 
 
 def holds_claim(
@@ -87,11 +83,6 @@ class SegmentRepo:
             )
             return int(cur.rowcount or 0)
 
-    _IN_ORDER = " INDEXED BY segments_pending"
-    """Walk the pending segments in id order, so `LIMIT` stops the walk: without statistics
-    SQLite's planner prefers the (state, next_attempt_at) index and sorts every pending
-    segment first. PostgreSQL plans from its statistics and has no such clause."""
-
     async def backlog(self) -> Backlog:
         """The Writer's queue in one aggregate, for health and metrics. (Listing the pending
         segments to measure them cost `due()`'s per-channel order check for each: O(pending²),
@@ -117,7 +108,8 @@ class SegmentRepo:
         is any later segment of its channel."""
         now = time.time() if now is None else now
         sql = (
-            f"SELECT {SEGMENT_COLUMNS} FROM segments{self._IN_ORDER} WHERE state = 'pending'"
+            f"SELECT {SEGMENT_COLUMNS} FROM segments{self.db.dialect.pending_in_order}"
+            " WHERE state = 'pending'"
             " AND (next_attempt_at IS NULL OR next_attempt_at <= ?)"
             " AND (lease_until IS NULL OR lease_until <= ?)"
             # keep each channel's order: nothing overtakes an earlier segment still backing
@@ -159,10 +151,6 @@ class SegmentRepo:
             )
             return bool(cur.rowcount)
 
-    _CLAIM_LOCK = ""
-    """Appended to the claim's SELECT: SQLite has one writer, so its transaction already
-    serialises claims; PostgreSQL locks the rows and skips those another worker holds."""
-
     async def claim(
         self,
         worker_id: str,
@@ -179,15 +167,17 @@ class SegmentRepo:
         now = time.time() if now is None else now
         if limit <= 0:
             return []
+        dialect = self.db.dialect
         async with self.db.transaction() as tx:
             rows = await tx.fetchall(
-                f"SELECT {SEGMENT_COLUMNS} FROM segments{self._IN_ORDER} WHERE state = 'pending'"
+                f"SELECT {SEGMENT_COLUMNS} FROM segments{dialect.pending_in_order}"
+                " WHERE state = 'pending'"
                 " AND (next_attempt_at IS NULL OR next_attempt_at <= ?)"
                 " AND (lease_until IS NULL OR lease_until <= ?)"
                 # only a channel's oldest pending segment: nothing overtakes one in flight
                 " AND NOT EXISTS (SELECT 1 FROM segments e WHERE e.channel_pk = segments.channel_pk"
                 " AND e.state = 'pending' AND e.id < segments.id)"
-                " ORDER BY id LIMIT ?" + self._CLAIM_LOCK,
+                " ORDER BY id LIMIT ?" + dialect.claim_lock,
                 (now, now, limit),
             )
             segments = [segment_from_row(r) for r in rows]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memory.config import WriterConfig
-from memory.store import Store
+from memory.store.protocol import Store
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,7 @@ from memory.governance.tombstones import Exclusions
 from memory.interactions import interaction_names
 from memory.models import NewRecord, RosterMember, Scope, Segment, StoredMessage
 from memory.ports import LLM, LLMContextOverflow, LLMError, LLMUnavailable
-from memory.store import ChainConflict, RederiveItem, WriterRunLog
-from memory.store.segments import LeaseLost
+from memory.store import ChainConflict, LeaseLost, RederiveItem, WriterRunLog
 from memory.writer.derive import Derivation, SegmentWriter, Validate
 from memory.writer.gate import EvidenceGate
 from memory.writer.pacing import Pacer

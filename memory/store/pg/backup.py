@@ -27,8 +27,8 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from memory.store.backup import BackupResult
-from memory.store.database import StoreError
+from memory.store.backup_result import BackupResult
+from memory.store.errors import StoreError
 from memory.store.pg.database import masked_url
 
 INSTALL_HINT = (

@@ -1,12 +1,12 @@
 """Connections, transactions and migrations for the PostgreSQL backend.
 
-`PgDatabase` offers the API of the SQLite `Database` (open, close, transaction, read,
-read_in, schema_version, reader) so the repositories' SQL runs unchanged where it is
-portable:
+`PgDatabase` implements the store's `Database` protocol (memory/store/database.py), so the
+backend-neutral repositories run their SQL on it:
 
-- SQL keeps SQLite's `?` placeholders; `translate` turns them into psycopg's `%s` (and
-  doubles literal `%`) once per statement text. Values are bound client-side
-  (`AsyncClientCursor`), so untyped parameters behave as in SQLite (`? IS NULL` works).
+- SQL keeps SQLite's `?` placeholders; `translate` (memory/store/pg/dialect.py) turns them
+  into psycopg's `%s` (and doubles literal `%`) once per statement text. Values are bound
+  client-side (`AsyncClientCursor`), so untyped parameters behave as in SQLite (`? IS NULL`
+  works).
 - Rows answer both `row[0]` and `row["column"]`, like sqlite3.Row, and unpack as tuples.
 - `numeric` results (sum of BIGINT, avg) load as int or float, never Decimal.
 - One write transaction at a time per process (an asyncio lock, as SQLite's single writer
@@ -27,9 +27,9 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import PosixPath
-from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 import psycopg
 import psycopg.errors
@@ -38,81 +38,30 @@ from psycopg.adapt import Loader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from memory.config import StoreConfig
-from memory.store.database import (
-    Database,
-    StoreBusy,
-    StoreError,
-    StoreFull,
-    Transaction,
-)
-from memory.store.driver import Driver, DriverName
+from memory.store.database import IN_CHUNK, Params, read_in_chunks
+from memory.store.errors import StoreBusy, StoreError, StoreFull
+from memory.store.pg import schema
+from memory.store.pg.dialect import POSTGRES, translate
 from memory.store.schema import Migration
 
 log = logging.getLogger(__name__)
 
 MIGRATION_LOCK = 0x53504D454D  # "SPMEM": the advisory lock id that serialises migrations
 POLICY_LOCK = 0x53504D50  # "SPMP": the advisory lock id of `PgTransaction.policy_lock`
-
-DRIVER = Driver(cast(DriverName, "postgres"), psycopg)
-"""What `Store.driver_name` reports, and `db.driver.error` (psycopg.Error) for callers that
-catch the driver's own errors."""
+INGEST_LOCK = 0x53504D53  # "SPMS": the advisory lock id of `PgTransaction.ingest_lock`
 
 
-# ---- SQL text ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PgDriver:
+    """The driver's name and error classes, as the SQLite backend's `Driver` gives them."""
+
+    name: str = "postgres"
+    error: type[Exception] = psycopg.Error
+    operational_error: type[Exception] = psycopg.OperationalError
+    integrity_error: type[Exception] = psycopg.IntegrityError
 
 
-@functools.lru_cache(maxsize=4096)
-def translate(sql: str) -> str:
-    """SQLite-style SQL to psycopg's format: `?` -> `%s`, `%` -> `%%`.
-
-    A `?` inside a quoted string ('...'), a quoted identifier ("..."), a dollar-quoted body
-    ($$...$$, $tag$...$tag$) or a comment is text, not a placeholder, and stays. A `%` is
-    doubled everywhere, because psycopg reads `%` anywhere in the statement (quotes
-    included) when it binds parameters.
-    """
-    out: list[str] = []
-    i, n = 0, len(sql)
-    while i < n:
-        ch = sql[i]
-        if ch in ("'", '"'):
-            end = i + 1
-            while end < n:
-                if sql[end] == ch:
-                    if end + 1 < n and sql[end + 1] == ch:  # '' or "" escapes the quote
-                        end += 2
-                        continue
-                    break
-                end += 1
-            out.append(sql[i : end + 1].replace("%", "%%"))
-            i = end + 1
-        elif ch == "-" and sql.startswith("--", i):
-            end = sql.find("\n", i)
-            end = n if end < 0 else end
-            out.append(sql[i:end].replace("%", "%%"))
-            i = end
-        elif ch == "/" and sql.startswith("/*", i):
-            end = sql.find("*/", i + 2)
-            end = n if end < 0 else end + 2
-            out.append(sql[i:end].replace("%", "%%"))
-            i = end
-        elif ch == "$" and (tag := _DOLLAR_TAG.match(sql, i)) is not None:
-            close = sql.find(tag.group(0), tag.end())
-            end = n if close < 0 else close + len(tag.group(0))
-            out.append(sql[i:end].replace("%", "%%"))
-            i = end
-        elif ch == "?":
-            out.append("%s")
-            i += 1
-        elif ch == "%":
-            out.append("%%")
-            i += 1
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
-
-
-_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z_0-9]*)?\$")
+DRIVER = PgDriver()
 
 
 def masked_url(url: str) -> str:
@@ -217,20 +166,18 @@ def map_error(exc: BaseException, *, where: str, lock_wait_s: float) -> BaseExce
 # ---- the database ------------------------------------------------------------------------
 
 
-class PgDatabase(Database):
-    """A PostgreSQL database: a connection pool, recorded migrations.
+class PgDatabase:
+    """A PostgreSQL database: a connection pool, recorded migrations."""
 
-    It subclasses the SQLite `Database` only so the repositories (typed against it) take it;
-    nothing of the SQLite implementation runs (no super().__init__: there is no file).
-    """
+    dialect = POSTGRES
 
     def __init__(self, config: StoreConfig) -> None:
         if config.db_url is None:
             raise StoreError("PgDatabase needs StoreConfig.db_url (postgresql://...)")
         self.config = config
         self.url = config.db_url.get_secret_value()
-        self.where = masked_url(self.url)
-        self.path = UrlPath(self.where)
+        self._where = masked_url(self.url)
+        self.path = UrlPath(self._where)
         self.driver = DRIVER
         self._pool: AsyncConnectionPool[AsyncConnection[PgRow]] | None = None
         self._write_lock = asyncio.Lock()
@@ -276,6 +223,11 @@ class PgDatabase(Database):
             await pool.close()
 
     @property
+    def where(self) -> str:
+        """The URL, password masked."""
+        return self._where
+
+    @property
     def pool(self) -> AsyncConnectionPool[AsyncConnection[PgRow]]:
         if self._pool is None:
             raise StoreError("database is not open")
@@ -286,9 +238,7 @@ class PgDatabase(Database):
         raise StoreError("PostgreSQL has no single writer connection: use transaction()")
 
     async def _migrate(self) -> None:
-        from memory.store.pg.schema import migrations
-
-        for migration in migrations(self.config):
+        for migration in schema.migrations(self.config):
             await self._apply(migration)
 
     async def _apply(self, migration: Migration) -> bool:
@@ -320,7 +270,7 @@ class PgDatabase(Database):
     # writes ---------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[Transaction]:
+    async def transaction(self) -> AsyncIterator[PgTransaction]:
         """One write transaction (BEGIN ... COMMIT on a pooled connection), rolled back on
         any error. Lock waits beyond `lock_wait_s`, serialization failures and deadlocks
         raise StoreBusy; a full disk raises StoreFull; other psycopg errors pass through
@@ -345,20 +295,34 @@ class PgDatabase(Database):
     # reads ----------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def reader(self) -> AsyncIterator[Any]:  # type: ignore[override]
-        """A pooled connection in autocommit mode, shaped like the aiosqlite connection the
-        SQLite repositories use (`async with conn.execute(sql, params) as cur`)."""
+    async def reader(self) -> AsyncIterator[AsyncConnection[PgRow]]:
+        """A pooled connection in autocommit mode (its SQL in psycopg's `%s` format)."""
         try:
             async with self.pool.connection(timeout=self.config.lock_wait_s) as conn:
-                yield PgReader(conn)
+                yield conn
         except psycopg.Error as exc:
             mapped = map_error(exc, where=self.where, lock_wait_s=self.config.lock_wait_s)
             if mapped is exc:
                 raise
             raise mapped from exc
 
+    async def read(self, sql: str, params: Params = ()) -> list[Any]:
+        async with self.reader() as conn, conn.cursor() as cur:
+            await cur.execute(translate(sql), params)
+            return list(await cur.fetchall())
 
-class PgTransaction(Transaction):
+    async def read_in(
+        self,
+        sql: str,
+        values: Sequence[Any],
+        *,
+        before: tuple[Any, ...] = (),
+        chunk: int = IN_CHUNK,
+    ) -> list[Any]:
+        return await read_in_chunks(self.read, sql, values, before=before, chunk=chunk)
+
+
+class PgTransaction:
     """The statements of one write transaction on one connection.
 
     `insert` returns the new row's id: it appends ` RETURNING id` to the INSERT unless the
@@ -367,7 +331,6 @@ class PgTransaction(Transaction):
     """
 
     def __init__(self, conn: AsyncConnection[Any]) -> None:
-        self.conn = conn  # type: ignore[assignment]
         self.pg = conn
 
     async def policy_lock(self, *, shared: bool) -> None:
@@ -377,7 +340,12 @@ class PgTransaction(Transaction):
         fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
         await self.execute(f"SELECT {fn}(?)", (POLICY_LOCK,))
 
-    async def execute(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
+    async def ingest_lock(self) -> None:
+        """One transaction-scoped advisory lock serialises ingest, edits and deletes across
+        processes, as SQLite's single writer does."""
+        await self.execute("SELECT pg_advisory_xact_lock(?)", (INGEST_LOCK,))
+
+    async def execute(self, sql: str, params: Params = ()) -> Any:
         cur = self.pg.cursor()
         await cur.execute(translate(sql), params)
         return cur
@@ -387,17 +355,17 @@ class PgTransaction(Transaction):
             async with self.pg.cursor() as cur:
                 await cur.executemany(translate(sql), rows)
 
-    async def fetchall(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+    async def fetchall(self, sql: str, params: Params = ()) -> list[Any]:
         async with self.pg.cursor() as cur:
             await cur.execute(translate(sql), params)
             return list(await cur.fetchall())
 
-    async def fetchone(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> Any:
+    async def fetchone(self, sql: str, params: Params = ()) -> Any:
         async with self.pg.cursor() as cur:
             await cur.execute(translate(sql), params)
             return await cur.fetchone()
 
-    async def insert(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> int:
+    async def insert(self, sql: str, params: Params = ()) -> int:
         if not re.search(r"\breturning\b", sql, re.IGNORECASE):
             sql = sql.rstrip().rstrip(";") + " RETURNING id"
         row = await self.fetchone(sql, params)
@@ -412,59 +380,3 @@ class PgTransaction(Transaction):
         with `;` inside need no splitter, and `%` and `?` are sent untouched."""
         async with self.pg.cursor() as cur:
             await cur.execute(script)
-
-    @contextlib.asynccontextmanager
-    async def savepoint(self) -> AsyncIterator[None]:
-        """A nested block rolled back alone on error. Postgres aborts the whole transaction
-        on any failed statement; code that catches an error and goes on (as SQLite allows)
-        must run the failing statement inside this."""
-        async with self.pg.transaction():
-            yield
-
-
-class PgReader:
-    """A pooled autocommit connection with aiosqlite's `execute` shape."""
-
-    def __init__(self, conn: AsyncConnection[Any]) -> None:
-        self.conn = conn
-
-    def execute(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> _Execution:
-        return _Execution(self.conn, translate(sql), params)
-
-    async def execute_fetchall(
-        self, sql: str, params: tuple[Any, ...] | list[Any] = ()
-    ) -> list[Any]:
-        async with self.conn.cursor() as cur:
-            await cur.execute(translate(sql), params)
-            return list(await cur.fetchall())
-
-
-class _Execution:
-    """`await conn.execute(...)` or `async with conn.execute(...) as cur`."""
-
-    def __init__(
-        self, conn: AsyncConnection[Any], sql: str, params: tuple[Any, ...] | list[Any]
-    ) -> None:
-        self._conn, self._sql, self._params = conn, sql, params
-        self._cur: AsyncCursor[Any] | None = None
-
-    async def _run(self) -> AsyncCursor[Any]:
-        cur = self._conn.cursor()
-        await cur.execute(self._sql, self._params)
-        self._cur = cur
-        return cur
-
-    def __await__(self) -> Any:
-        return self._run().__await__()
-
-    async def __aenter__(self) -> AsyncCursor[Any]:
-        return await self._run()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._cur is not None:
-            await self._cur.close()

@@ -1,9 +1,9 @@
 """Read-only facts about an open PostgreSQL store, for `speakermem doctor`.
 
-The counterpart of memory/store/diagnostics.diagnose (SQLite versions and PRAGMAs): the server's
-version, pgvector's, whether the `speakermem` text search configuration the full-text columns
-are built with exists and answers, the schema version against this release's latest, and the
-connection pool's size.
+The counterpart of memory/store/sqlite/diagnostics.diagnose (SQLite versions and PRAGMAs):
+the server's version, pgvector's, whether the `speakermem` text search configuration the
+full-text columns are built with exists and answers, the schema version against this
+release's latest, and the connection pool's size.
 """
 
 from __future__ import annotations

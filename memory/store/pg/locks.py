@@ -17,8 +17,7 @@ from collections.abc import AsyncIterator
 
 import psycopg
 
-from memory.store.database import StoreError
-from memory.store.locks import JobLocks
+from memory.store.errors import StoreError
 from memory.store.pg.database import PgDatabase
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ def job_key(name: str) -> int:
     return crc - (1 << 32) if crc >= 1 << 31 else crc
 
 
-class PgJobLocks(JobLocks):
+class PgJobLocks:
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
 

@@ -1,17 +1,14 @@
-"""System 2 on PostgreSQL: the SQLite RecordRepo with its FTS5, vec0 and SQLite-only SQL
-replaced.
+"""System 2's search on PostgreSQL (the commits and reads are the neutral `RecordRepo`'s).
 
 - Lexical search reads the `records.fts` tsvector (records_schema.py). The FTS5 MATCH text
   the callers build (quoted words and phrases joined by OR, memory.search.fts_query) is
-  parsed as System 1 parses it (pg/messages.py), and the matches are ranked by Okapi BM25
+  parsed as System 1 parses it (pg/bm25.py), and the matches are ranked by Okapi BM25
   computed in SQL as FTS5's bm25(records_fts) does: k1 1.2, b 0.75, both columns weighted
   1.0, IDF over all records, document length the row's token count (`records.fts_len`).
   Scores are negative, lower is better, as FTS5's. A phrase counts once per column it is
   in (a tsvector keeps no phrase counts), where FTS5 counts each occurrence.
 - Dense search is exact cosine distance (`<=>`) over `records_vec` per channel, as sqlite-vec
   does; vectors travel as pgvector's text form.
-- commit_segment locks the segment row, so two workers committing one segment (a lease that
-  ran out while the first was still writing) commit it once.
 """
 
 from __future__ import annotations
@@ -22,22 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from memory.store.database import Transaction
-from memory.store.pg.messages import (
-    K1,
-    MIN_IDF,
-    B,
-    parse_match,
-)
+from memory.store.pg.bm25 import K1, MIN_IDF, B, parse_match
+from memory.store.pg.database import PgDatabase
+from memory.store.pg.dialect import vector_text
 from memory.store.pg.messages_schema import TS_CONFIG, fts_input
 from memory.store.records import RecordRepo
-
-
-def vector_text(vector: np.ndarray) -> str:
-    """pgvector's text form of a float32 vector (exact: float32 values print exactly)."""
-    values = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1).tolist()
-    return "[" + ",".join(map(repr, values)) + "]"
-
 
 # Okapi BM25 as FTS5's bm25(records_fts) computes it, in one statement, per matching record r:
 #   sum over terms t of idf(t) * f * (k1 + 1) / (f + k1 * (1 - b + b * |r| / avg|r|))
@@ -86,37 +72,7 @@ WHERE r.fts @@ (SELECT string_agg('(' || m::text || ')', ' | ')::tsquery FROM ma
 
 
 class PgRecordRepo(RecordRepo):
-    _FOR_SHARE = " FOR SHARE"
-    _SEGMENT_STATE_SQL = (
-        "SELECT state, claimed_by, lease_until FROM segments WHERE id = ? FOR UPDATE"
-    )
-
-    @staticmethod
-    def _link_sources_sql(marks: str) -> str:
-        return (
-            "INSERT INTO record_sources (record_id, message_pk, platform, workspace, channel)"
-            " SELECT ?, id, platform, workspace, channel FROM messages"
-            f" WHERE channel_pk = ? AND message_id IN ({marks})"
-            " ON CONFLICT DO NOTHING"
-        )
-
-    async def _index_vector(
-        self, tx: Transaction, record_id: int, channel_pk: int, vector: np.ndarray
-    ) -> None:
-        await tx.execute(
-            "INSERT INTO records_vec (rowid, channel_pk, embedding) VALUES (?, ?, ?::vector)",
-            (record_id, channel_pk, vector_text(vector)),
-        )
-
-    async def _vectors(self, record_ids: Sequence[int]) -> tuple[list[int], np.ndarray]:
-        rows = await self.db.read_in(
-            "SELECT rowid, embedding::real[] FROM records_vec WHERE rowid IN ({marks})",
-            record_ids,
-        )
-        ids = [int(r[0]) for r in rows]
-        if not ids:
-            return [], np.empty((0, 0), dtype=np.float32)
-        return ids, np.array([r[1] for r in rows], dtype=np.float32)
+    db: PgDatabase
 
     # ---- lexical ------------------------------------------------------------------------
 
@@ -126,21 +82,23 @@ class PgRecordRepo(RecordRepo):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._stats: tuple[float, int, float] | None = None  # (read at, records, mean length)
+        # (read at, repository generation, records, mean length)
+        self._stats: tuple[float, int, int, float] | None = None
 
     async def _corpus_stats(self) -> tuple[int, float]:
         """(records, their mean token count): BM25's N and average length, over every
         record, as FTS5's records_fts holds them (superseded ones too)."""
         now = time.monotonic()
-        if self._stats is not None and now - self._stats[0] < self.STATS_TTL_S:
-            return self._stats[1], self._stats[2]
+        if (
+            self._stats is not None
+            and now - self._stats[0] < self.STATS_TTL_S
+            and self._stats[1] == self.generation
+        ):
+            return self._stats[2], self._stats[3]
+        generation = self.generation
         r = (await self.db.read("SELECT count(*), coalesce(avg(fts_len), 0) FROM records"))[0]
-        self._stats = (now, int(r[0]), float(r[1]))
+        self._stats = (now, generation, int(r[0]), float(r[1]))
         return int(r[0]), float(r[1])
-
-    async def _insert_records(self, *args: Any, **kwargs: Any) -> list[int]:
-        self._stats = None
-        return await super()._insert_records(*args, **kwargs)
 
     async def _scored(self, match: str, channel_pks: Sequence[int]) -> tuple[str, list[Any]] | None:
         """SQL selecting (id, owner, source, score) of the channels' matching records, score
@@ -185,21 +143,15 @@ class PgRecordRepo(RecordRepo):
         )
         return [(int(r[0]), float(r[1])) for r in rows]
 
-    async def _lexical_grouped(
+    async def _best_by(
         self,
+        column: str,
         match: str,
         channel_pks: Sequence[int],
-        column: str,
-        keys: Sequence[str],
+        keys: list[str],
         per_key: int,
-        *,
-        about_others: bool = False,
+        about_others: bool,
     ) -> dict[str, list[int]]:
-        if column not in ("owner", "source"):
-            raise ValueError(f"cannot group records by {column!r}")
-        keys = list(dict.fromkeys(keys))
-        if not match or not channel_pks or not keys or per_key <= 0:
-            return {}
         scored = await self._scored(match, channel_pks)
         if scored is None:
             return {}

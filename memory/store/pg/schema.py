@@ -1,5 +1,5 @@
 """PostgreSQL migrations: the same tables, columns and keys as the SQLite schema
-(memory/store/schema.py after all its migrations), as recorded migrations of their own.
+(memory/store/sqlite/schema.py after all its migrations), as recorded migrations of their own.
 
 Portability rules that keep the repositories' SQL shared between the two backends:
 - ids that SQLite gives from the rowid are BIGINT identities (BY DEFAULT, so a copy from
@@ -447,7 +447,7 @@ CREATE TABLE forget_jobs (
 );
 CREATE INDEX forget_jobs_open ON forget_jobs (id) WHERE done_at IS NULL;
 """
-"""The SQLite migration 9 (memory/store/schema.py FORGETTING) for PostgreSQL; the key is
+"""The SQLite migration 9 (memory/store/sqlite/schema.py FORGETTING) for PostgreSQL; the key is
 two random UUIDs' hex (244 random bits), as pgcrypto is not assumed."""
 
 

@@ -1,50 +1,44 @@
-"""PgStore: the repositories of `memory.store.Store` over a PostgreSQL database."""
+"""The PostgreSQL store: the same repositories over a PostgreSQL database with pgvector."""
 
 from __future__ import annotations
 
 from memory.config import StoreConfig
-from memory.store import Store
-from memory.store.console import ConsoleRepo
-from memory.store.forget_jobs import ForgetJobRepo
-from memory.store.pg.catchup import PgCatchupRepo
-from memory.store.pg.channels import PgChannelRepo
-from memory.store.pg.database import PgDatabase
-from memory.store.pg.governance import PgGovernanceRepo
-from memory.store.pg.interactions import PgInteractionRepo
+from memory.store.base_store import BaseStore
+from memory.store.errors import StoreError
+from memory.store.pg.database import DRIVER, PgDatabase
 from memory.store.pg.locks import PgJobLocks
 from memory.store.pg.messages import PgMessageRepo
 from memory.store.pg.records import PgRecordRepo
-from memory.store.pg.segments import PgSegmentRepo
-from memory.store.reconcile import ReconcileRepo
-from memory.store.tombstones import TombstoneRepo
 
 
-class PgStore(Store):
-    """The same attributes as the SQLite `Store` (channels, messages, records, segments,
-    governance, interactions, catchup, reconcile, db), each a repository whose SQL
-    PostgreSQL runs: a PostgreSQL subclass where the SQLite one has SQLite-only SQL."""
+class PgStore(BaseStore):
+    """The same attributes as the SQLite store (channels, messages, records, segments,
+    governance, interactions, catchup, reconcile, db); messages and records search with
+    BM25 over tsvector and pgvector, job locks are advisory locks."""
+
+    db: PgDatabase
+    messages: PgMessageRepo
+    records: PgRecordRepo
 
     def __init__(self, config: StoreConfig, *, gap_seconds: float, window: int) -> None:
-        # no super().__init__: that would build the SQLite Database
-        self.db = PgDatabase(config)
-        self.channels = PgChannelRepo(self.db)
-        self.messages = PgMessageRepo(
-            self.db, self.channels, gap_seconds=gap_seconds, window=window
+        db = PgDatabase(config)
+        super().__init__(
+            db,
+            messages=PgMessageRepo,
+            records=PgRecordRepo,
+            locks=PgJobLocks(db),
+            gap_seconds=gap_seconds,
+            window=window,
         )
-        self.records = PgRecordRepo(self.db, self.channels)
-        self.segments = PgSegmentRepo(self.db)
-        self.governance = PgGovernanceRepo(self.db, self.channels)
-        self.interactions = PgInteractionRepo(self.db)
-        self.catchup = PgCatchupRepo(self.db)
-        self.console = ConsoleRepo(self.db, self.channels)
-        self.reconcile = ReconcileRepo(self.db)  # portable SQL
-        self.locks = PgJobLocks(self.db)
-        self.tombstones = TombstoneRepo(self.db, self.channels)
-        self.forget_jobs = ForgetJobRepo(self.db)
 
     @property
     def driver_name(self) -> str:
-        return "postgres"
+        return DRIVER.name
+
+    def retryable(self, exc: BaseException) -> bool:
+        """Whether the same write can succeed later: the store is full, locked, its
+        connection was lost. Anything else is a bad write or a bug."""
+        return isinstance(exc, StoreError | OSError | DRIVER.operational_error)
 
     async def db_size_bytes(self) -> int:
         rows = await self.db.read("SELECT pg_database_size(current_database())")
