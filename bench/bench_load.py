@@ -101,7 +101,7 @@ def guild_with_channels(n: int) -> tuple[dict[str, Any], list[str]]:
     return guild, ids
 
 
-_METRIC = re.compile(r"^([a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$")
+_METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+|[+-]Inf|NaN)$")
 
 
 def parse_metrics(text: str) -> dict[str, float]:

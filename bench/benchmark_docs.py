@@ -6,16 +6,26 @@ the command that produced it, the commit and the date.
 
 A page shows it with `<!-- report: socialmembench.json -->`: the docs build renders the tables
 `speakermem eval` prints from the file (scripts/bench_tables.py), so page and run agree.
+
+A load run (`bench/bench_load.py --json run.json`) is appended as one row to a block of
+docs/benchmarks/load.json, which docs/benchmarks/load.md renders as a table:
+
+    python bench/benchmark_docs.py record-load default_runs /tmp/run.json --label "defaults" \
+        --command "python bench/bench_load.py --rate 200 --seconds 300 --channels 50"
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+from benchlib.host import cpu_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCS = REPO_ROOT / "docs" / "benchmarks"
@@ -44,6 +54,46 @@ def record(name: str, report_path: Path, command: str) -> Path:
     return out
 
 
+def _rss_at(timeline: list[dict[str, Any]], t_s: float) -> float:
+    """The RSS sample nearest `t_s` seconds into the traffic."""
+    return float(min(timeline, key=lambda row: abs(float(row["t_s"]) - t_s))["rss_mb"])
+
+
+def load_row(run: dict[str, Any], label: str, command: str) -> dict[str, Any]:
+    """One row of load.json from a `bench_load.py --json` run: the fields load.md's tables
+    show, rounded as they are shown, with the run's command, commit and date."""
+    rec, lag = run["recall_ms"], run["lag_ms"]
+    return {
+        "label": label,
+        "command": command,
+        "commit": _commit()[:7],
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": f"{cpu_model()}, {os.cpu_count()} logical CPUs",
+        "embedder": run["embedder"],
+        "recall_processes": run["recall_processes"],
+        "llm_latency_s": run["llm_latency_s"],
+        "sent": run["sent"],
+        "found": run["found"],
+        "rows": run["rows"],
+        "recall_ms": {k: round(rec[k]) for k in ("p50", "p95", "p99")} | {"n": rec["n"]},
+        "lag_ms": {k: round(lag[k], 1) for k in ("p50", "p99", "max")},
+        "rss_mb": {f"{m}min": round(_rss_at(run["timeline"], m * 60.0), 1) for m in (2, 3, 5)},
+        "rss_slope_mb_min_last3": run["rss_slope_mb_min_last3"],
+        "bot_stop_s": run["bot_stop_s"],
+        "bot_exit": run["bot_exit"],
+        "writer_backlog": run["writer_backlog"],
+        "segments": run["segments"],
+    }
+
+
+def record_load(block: str, run_path: Path, label: str, command: str) -> Path:
+    out = DOCS / "load.json"
+    doc = json.loads(out.read_text())
+    doc.setdefault(block, []).append(load_row(json.loads(run_path.read_text()), label, command))
+    out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -51,8 +101,18 @@ def main() -> int:
     r.add_argument("name", help="results file name (docs/benchmarks/NAME.json)")
     r.add_argument("report", type=Path, help="the JSON `speakermem eval --out` wrote")
     r.add_argument("--command", required=True, help="the command that produced the report")
+    lr = sub.add_parser(
+        "record-load", help="append a bench_load.py run to docs/benchmarks/load.json"
+    )
+    lr.add_argument("block", help="the list in load.json the row joins (e.g. default_runs)")
+    lr.add_argument("run", type=Path, help="the JSON `bench_load.py --json` wrote")
+    lr.add_argument("--label", required=True, help="the row's label in the table")
+    lr.add_argument("--command", required=True, help="the command that produced the run")
     args = p.parse_args()
-    print(record(args.name, args.report, args.command))
+    if args.cmd == "record-load":
+        print(record_load(args.block, args.run, args.label, args.command))
+    else:
+        print(record(args.name, args.report, args.command))
     return 0
 
 

@@ -35,3 +35,44 @@ def test_a_sawtooth_under_the_first_minutes_peak_is_bounded() -> None:
 
 def test_too_short_a_run_has_no_verdict() -> None:
     assert bench_load.writer_backlog(timeline([0, 10, 20]), traffic_s=15)["bounded"] is None
+
+
+def test_a_load_run_becomes_the_row_load_md_renders() -> None:
+    import benchmark_docs
+
+    rss = {0: 100.0, 60: 500.0, 121: 510.0, 181: 515.5, 241: 517.0, 301: 520.04}
+    run = {
+        "embedder": "minilm",
+        "recall_processes": "auto",
+        "llm_latency_s": 1.0,
+        "sent": 100,
+        "found": 99,
+        "rows": 100,
+        "recall_ms": {"p50": 60.6, "p95": 144.5, "p99": 241.27, "n": 7},
+        "lag_ms": {"p50": 0.87, "p99": 10.96, "max": 156.94},
+        "timeline": [{"t_s": t, "rss_mb": mb} for t, mb in rss.items()],
+        "rss_slope_mb_min_last3": 0.84,
+        "bot_stop_s": 1.2,
+        "bot_exit": 0,
+        "writer_backlog": {"bounded": True},
+        "segments": {"segments_pending": 3},
+    }
+    row = benchmark_docs.load_row(run, "defaults", "python bench/bench_load.py")
+    assert row["recall_ms"] == {"p50": 61, "p95": 144, "p99": 241, "n": 7}
+    assert row["lag_ms"] == {"p50": 0.9, "p99": 11.0, "max": 156.9}
+    # the samples nearest 2, 3 and 5 minutes, not the first ones
+    assert row["rss_mb"] == {"2min": 510.0, "3min": 515.5, "5min": 520.0}
+    assert (row["sent"] - row["found"], row["rows"] - row["found"]) == (1, 1)
+    assert row["writer_backlog"] == {"bounded": True} and row["label"] == "defaults"
+
+
+def test_metric_names_with_digits_are_read() -> None:
+    text = (
+        "# TYPE speakermem_writer_tokens_per_1k_messages gauge\n"
+        "speakermem_writer_tokens_per_1k_messages 91940.0\n"
+        'speakermem_events_handled_total{outcome="message_stored"} 1.5e+04\n'
+    )
+    assert bench_load.parse_metrics(text) == {
+        "speakermem_writer_tokens_per_1k_messages": 91940.0,
+        'speakermem_events_handled_total{outcome="message_stored"}': 15000.0,
+    }
