@@ -75,10 +75,10 @@ class MessageIngest:
         # Round trips to the SQLite thread dominate a batch spread over many channels, so the
         # per-channel state is read with one query per batch, placement runs in Python, and
         # every write goes out as one executemany per table.
-        await tx.ingest_lock()
         by_scope: dict[Scope, list[int]] = {}
         for i, ev in enumerate(events):
             by_scope.setdefault(ev.scope, []).append(i)
+        await tx.ingest_lock([scope.key() for scope in by_scope])
         pks: dict[Scope, int] = {}
         for scope in by_scope:
             pks[scope] = await self.channels.ensure(tx, scope)
@@ -97,11 +97,13 @@ class MessageIngest:
         dropped_edits: list[tuple[str, ...]] = []
         tombstoned: list[tuple[int, str]] = []
         states = await self._channel_states(tx, list(pks.values()))
-        top = await tx.fetchone(
-            "SELECT (SELECT coalesce(max(id), 0) FROM segments),"
-            " (SELECT coalesce(max(id), 0) FROM messages)"
-        )
-        next_seg, last_message_pk = int(top[0]) + 1, int(top[1])
+        last_message_pk = 0
+        if self.db.dialect.index_new_messages is not None:
+            top = await tx.fetchone("SELECT coalesce(max(id), 0) FROM messages")
+            last_message_pk = int(top[0])
+        # New segments get provisional ids (-1, -2, ...) during placement and their real
+        # ids from `reserve_ids` once their number is known.
+        next_seg = -1
         now = time.time()
         outcomes: list[IngestOutcome | None] = [None] * len(events)
         rows: list[tuple[Any, ...]] = []
@@ -177,7 +179,7 @@ class MessageIngest:
                         seg_id, seg_n = None, 0
                 if seg_id is None:
                     seg_id = next_seg
-                    next_seg += 1
+                    next_seg -= 1
                     rec = [seg_id, pk, *key, "open", 0, now, ts, None]
                     new_segs[seg_id] = rec
                     seg_inserts.append(rec)
@@ -215,6 +217,12 @@ class MessageIngest:
                 save(seg_id, seg_n, seg_last, False)
             channel_updates.append((cursor.last_ts, cursor.session_id, cursor.next_turn, pk))
             member_rows.extend((pk, *key, uid, ts) for uid, ts in members.items())
+        if seg_inserts:
+            real = await tx.reserve_ids("segments", len(seg_inserts))
+            seg_ids = {rec[0]: sid for rec, sid in zip(seg_inserts, real, strict=True)}
+            for rec in seg_inserts:
+                rec[0] = seg_ids[rec[0]]
+            rows = [(*r[:-2], seg_ids.get(r[-2], r[-2]), r[-1]) for r in rows]
         await self.channels.add_member_rows(tx, member_rows)
         # Users are per workspace: one upsert per workspace, not per channel (the last
         # sighting of a user in the batch wins, as before).
