@@ -25,6 +25,26 @@ from memory.store.messages import early as early_changes
 from memory.store.messages.outcomes import IngestOutcome, IngestStatus
 from memory.store.rows import to_ts
 
+MESSAGE_COLUMNS = (
+    ("channel_pk", "bigint"),
+    ("platform", "text"),
+    ("workspace", "text"),
+    ("channel", "text"),
+    ("message_id", "text"),
+    ("thread_id", "text"),
+    ("speaker_id", "text"),
+    ("speaker_name", "text"),
+    ("text", "text"),
+    ("ts", "double precision"),
+    ("session_id", "integer"),
+    ("turn_index", "integer"),
+    ("reply_to", "text"),
+    ("addressees", "text"),
+    ("segment_id", "bigint"),
+    ("edited_at", "double precision"),
+)
+"""The columns of an ingested message row, in the order `_ingest_tx` builds them."""
+
 
 class MessageIngest:
     """The ingest transaction (`MessageRepo.ingest`)."""
@@ -243,13 +263,7 @@ class MessageIngest:
             "UPDATE channels SET last_ts = ?, session_id = ?, next_turn = ? WHERE id = ?",
             channel_updates,
         )
-        await tx.executemany(
-            "INSERT INTO messages (channel_pk, platform, workspace, channel, message_id,"
-            " thread_id, speaker_id, speaker_name, text, ts, session_id, turn_index, reply_to,"
-            " addressees, segment_id, edited_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        await tx.insert_rows("messages", MESSAGE_COLUMNS, rows)
         if rows and self.db.dialect.index_new_messages is not None:
             await tx.execute(self.db.dialect.index_new_messages, (last_message_pk,))
         if consumed or dropped_edits:

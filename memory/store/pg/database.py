@@ -181,6 +181,14 @@ def map_error(exc: BaseException, *, where: str, lock_wait_s: float) -> BaseExce
 # ---- the database ------------------------------------------------------------------------
 
 
+def pool_max_size(config: StoreConfig) -> int:
+    """Connections one process's pool may open: one for its write transaction (a process
+    runs one at a time) and one per reader (/recall's rankings run concurrently, one per
+    connection). A job lock holds one more of its own while its job runs
+    (memory/store/pg/locks.py). The server must allow this many per process."""
+    return config.readers + 1
+
+
 class PgDatabase:
     """A PostgreSQL database: a connection pool, recorded migrations."""
 
@@ -210,7 +218,7 @@ class PgDatabase:
         pool: AsyncConnectionPool[AsyncConnection[PgRow]] = AsyncConnectionPool(
             self.url,
             min_size=1,
-            max_size=self.config.readers + 1,
+            max_size=pool_max_size(self.config),
             kwargs={"autocommit": True, "cursor_factory": AsyncClientCursor, "row_factory": pg_row},
             configure=configure,
             # a connection the server dropped (restart, failover, idle timeout) is replaced
@@ -366,6 +374,18 @@ class PgTransaction:
                 " FROM (SELECT unnest(?::int[]) AS k ORDER BY k) AS keys",
                 (INGEST_LOCK_CLASS, keys),
             )
+
+    async def insert_rows(
+        self, table: str, columns: Sequence[tuple[str, str]], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """One INSERT ... SELECT FROM unnest(arrays) per 5,000 rows: the server parses and
+        plans one statement, not one per row."""
+        names = ", ".join(name for name, _ in columns)
+        arrays = ", ".join(f"?::{kind}[]" for _, kind in columns)
+        sql = f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays})"
+        for start in range(0, len(rows), 5_000):
+            chunk = rows[start : start + 5_000]
+            await self.execute(sql, [list(col) for col in zip(*chunk, strict=True)])
 
     async def reserve_ids(self, table: str, n: int) -> list[int]:
         """`n` values of the table's identity sequence (never handed out twice, whatever

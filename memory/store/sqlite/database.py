@@ -247,6 +247,15 @@ class SqliteTransaction:
         """Order this transaction against other ingests, edits and deletes: nothing to do,
         the one writer already does."""
 
+    async def insert_rows(
+        self, table: str, columns: Sequence[tuple[str, str]], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """One prepared INSERT stepped per row: SQLite runs in this process, so there is no
+        round trip to save."""
+        names = ", ".join(name for name, _ in columns)
+        marks = ", ".join("?" for _ in columns)
+        await self.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
+
     async def reserve_ids(self, table: str, n: int) -> list[int]:
         """The ids after the largest stored: the one writer makes them this transaction's."""
         row = await (
