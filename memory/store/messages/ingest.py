@@ -45,6 +45,20 @@ MESSAGE_COLUMNS = (
 )
 """The columns of an ingested message row, in the order `_ingest_tx` builds them."""
 
+SEGMENT_COLUMNS = (
+    ("id", "bigint"),
+    ("channel_pk", "bigint"),
+    ("platform", "text"),
+    ("workspace", "text"),
+    ("channel", "text"),
+    ("state", "text"),
+    ("n_messages", "integer"),
+    ("opened_at", "double precision"),
+    ("last_message_at", "double precision"),
+    ("closed_at", "double precision"),
+)
+"""The columns of a new segment row, in the order `_ingest_tx` builds them."""
+
 
 class MessageIngest:
     """The ingest transaction (`MessageRepo.ingest`)."""
@@ -253,12 +267,7 @@ class MessageIngest:
         # Close the channels' earlier open segments before inserting new ones (one open
         # segment per channel is a unique index).
         await tx.executemany(self._segment_update_sql, seg_updates)
-        await tx.executemany(
-            "INSERT INTO segments (id, channel_pk, platform, workspace, channel, state,"
-            " n_messages, opened_at, last_message_at, closed_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [tuple(rec) for rec in seg_inserts],
-        )
+        await tx.insert_rows("segments", SEGMENT_COLUMNS, [tuple(rec) for rec in seg_inserts])
         await tx.executemany(
             "UPDATE channels SET last_ts = ?, session_id = ?, next_turn = ? WHERE id = ?",
             channel_updates,
