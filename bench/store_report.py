@@ -206,7 +206,18 @@ def render(results: dict[str, Any]) -> str:
             row(
                 f"Ingest with {k} writer process(es) (`ingest_many`, batches of 2,000)",
                 f"{run['messages']:,} msgs over {r['channels']} channels",
-                f"{run['msgs_per_s']:,.0f} msg/s ({run['wall_s']} s)",
+                f"{run['msgs_per_s']:,.0f} msg/s ({run['wall_s']} s)"
+                + (
+                    f"; CPU per message: writers {run['client_cpu_ms_per_msg']} ms"
+                    + (
+                        ""
+                        if run.get("server_cpu_ms_per_msg") is None
+                        else f", server {run['server_cpu_ms_per_msg']} ms"
+                    )
+                    + f"; {run['cores_busy']} of {run['cores']} cores busy"
+                    if "cores_busy" in run
+                    else ""
+                ),
             )
     if "workers" in S and "error" not in S["workers"]:
         r = S["workers"]

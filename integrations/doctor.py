@@ -13,6 +13,7 @@ import re
 import time
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from integrations.doctor_llm import writer_probe_checks
 from integrations.runtime import configured_platforms
 from memory import maintenance
 from memory.admin import StoreHealth
+
+if TYPE_CHECKING:
+    from memory.admin import PgHealth
 
 PARITY_MIN_COSINE = 0.999
 DOCTOR_LLM_TIMEOUT_S = 15.0
@@ -160,6 +164,56 @@ def spill_check(settings: Settings) -> Check:
 # ---- the store ------------------------------------------------------------------------------
 
 
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MB"
+
+
+def pg_server_checks(health: PgHealth) -> list[Check]:
+    """The server settings search speed and the pool depend on (warnings: the store works
+    without them, slower or short of connections); each fix says what to set."""
+    buffers = health.shared_buffers_wanted
+    work_mem = health.work_mem_wanted
+    return [
+        verdict(
+            "db",
+            "shared_buffers",
+            health.shared_buffers >= buffers,
+            f"{_mib(health.shared_buffers)}; dense search scans {_mib(health.dense_scan_bytes)}"
+            " of sign bits",
+            f"set shared_buffers = {buffers >> 20}MB or more (about a quarter of the server's "
+            "RAM) in postgresql.conf and restart PostgreSQL: dense search slows down several "
+            "times once its sign bits fall out of the cache",
+            bad="warn",
+        ),
+        verdict(
+            "db",
+            "work_mem",
+            health.temp_files == 0,
+            f"{_mib(health.work_mem)}; "
+            + (
+                "no query spilled to disk"
+                if health.temp_files == 0
+                else f"{health.temp_files:,} temporary files ({_mib(health.temp_bytes)}) "
+                "written since the statistics were reset"
+            ),
+            f"ALTER DATABASE <db> SET work_mem = '{work_mem >> 20}MB' (then reconnect), or set "
+            "it in postgresql.conf: sorts and hashes beyond work_mem go to disk",
+            bad="warn",
+        ),
+        verdict(
+            "db",
+            "connections",
+            health.processes_fit >= 1,
+            f"pool of {health.pool_max} per process (readers + 1); "
+            f"{health.connections_used} of {health.max_connections} in use, room for "
+            f"{health.processes_fit} more process(es)",
+            "raise max_connections on the server (restart), or lower SPEAKERMEM_DB_READERS "
+            "in each process: every bot, worker and CLI process opens up to readers + 1",
+            bad="warn",
+        ),
+    ]
+
+
 async def store_checks(settings: Settings) -> list[Check]:
     postgres = settings.db_url is not None
     try:
@@ -198,11 +252,15 @@ async def store_checks(settings: Settings) -> list[Check]:
             verdict(
                 "db",
                 "pgvector",
-                bool(health.vector_version),
+                health.vector_supported,
                 health.vector_version or "extension not installed",
                 "install pgvector on the server (e.g. apt install postgresql-16-pgvector) and "
-                "CREATE EXTENSION vector as a superuser",
+                "CREATE EXTENSION vector as a superuser"
+                if health.vector_version is None
+                else f"pgvector {health.vector_needed} or newer is needed: install it"
+                " on the server, then ALTER EXTENSION vector UPDATE as a superuser",
             ),
+            *pg_server_checks(health),
             verdict(
                 "db",
                 "text search",

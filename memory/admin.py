@@ -18,7 +18,7 @@ from memory.store.diagnostics import StoreHealth, location, store_health
 from memory.store.usage import WriterUsage, writer_usage
 
 if TYPE_CHECKING:
-    from memory.store.pg.diagnostics import PgHealth
+    from memory.store.pg.diagnostics import PgHealth as PgHealth
 
 __all__ = ["StoreAdmin", "StoreHealth", "WriterUsage"]
 

@@ -38,6 +38,12 @@ class Transaction(Protocol):
     async def executemany(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """Run a statement once per row (nothing when there are none)."""
 
+    async def insert_rows(
+        self, table: str, columns: Sequence[tuple[str, str]], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """INSERT `rows` into `table`'s (name, type) `columns` (types 'bigint', 'text',
+        'double precision', 'integer') as the backend sends a burst fastest."""
+
     async def fetchall(self, sql: str, params: Params = ()) -> list[Any]: ...
 
     async def fetchone(self, sql: str, params: Params = ()) -> Any:
@@ -54,10 +60,15 @@ class Transaction(Protocol):
         tombstones): those take it exclusive, the writes they govern (ingest, Writer
         commits) shared."""
 
-    async def ingest_lock(self) -> None:
-        """Order this transaction against every other ingest, edit or delete of messages:
-        placement reads each channel's cursor and the next segment id, and a create must
-        not miss its early edit or delete."""
+    async def ingest_lock(self, channels: Sequence[tuple[str, str, str]]) -> None:
+        """Order this transaction against every other ingest, edit or delete of messages in
+        `channels` (scope keys: platform, workspace, channel): placement reads each
+        channel's cursor and open segment, and a create must not miss its early edit or
+        delete. Ingests of other channels go on beside it."""
+
+    async def reserve_ids(self, table: str, n: int) -> list[int]:
+        """`n` fresh ids for rows of `table` that this transaction inserts with explicit
+        ids (rows that reference each other are written in one executemany per table)."""
 
 
 class Database(Protocol):

@@ -43,7 +43,7 @@ class MessageChanges:
         nor an early edit's in a channel whose memory is off."""
         at = to_ts(event.edited_at)
         async with self.db.transaction() as tx:
-            await tx.ingest_lock()
+            await tx.ingest_lock([event.scope.key()])
             await tx.policy_lock(shared=True)
             row = await self._locate(tx, event.scope, event.message_id)
             if row is not None and row[2] is not None:
@@ -82,7 +82,7 @@ class MessageChanges:
         A delete of a message not stored yet is kept as an early tombstone (UNKNOWN): the
         create that follows is stored forgotten."""
         async with self.db.transaction() as tx:
-            await tx.ingest_lock()
+            await tx.ingest_lock([event.scope.key()])
             row = await tx.fetchone(
                 "SELECT m.id, m.deleted_at, m.speaker_name FROM messages m JOIN channels c"
                 " ON c.id = m.channel_pk WHERE c.platform = ? AND c.workspace = ?"

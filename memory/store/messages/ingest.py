@@ -25,6 +25,40 @@ from memory.store.messages import early as early_changes
 from memory.store.messages.outcomes import IngestOutcome, IngestStatus
 from memory.store.rows import to_ts
 
+MESSAGE_COLUMNS = (
+    ("channel_pk", "bigint"),
+    ("platform", "text"),
+    ("workspace", "text"),
+    ("channel", "text"),
+    ("message_id", "text"),
+    ("thread_id", "text"),
+    ("speaker_id", "text"),
+    ("speaker_name", "text"),
+    ("text", "text"),
+    ("ts", "double precision"),
+    ("session_id", "integer"),
+    ("turn_index", "integer"),
+    ("reply_to", "text"),
+    ("addressees", "text"),
+    ("segment_id", "bigint"),
+    ("edited_at", "double precision"),
+)
+"""The columns of an ingested message row, in the order `_ingest_tx` builds them."""
+
+SEGMENT_COLUMNS = (
+    ("id", "bigint"),
+    ("channel_pk", "bigint"),
+    ("platform", "text"),
+    ("workspace", "text"),
+    ("channel", "text"),
+    ("state", "text"),
+    ("n_messages", "integer"),
+    ("opened_at", "double precision"),
+    ("last_message_at", "double precision"),
+    ("closed_at", "double precision"),
+)
+"""The columns of a new segment row, in the order `_ingest_tx` builds them."""
+
 
 class MessageIngest:
     """The ingest transaction (`MessageRepo.ingest`)."""
@@ -75,10 +109,10 @@ class MessageIngest:
         # Round trips to the SQLite thread dominate a batch spread over many channels, so the
         # per-channel state is read with one query per batch, placement runs in Python, and
         # every write goes out as one executemany per table.
-        await tx.ingest_lock()
         by_scope: dict[Scope, list[int]] = {}
         for i, ev in enumerate(events):
             by_scope.setdefault(ev.scope, []).append(i)
+        await tx.ingest_lock([scope.key() for scope in by_scope])
         pks: dict[Scope, int] = {}
         for scope in by_scope:
             pks[scope] = await self.channels.ensure(tx, scope)
@@ -97,11 +131,13 @@ class MessageIngest:
         dropped_edits: list[tuple[str, ...]] = []
         tombstoned: list[tuple[int, str]] = []
         states = await self._channel_states(tx, list(pks.values()))
-        top = await tx.fetchone(
-            "SELECT (SELECT coalesce(max(id), 0) FROM segments),"
-            " (SELECT coalesce(max(id), 0) FROM messages)"
-        )
-        next_seg, last_message_pk = int(top[0]) + 1, int(top[1])
+        last_message_pk = 0
+        if self.db.dialect.index_new_messages is not None:
+            top = await tx.fetchone("SELECT coalesce(max(id), 0) FROM messages")
+            last_message_pk = int(top[0])
+        # New segments get provisional ids (-1, -2, ...) during placement and their real
+        # ids from `reserve_ids` once their number is known.
+        next_seg = -1
         now = time.time()
         outcomes: list[IngestOutcome | None] = [None] * len(events)
         rows: list[tuple[Any, ...]] = []
@@ -177,7 +213,7 @@ class MessageIngest:
                         seg_id, seg_n = None, 0
                 if seg_id is None:
                     seg_id = next_seg
-                    next_seg += 1
+                    next_seg -= 1
                     rec = [seg_id, pk, *key, "open", 0, now, ts, None]
                     new_segs[seg_id] = rec
                     seg_inserts.append(rec)
@@ -215,6 +251,12 @@ class MessageIngest:
                 save(seg_id, seg_n, seg_last, False)
             channel_updates.append((cursor.last_ts, cursor.session_id, cursor.next_turn, pk))
             member_rows.extend((pk, *key, uid, ts) for uid, ts in members.items())
+        if seg_inserts:
+            real = await tx.reserve_ids("segments", len(seg_inserts))
+            seg_ids = {rec[0]: sid for rec, sid in zip(seg_inserts, real, strict=True)}
+            for rec in seg_inserts:
+                rec[0] = seg_ids[rec[0]]
+            rows = [(*r[:-2], seg_ids.get(r[-2], r[-2]), r[-1]) for r in rows]
         await self.channels.add_member_rows(tx, member_rows)
         # Users are per workspace: one upsert per workspace, not per channel (the last
         # sighting of a user in the batch wins, as before).
@@ -225,23 +267,12 @@ class MessageIngest:
         # Close the channels' earlier open segments before inserting new ones (one open
         # segment per channel is a unique index).
         await tx.executemany(self._segment_update_sql, seg_updates)
-        await tx.executemany(
-            "INSERT INTO segments (id, channel_pk, platform, workspace, channel, state,"
-            " n_messages, opened_at, last_message_at, closed_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [tuple(rec) for rec in seg_inserts],
-        )
+        await tx.insert_rows("segments", SEGMENT_COLUMNS, [tuple(rec) for rec in seg_inserts])
         await tx.executemany(
             "UPDATE channels SET last_ts = ?, session_id = ?, next_turn = ? WHERE id = ?",
             channel_updates,
         )
-        await tx.executemany(
-            "INSERT INTO messages (channel_pk, platform, workspace, channel, message_id,"
-            " thread_id, speaker_id, speaker_name, text, ts, session_id, turn_index, reply_to,"
-            " addressees, segment_id, edited_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        await tx.insert_rows("messages", MESSAGE_COLUMNS, rows)
         if rows and self.db.dialect.index_new_messages is not None:
             await tx.execute(self.db.dialect.index_new_messages, (last_message_pk,))
         if consumed or dropped_edits:

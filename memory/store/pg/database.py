@@ -26,6 +26,7 @@ import functools
 import logging
 import re
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PosixPath
@@ -48,7 +49,21 @@ log = logging.getLogger(__name__)
 
 MIGRATION_LOCK = 0x53504D454D  # "SPMEM": the advisory lock id that serialises migrations
 POLICY_LOCK = 0x53504D50  # "SPMP": the advisory lock id of `PgTransaction.policy_lock`
-INGEST_LOCK = 0x53504D53  # "SPMS": the advisory lock id of `PgTransaction.ingest_lock`
+INGEST_LOCK_CLASS = 0x53504D53  # "SPMS": the first key of every channel's ingest lock
+
+
+def crc_key(name: str) -> int:
+    """The second key of an advisory lock named `name`: its CRC-32 as a signed 32-bit
+    integer (the same in every process and Python version, unlike `hash`)."""
+    crc = zlib.crc32(name.encode())
+    return crc - (1 << 32) if crc >= 1 << 31 else crc
+
+
+def channel_lock_keys(channels: Sequence[tuple[str, str, str]]) -> list[int]:
+    """The ingest lock keys of `channels`, each once and sorted: every transaction takes its
+    channels' locks in this one order, so two batches sharing channels wait, not deadlock.
+    Two channels whose keys collide only share a lock."""
+    return sorted({crc_key("\x00".join(key)) for key in channels})
 
 
 @dataclass(frozen=True)
@@ -166,6 +181,14 @@ def map_error(exc: BaseException, *, where: str, lock_wait_s: float) -> BaseExce
 # ---- the database ------------------------------------------------------------------------
 
 
+def pool_max_size(config: StoreConfig) -> int:
+    """Connections one process's pool may open: one for its write transaction (a process
+    runs one at a time) and one per reader (/recall's rankings run concurrently, one per
+    connection). A job lock holds one more of its own while its job runs
+    (memory/store/pg/locks.py). The server must allow this many per process."""
+    return config.readers + 1
+
+
 class PgDatabase:
     """A PostgreSQL database: a connection pool, recorded migrations."""
 
@@ -195,7 +218,7 @@ class PgDatabase:
         pool: AsyncConnectionPool[AsyncConnection[PgRow]] = AsyncConnectionPool(
             self.url,
             min_size=1,
-            max_size=self.config.readers + 1,
+            max_size=pool_max_size(self.config),
             kwargs={"autocommit": True, "cursor_factory": AsyncClientCursor, "row_factory": pg_row},
             configure=configure,
             # a connection the server dropped (restart, failover, idle timeout) is replaced
@@ -340,10 +363,38 @@ class PgTransaction:
         fn = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
         await self.execute(f"SELECT {fn}(?)", (POLICY_LOCK,))
 
-    async def ingest_lock(self) -> None:
-        """One transaction-scoped advisory lock serialises ingest, edits and deletes across
-        processes, as SQLite's single writer does."""
-        await self.execute("SELECT pg_advisory_xact_lock(?)", (INGEST_LOCK,))
+    async def ingest_lock(self, channels: Sequence[tuple[str, str, str]]) -> None:
+        """Transaction-scoped advisory locks, one per channel, taken in one statement in key
+        order: ingests, edits and deletes of a channel run one at a time across processes
+        (its cursor, open segment and early changes), those of other channels beside it."""
+        keys = channel_lock_keys(channels)
+        if keys:
+            await self.execute(
+                "SELECT count(pg_advisory_xact_lock(?, k))"
+                " FROM (SELECT unnest(?::int[]) AS k ORDER BY k) AS keys",
+                (INGEST_LOCK_CLASS, keys),
+            )
+
+    async def insert_rows(
+        self, table: str, columns: Sequence[tuple[str, str]], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """One INSERT ... SELECT FROM unnest(arrays) per 5,000 rows: the server parses and
+        plans one statement, not one per row."""
+        names = ", ".join(name for name, _ in columns)
+        arrays = ", ".join(f"?::{kind}[]" for _, kind in columns)
+        sql = f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays})"
+        for start in range(0, len(rows), 5_000):
+            chunk = rows[start : start + 5_000]
+            await self.execute(sql, [list(col) for col in zip(*chunk, strict=True)])
+
+    async def reserve_ids(self, table: str, n: int) -> list[int]:
+        """`n` values of the table's identity sequence (never handed out twice, whatever
+        other transactions do)."""
+        rows = await self.fetchall(
+            "SELECT nextval(pg_get_serial_sequence(?, 'id')) FROM generate_series(1, ?)",
+            (table, n),
+        )
+        return [int(r[0]) for r in rows]
 
     async def execute(self, sql: str, params: Params = ()) -> Any:
         cur = self.pg.cursor()

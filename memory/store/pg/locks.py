@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import zlib
 from collections.abc import AsyncIterator
 
 import psycopg
 
 from memory.store.errors import StoreError
-from memory.store.pg.database import PgDatabase
+from memory.store.pg.database import PgDatabase, crc_key
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +25,8 @@ JOB_LOCK_CLASS = 0x53504A  # "SPJ": the first key of every job lock (migrations 
 
 
 def job_key(name: str) -> int:
-    """The second key of `name`'s advisory lock: its CRC-32 as a signed 32-bit integer (the
-    same in every process and Python version, unlike `hash`)."""
-    crc = zlib.crc32(name.encode())
-    return crc - (1 << 32) if crc >= 1 << 31 else crc
+    """The second key of `name`'s advisory lock (`crc_key`)."""
+    return crc_key(name)
 
 
 class PgJobLocks:

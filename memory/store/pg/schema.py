@@ -450,6 +450,14 @@ CREATE INDEX forget_jobs_open ON forget_jobs (id) WHERE done_at IS NULL;
 """The SQLite migration 9 (memory/store/sqlite/schema.py FORGETTING) for PostgreSQL; the key is
 two random UUIDs' hex (244 random bits), as pgcrypto is not assumed."""
 
+SEGMENT_ID_SEQUENCE = """
+SELECT setval(pg_get_serial_sequence('segments', 'id'),
+              (SELECT coalesce(max(id), 0) + 1 FROM segments), false);
+"""
+"""Ingest took segment ids as max(id) + 1 under one global lock, which left the identity
+sequence behind the stored ids; ingests of different channels now run side by side and
+take them from the sequence (`PgTransaction.reserve_ids`), so it starts past them."""
+
 
 def migrations(config: StoreConfig) -> list[Migration]:
     """All PostgreSQL migrations in order (versions are this backend's own)."""
@@ -479,6 +487,7 @@ def migrations(config: StoreConfig) -> list[Migration]:
         ),
         Migration(11, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
         Migration(12, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
+        Migration(13, "segments: ids from their identity sequence", SEGMENT_ID_SEQUENCE),
     ]
 
 

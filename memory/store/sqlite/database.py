@@ -243,9 +243,26 @@ class SqliteTransaction:
         those take it exclusive, the writes they govern (ingest, Writer commits) shared.
         Nothing to do on SQLite: its one writer already runs transactions one at a time."""
 
-    async def ingest_lock(self) -> None:
+    async def ingest_lock(self, channels: Sequence[tuple[str, str, str]]) -> None:
         """Order this transaction against other ingests, edits and deletes: nothing to do,
         the one writer already does."""
+
+    async def insert_rows(
+        self, table: str, columns: Sequence[tuple[str, str]], rows: list[tuple[Any, ...]]
+    ) -> None:
+        """One prepared INSERT stepped per row: SQLite runs in this process, so there is no
+        round trip to save."""
+        names = ", ".join(name for name, _ in columns)
+        marks = ", ".join("?" for _ in columns)
+        await self.executemany(f"INSERT INTO {table} ({names}) VALUES ({marks})", rows)
+
+    async def reserve_ids(self, table: str, n: int) -> list[int]:
+        """The ids after the largest stored: the one writer makes them this transaction's."""
+        row = await (
+            await self.conn.execute(f"SELECT coalesce(max(id), 0) FROM {table}")
+        ).fetchone()
+        first = int(row[0]) + 1 if row is not None else 1
+        return list(range(first, first + n))
 
     async def execute(self, sql: str, params: Params = ()) -> Any:
         return await self.conn.execute(sql, params)
