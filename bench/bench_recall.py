@@ -36,6 +36,12 @@ Usage (from the repository root):
     python bench/bench_recall.py --backend postgres --db-dir /tmp/speakermem-bench-recall-pg
     python bench/bench_recall.py --questions 400 --out bench/recall.json
     python bench/bench_recall.py --query-embedder fake --breakdown  # time per store call
+    python bench/bench_recall.py --query-embedder fake --doc-row docs/benchmarks/postgresql.json
+        # then the same with --backend postgres: both sides of the page's /recall row
+
+--doc-row FILE writes this run's p50/p95 (first query embedder) as its backend's side of the
+/recall row of a benchmark page's JSON (docs/benchmarks/postgresql.json), with the command,
+date, commit and machine of that side, so the page shows measured figures, never typed ones.
     python bench/bench_recall.py --help
 """
 
@@ -43,10 +49,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +229,9 @@ async def main_async(args: argparse.Namespace) -> int:
         results = {"machine": machine, "build": build_stats, "runs": runs}
         await asyncio.to_thread(write_json, args.out, results)
         print(f"\nJSON written to {args.out}")
+    if args.doc_row and runs:
+        await asyncio.to_thread(update_doc_row, Path(args.doc_row), args, machine, runs[0])
+        print(f"{args.backend} side of the /recall row written to {args.doc_row}")
     if args.cleanup:
         await asyncio.to_thread(target.drop)
     ok = all(
@@ -228,6 +241,43 @@ async def main_async(args: argparse.Namespace) -> int:
 
 
 DEFAULT_DB_DIR = "/tmp/speakermem-bench-recall"
+DOC_ROW = "/recall p50 / p95 at 100k messages + 10k records, no LLM, 240 questions"
+"""The `what` of the row --doc-row writes (the embedder is named in the row's command)."""
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def update_doc_row(
+    path: Path, args: argparse.Namespace, machine: dict[str, Any], run: dict[str, Any]
+) -> None:
+    """Write this run as its backend's side of the /recall row of `path` (a benchmark
+    page's JSON, rows of {what, command, postgres, sqlite, unit}); the other side stays."""
+    doc = json.loads(path.read_text())
+    rows: list[dict[str, Any]] = doc.setdefault("rows", [])
+    row = next((r for r in rows if r.get("what") == DOC_ROW), None)
+    if row is None:
+        row = {"what": DOC_ROW, "unit": "ms"}
+        rows.append(row)
+    row[args.backend] = {
+        "p50": run["p50_ms"],
+        "p95": run["p95_ms"],
+        "command": " ".join(["python bench/bench_recall.py", *sys.argv[1:]]),
+        "embedder": run["embedder"],
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _commit(),
+        "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['ram_gb']} GB RAM",
+        "database": machine.get("database", ""),
+    }
+    row["command"] = "python bench/bench_recall.py --query-embedder fake [--backend postgres]"
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -274,6 +324,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_overrides_option(p, "--store-set", "StoreConfig (the timed questions)", "cache_mib=2")
     p.add_argument("--out", help="also write the results as JSON here")
     p.add_argument("--cleanup", action="store_true", help="delete the database at the end")
+    p.add_argument(
+        "--doc-row",
+        metavar="FILE",
+        help="write this run (first embedder) as its backend's side of FILE's /recall row",
+    )
     return p.parse_args(argv)
 
 

@@ -536,3 +536,50 @@ async def test_lexical_pruning_returns_the_full_ranking(
             assert score == pytest.approx(every[pk], rel=1e-9)
     finally:
         await eng.close()
+
+
+async def test_concurrent_searches_count_a_shared_term_once(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rankings of one question run concurrently and share terms: a document frequency
+    being counted is awaited by the others, so each item is counted once, and every
+    caller gets the count a lone lookup gets (a repeated item too)."""
+    import memory.store.pg.messages as pgm
+
+    monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)  # the large-corpus path counts dfs
+    eng = await open_engine(tmp_path, pg_url)
+    try:
+        await eng.ingest_many(zipf_corpus(300))
+        repo = eng.store.messages
+        assert isinstance(repo, pgm.PgMessageRepo)
+        counted: list[list[tuple[str, str]]] = []
+        count = repo._count_doc_freqs
+        release = asyncio.Event()
+
+        async def slow_count(items: list[tuple[str, str]]) -> list[int | None]:
+            counted.append(list(items))
+            await release.wait()  # every caller has asked before the first count returns
+            return await count(items)
+
+        monkeypatch.setattr(repo, "_count_doc_freqs", slow_count)
+        shared = [("w0", "AB"), ("w5", "A")]
+        asks = [
+            [*shared, ("w1", "AB")],
+            [("w5", "A"), ("w2", "AB"), ("w5", "A")],
+            [*shared, ("nosuchword", "AB")],
+        ]
+        tasks = [asyncio.ensure_future(repo._doc_freqs(items)) for items in asks]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        release.set()
+        got = await asyncio.gather(*tasks)
+        flat = [item for items in counted for item in items]
+        assert sorted(flat) == sorted(set(flat))  # no item counted twice
+        assert set(flat) == {item for items in asks for item in items}
+        monkeypatch.setattr(repo, "_count_doc_freqs", count)
+        for items, dfs in zip(asks, got, strict=True):
+            repo._df.clear()
+            assert dfs == await repo._doc_freqs(items)
+        assert got[1][0] == got[1][2] is not None
+    finally:
+        await eng.close()

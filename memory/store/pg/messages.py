@@ -12,6 +12,7 @@ KNN over pgvector sign bits (the ingest, edits, deletes and reads are the neutra
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Sequence
@@ -64,6 +65,10 @@ class PgMessageRepo(MessageRepo):
         super().__init__(*args, **kwargs)
         self._stats: tuple[float, int, float] | None = None  # (read at, rows, mean length)
         self._df: dict[tuple[str, str], tuple[float, int]] = {}  # (raw, ws) -> (read at, df)
+        # items whose count is being read: the lexical rankings of one question run
+        # concurrently and share terms (a name, its phrase), so they wait for one count
+        # instead of each reading every matching row again
+        self._df_reading: dict[tuple[str, str], asyncio.Future[int | None]] = {}
         self._sizes: dict[int, tuple[float, int]] = {}  # channel -> (read at, vectors)
         self._binary = message_vectors.BinaryVectors()
 
@@ -294,33 +299,78 @@ class PgMessageRepo(MessageRepo):
 
     async def _doc_freqs(self, items: list[tuple[str, str]]) -> list[float | None]:
         """Each item's document frequency over all live messages (None: no lexeme), from a
-        per-process cache that expires with the corpus statistics."""
+        per-process cache that expires with the corpus statistics; an item another search
+        is counting at the moment is awaited, not counted again."""
         now = time.monotonic()
         out: list[float | None] = [None] * len(items)
         missing: list[int] = []
+        waiting: list[tuple[int, asyncio.Future[int | None]]] = []
         for n, item in enumerate(items):
             hit = self._df.get(item)
             if hit is not None and now - hit[0] < STATS_TTL_S:
                 out[n] = float(hit[1])
-            else:
+            elif (reading := self._df_reading.get(item)) is not None:
+                waiting.append((n, reading))
+            elif item not in (items[m] for m in missing):
                 missing.append(n)
         if missing:
-            stats = await self._cached_stats()
-            rows = await self.db.read(
-                DF_SQL,
-                (
-                    DF_ESTIMATE_ABOVE,
-                    [items[n][0] for n in missing],
-                    [items[n][1] for n in missing],
-                    stats[0] if stats is not None else 0.0,
-                ),
-            )
+            loop = asyncio.get_running_loop()
+            mine = {items[n]: loop.create_future() for n in missing}
+            self._df_reading.update(mine)
+            try:
+                counted = await self._count_doc_freqs([items[n] for n in missing])
+            except BaseException as exc:
+                for fut in mine.values():
+                    if isinstance(exc, Exception):
+                        fut.set_exception(exc)
+                        fut.exception()  # retrieved here: a waiter re-raises it
+                    else:
+                        fut.cancel()  # this search was cancelled: its waiters count anew
+                raise
+            finally:
+                for item in mine:
+                    self._df_reading.pop(item, None)
             if len(self._df) > DF_CACHE:
                 self._df.clear()
-            for i, df in rows:
-                n = missing[int(i) - 1]
-                out[n] = float(df)
-                self._df[items[n]] = (now, int(df))
+            for n, df in zip(missing, counted, strict=True):
+                mine[items[n]].set_result(df)
+                if df is not None:
+                    out[n] = float(df)
+                    self._df[items[n]] = (now, df)
+        recount: list[int] = []
+        for n, fut in waiting:
+            try:
+                df = await asyncio.shield(fut)  # a waiter's cancellation stays its own
+            except asyncio.CancelledError:
+                if not fut.cancelled():
+                    raise  # this search itself is cancelled
+                recount.append(n)
+                continue
+            out[n] = None if df is None else float(df)
+        if recount:
+            counted = await self._count_doc_freqs([items[n] for n in recount])
+            for n, df in zip(recount, counted, strict=True):
+                out[n] = None if df is None else float(df)
+        for n, item in enumerate(items):  # an item given twice: its first one's count
+            if out[n] is None and (first := items.index(item)) != n:
+                out[n] = out[first]
+        return out
+
+    async def _count_doc_freqs(self, items: list[tuple[str, str]]) -> list[int | None]:
+        """The items' document frequencies read from the database (one statement)."""
+        stats = await self._cached_stats()
+        rows = await self.db.read(
+            DF_SQL,
+            (
+                DF_ESTIMATE_ABOVE,
+                [raw for raw, _ in items],
+                [ws for _, ws in items],
+                stats[0] if stats is not None else 0.0,
+            ),
+        )
+        out: list[int | None] = [None] * len(items)
+        for i, df in rows:
+            out[int(i) - 1] = int(df)
         return out
 
     async def lexical_by_speaker(
