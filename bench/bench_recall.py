@@ -52,7 +52,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -65,6 +64,7 @@ from benchlib.cli import add_backend_options, add_overrides_option, overrides, w
 from benchlib.pg import start_pgserver
 from benchlib.stats import percentile
 from benchlib.vectors import FakeQueryEmbedder, load_minilm
+from benchmark_docs import commit
 from recall_data import BUILD_VERSION, SCOPE, ChatGen, build
 from recall_report import (
     STAGES,
@@ -245,16 +245,6 @@ DOC_ROW = "/recall p50 / p95 at 100k messages + 10k records, no LLM, 240 questio
 """The `what` of the row --doc-row writes (the embedder is named in the row's command)."""
 
 
-def _commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
-
-
 def update_doc_row(
     path: Path, args: argparse.Namespace, machine: dict[str, Any], run: dict[str, Any]
 ) -> None:
@@ -272,7 +262,7 @@ def update_doc_row(
         "command": " ".join(["python bench/bench_recall.py", *sys.argv[1:]]),
         "embedder": run["embedder"],
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": _commit(),
+        "commit": commit(short=True),
         "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['ram_gb']} GB RAM",
         "database": machine.get("database", ""),
     }

@@ -31,11 +31,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCS = REPO_ROOT / "docs" / "benchmarks"
 
 
-def _commit() -> str:
+def commit(*, short: bool = False) -> str:
+    """The checkout's HEAD (abbreviated with `short`), "unknown" outside a git checkout: the
+    commit every recorded result names."""
+    cmd = ["git", "rev-parse", *(["--short"] if short else []), "HEAD"]
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-        )
+        out = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return out.stdout.strip()
@@ -45,7 +46,7 @@ def record(name: str, report_path: Path, command: str) -> Path:
     report = json.loads(report_path.read_text())
     report["run"] = {
         "command": command,
-        "commit": _commit(),
+        "commit": commit(),
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
     }
     DOCS.mkdir(parents=True, exist_ok=True)
@@ -66,7 +67,7 @@ def load_row(run: dict[str, Any], label: str, command: str) -> dict[str, Any]:
     return {
         "label": label,
         "command": command,
-        "commit": _commit()[:7],
+        "commit": commit(short=True),
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{cpu_model()}, {os.cpu_count()} logical CPUs",
         "embedder": run["embedder"],

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmark_docs import DOCS, _commit
+from benchmark_docs import DOCS, commit
 
 COMMAND = "python bench/bench_store.py --backend {backend} --stages writers"
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.now(UTC).strftime("%Y-%m-%d"),
             "machine": f"{m['cpu']}, {m['cores']} cores, {m['ram_gb']} GB RAM, shared with "
             f"the PostgreSQL server (PostgreSQL {pg['server']} from pgserver, its defaults)",
-            "commit": _commit(),
+            "commit": commit(),
             "source": "bench/pg_ingest_docs.py over the --out files of the two commands",
         },
         "postgres": pg,
