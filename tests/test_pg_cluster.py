@@ -58,7 +58,8 @@ async def test_a_job_lock_is_held_by_one_process_at_a_time(
 ) -> None:
     import psycopg
 
-    from memory.store.pg.locks import JOB_LOCK_CLASS, job_key
+    from memory.store.pg.database import crc_key
+    from memory.store.pg.locks import JOB_LOCK_CLASS
 
     url = pg_store_databases.url_for("locks")
     a = await MemoryEngine.open(_config(url), None)
@@ -73,7 +74,7 @@ async def test_a_job_lock_is_held_by_one_process_at_a_time(
             assert after  # released when the job ended
         # a holder that dies (its session ends) releases the lock without unlocking
         conn = await psycopg.AsyncConnection.connect(url, autocommit=True)
-        key = (JOB_LOCK_CLASS, job_key("retention"))
+        key = (JOB_LOCK_CLASS, crc_key("retention"))
         await conn.execute("SELECT pg_advisory_lock(%s, %s)", key)
         async with b.store.locks.try_job("retention") as while_held:
             assert not while_held

@@ -24,11 +24,6 @@ log = logging.getLogger(__name__)
 JOB_LOCK_CLASS = 0x53504A  # "SPJ": the first key of every job lock (migrations use another id)
 
 
-def job_key(name: str) -> int:
-    """The second key of `name`'s advisory lock (`crc_key`)."""
-    return crc_key(name)
-
-
 class PgJobLocks:
     def __init__(self, db: PgDatabase) -> None:
         self.db = db
@@ -44,7 +39,7 @@ class PgJobLocks:
         except psycopg.Error as exc:
             raise StoreError(f"{self.db.where}: cannot take the job lock {name!r}: {exc}") from exc
         async with conn:
-            key = (JOB_LOCK_CLASS, job_key(name))
+            key = (JOB_LOCK_CLASS, crc_key(name))
             cur = await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", key)
             row = await cur.fetchone()
             got = bool(row and row[0])
