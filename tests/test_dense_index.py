@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memory.store.vectors import hamming_top_k, pack_chunks, quantize_bits
+from memory.store.vectors import coarse_top_k, hamming_top_k, pack_chunks, quantize_bits
 
 
 def chunk_rows(bits: np.ndarray, rowids: np.ndarray, live: np.ndarray, chunk: int) -> list:
@@ -47,3 +47,26 @@ def test_pack_chunks_rejects_unknown_layouts() -> None:
     assert pack_chunks([(b"\x01", b"\x00" * 8, b"\x00" * 7)], 48) is None
     empty = pack_chunks([], 48)
     assert empty is not None and hamming_top_k(empty, b"\x00" * 48, 5) == []
+
+
+@pytest.mark.parametrize("dim", [384, 100])
+def test_coarse_top_k_reranks_the_hamming_candidates_by_the_float_query(dim: int) -> None:
+    rng = np.random.default_rng(5)
+    vectors = rng.standard_normal((1000, dim)).astype(np.float32)
+    bits = np.frombuffer(b"".join(quantize_bits(vectors)), dtype=np.uint8).reshape(1000, -1)
+    rowids = np.arange(10, 1010, dtype="<i8")
+    live = rng.random(1000) > 0.1
+    packed = pack_chunks(chunk_rows(bits, rowids, live, 64), bits.shape[1])
+    assert packed is not None
+    q = rng.standard_normal(dim).astype(np.float32)
+    qbits = quantize_bits(q.reshape(1, -1))[0]
+    wide = hamming_top_k(packed, qbits, 300)
+    got = coarse_top_k(packed, qbits, q, 300, 60)
+    # the asymmetric score: the query's components, each with its stored bit's sign
+    signs = np.where(vectors > 0, 1.0, -1.0)
+    score = {int(r): float(signs[r - 10] @ q) for r in wide}
+    best = sorted(wide, key=lambda r: -score[r])[:60]
+    assert len(got) == 60 and set(got) <= set(wide)
+    assert got == best
+    # keeping everything leaves the Hamming order alone
+    assert coarse_top_k(packed, qbits, q, 300, 300) == wide

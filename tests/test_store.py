@@ -218,6 +218,34 @@ async def test_sign_bits_are_cached_only_for_large_partitions_and_never_stale(
     assert (await top("tomatoes basil gardening"))[0] == "new"
 
 
+async def test_cached_sign_bits_see_another_connections_writes(
+    engine: MemoryEngine, scope: Scope, tmp_path: Path, embedder: HashEmbedder
+) -> None:
+    """The cache skips its currency check while nothing was committed; a commit by another
+    connection (another process's store) must make it check again."""
+    texts = [f"topic{i} alpha beta" for i in range(150)]
+    await engine.ingest_many([msg(scope, f"m{i}", "Al", t, i) for i, t in enumerate(texts)])
+    await engine.embed_pending()
+    repo = engine.store.messages
+    repo.bits_cache_min_rows = 100
+    repo._shadow_knn = True
+
+    async def top(eng: MemoryEngine, question: str) -> list[str]:
+        hits = await eng.search(question, [scope], mode="dense", limit=3)
+        return [h.message.message_id for h in hits]
+
+    before = await top(engine, "tomatoes basil gardening")
+    assert await top(engine, "tomatoes basil gardening") == before  # cached, unchanged
+    assert len(repo._bits_cache) == 1
+    other = await MemoryEngine.open(make_config(tmp_path), embedder)
+    try:
+        await other.ingest_many([msg(scope, "new", "Bo", "gardening tomatoes basil", 200)])
+        await other.embed_pending()
+    finally:
+        await other.close()
+    assert (await top(engine, "tomatoes basil gardening"))[0] == "new"
+
+
 async def test_every_table_carries_its_scope(engine: MemoryEngine) -> None:
     """SPEC §3: every row carries platform/workspace/channel (users are per workspace)."""
     tables = [

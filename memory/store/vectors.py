@@ -23,6 +23,15 @@ fraction of a millisecond, while caching all of them grows each process's memory
 whole dense index."""
 
 
+COARSE_WIDEN = 4
+"""The coarse stage takes this many times the candidates it keeps by Hamming distance and
+keeps the best of them by the query's asymmetric score (see `coarse_top_k`). Hamming
+distance is computed for every row of the partition anyway, so widening costs only the
+asymmetric scores. Measured on 100k real MiniLM vectors of chat, 300 queries, recall@40
+against exact cosine: 800 kept of 800 by Hamming 0.899, of 3,200 0.975 (of 6,400 0.982);
+1,600 of 1,600 0.953."""
+
+
 def quantize_bits(vectors: np.ndarray) -> list[bytes]:
     """Binary-quantise float vectors (sign bit) into sqlite-vec bit[N] blobs."""
     packed = np.packbits(vectors > 0, axis=1, bitorder="little")
@@ -81,8 +90,30 @@ def pack_chunks(rows: Sequence[Any], nbytes: int) -> PackedBits | None:
 
 def hamming_top_k(packed: PackedBits, qbits: bytes, k: int) -> list[int]:
     """Top-k valid rowids by Hamming distance to the query's sign bits."""
+    return [int(r) for r in packed.rowids[_hamming_positions(packed, qbits, k)]]
+
+
+def coarse_top_k(
+    packed: PackedBits, qbits: bytes, query: np.ndarray, k: int, keep: int
+) -> list[int]:
+    """The `keep` best of the `k` nearest rows by Hamming distance, ranked again by the
+    float query against their sign bits; rowids, best first.
+
+    Re-ranking with the query's own values (an asymmetric estimate of the dot product:
+    each sign bit counts the query's component with its sign) separates candidates that
+    Hamming distance ties or orders loosely, so the exact re-scoring can read `keep`
+    float vectors instead of `k` without losing the true neighbours.
+    """
+    pos = _hamming_positions(packed, qbits, k)
+    if keep < pos.size:
+        pos = pos[_asymmetric_top(_row_bytes(packed, pos), query, keep)]
+    return [int(r) for r in packed.rowids[pos]]
+
+
+def _hamming_positions(packed: PackedBits, qbits: bytes, k: int) -> np.ndarray:
+    """Positions of the top-k valid rows by Hamming distance, nearest first."""
     if packed.rowids.size == 0:
-        return []
+        return np.empty(0, np.intp)
     if packed.vecs.dtype == np.uint64 and hasattr(np, "bitwise_count"):
         words = np.frombuffer(qbits, dtype=np.uint64)
         dist = np.zeros(packed.vecs.shape[1], dtype=np.int32)
@@ -97,8 +128,32 @@ def hamming_top_k(packed: PackedBits, qbits: bytes, k: int) -> list[int]:
     idx = packed.valid
     if idx.size > k:
         idx = idx[np.argpartition(dist[idx], k - 1)[:k]]
-    idx = idx[np.argsort(dist[idx], kind="stable")]
-    return [int(r) for r in packed.rowids[idx]]
+    return idx[np.argsort(dist[idx], kind="stable")]
+
+
+def _row_bytes(packed: PackedBits, pos: np.ndarray) -> np.ndarray:
+    """The sign-bit bytes of the rows at `pos`, one row each (rows, bytes)."""
+    if packed.vecs.dtype == np.uint64:
+        return np.ascontiguousarray(packed.vecs[:, pos].T).view(np.uint8)
+    return packed.vecs[pos]
+
+
+def _asymmetric_top(rows: np.ndarray, query: np.ndarray, keep: int) -> np.ndarray:
+    """Indices of the `keep` rows whose sign bits score highest against the float query,
+    best first.
+
+    sum(q_d * (+1 if bit d else -1)) = 2 * sum(q_d where bit d) - sum(q): ranking by the
+    first term is enough. It is summed a byte at a time from a table of the 256 possible
+    bytes per position (bits little-endian, as `quantize_bits` packs them).
+    """
+    nbytes = rows.shape[1]
+    q = np.zeros(nbytes * 8, dtype=np.float32)
+    q[: min(q.size, query.size)] = query[: q.size]
+    bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
+    table = q.reshape(nbytes, 8) @ bits.T.astype(np.float32)  # (bytes, 256)
+    score = table[np.arange(nbytes), rows].sum(axis=1)
+    top = np.argpartition(-score, keep - 1)[:keep]
+    return top[np.argsort(-score[top], kind="stable")]
 
 
 def rescore(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -22,8 +23,9 @@ from memory.store.sqlite.database import SqliteDatabase
 from memory.store.vectors import (
     BITS_CACHE_BYTES,
     BITS_CACHE_MIN_ROWS,
+    COARSE_WIDEN,
     PackedBits,
-    hamming_top_k,
+    coarse_top_k,
     pack_chunks,
     quantize_bits,
     rescore,
@@ -36,7 +38,7 @@ class SqliteMessageRepo(MessageRepo):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._shadow_knn = True  # see _coarse_knn
-        self._bits_cache: OrderedDict[int, tuple[bytes, PackedBits]] = OrderedDict()
+        self._bits_cache: OrderedDict[int, _CachedBits] = OrderedDict()
         self.bits_cache_min_rows = BITS_CACHE_MIN_ROWS
 
     # ---- embeddings ---------------------------------------------------------------------
@@ -188,9 +190,11 @@ class SqliteMessageRepo(MessageRepo):
     ) -> list[tuple[int, float]]:
         """Vector KNN over the given channels: [(pk, cosine similarity)] best first.
 
-        A coarse Hamming KNN on binary-quantised vectors (per channel partition) picks
-        `oversample` candidates (or `oversample_fraction` of a large partition's rows);
-        exact cosine on their float vectors ranks them.
+        A coarse KNN on binary-quantised vectors (per channel partition) picks `oversample`
+        candidates (or `oversample_fraction` of a large partition's rows when that is more):
+        `COARSE_WIDEN` times as many by Hamming distance, the best of those by the float
+        query's score against their sign bits. Exact cosine on their float vectors ranks
+        them.
         """
         if not channel_pks:
             return []
@@ -201,7 +205,7 @@ class SqliteMessageRepo(MessageRepo):
         async with self.db.reader() as conn:
             for pk in channel_pks:
                 candidates.extend(
-                    await self._coarse_knn(conn, qbits, k, pk, fraction=oversample_fraction)
+                    await self._coarse_knn(conn, q, qbits, k, pk, fraction=oversample_fraction)
                 )
             if not candidates:
                 return []
@@ -217,9 +221,10 @@ class SqliteMessageRepo(MessageRepo):
         return await asyncio.to_thread(rescore, blobs, q, limit)
 
     async def _coarse_knn(
-        self, conn: Any, qbits: bytes, k: int, pk: int, *, fraction: float = 0.0
+        self, conn: Any, q: np.ndarray, qbits: bytes, k: int, pk: int, *, fraction: float = 0.0
     ) -> list[int]:
-        """The `k` nearest rows of one channel partition by Hamming distance.
+        """The coarse candidates of one channel partition: `k` of them, or `fraction` of
+        its rows when that is more (see `dense`).
 
         Fast path: read the partition's packed chunks straight from vec0's shadow tables and
         rank them with numpy (about 4x less CPU than vec0's own KNN on a 100k-row partition,
@@ -229,8 +234,10 @@ class SqliteMessageRepo(MessageRepo):
         if self._shadow_knn:
             packed = await self._packed_partition(conn, pk, len(qbits))
             if packed is not None:
-                k = max(k, math.ceil(fraction * packed.valid.size))
-                return await asyncio.to_thread(hamming_top_k, packed, qbits, k)
+                keep = max(k, math.ceil(fraction * packed.valid.size))
+                return await asyncio.to_thread(
+                    coarse_top_k, packed, qbits, q, COARSE_WIDEN * keep, keep
+                )
             self._shadow_knn = False
         rows = await conn.execute_fetchall(
             "SELECT rowid FROM messages_vec WHERE embedding MATCH vec_bit(?)"
@@ -247,20 +254,28 @@ class SqliteMessageRepo(MessageRepo):
         channel would only grow memory with the data. Currency is checked against the
         partition's chunk ids, validity bitmaps and rowids (about a sixth of the bytes of
         the vectors): any insert, edit or delete by any process changes them, so a stale
-        entry is never used.
+        entry is never used. That check is skipped when nothing was committed to the
+        database since this reader connection last made it (SQLite's `data_version`
+        changes on the connection whenever another connection commits).
         """
         try:
             if pk in self._bits_cache:
+                entry = self._bits_cache[pk]
+                ((version,),) = await conn.execute_fetchall("PRAGMA data_version")
+                if entry.checked.get(conn) == version:
+                    self._bits_cache.move_to_end(pk)
+                    return entry.packed
                 meta = await conn.execute_fetchall(
                     "SELECT chunk_id, validity, rowids FROM messages_vec_chunks"
                     " WHERE partition00 = ? ORDER BY chunk_id",
                     (pk,),
                 )
-                stamp, cached = self._bits_cache[pk]
-                if stamp == _chunks_stamp(meta):
+                if entry.stamp == _chunks_stamp(meta):
+                    entry.checked[conn] = version
                     self._bits_cache.move_to_end(pk)
-                    return cached
+                    return entry.packed
                 del self._bits_cache[pk]
+            ((version,),) = await conn.execute_fetchall("PRAGMA data_version")
             rows = await conn.execute_fetchall(
                 # CROSS JOIN keeps the small chunk table as the outer loop; the vector
                 # chunk is found by its real rowid, as vec0's own blob reads do.
@@ -273,16 +288,18 @@ class SqliteMessageRepo(MessageRepo):
             return None
         packed = pack_chunks([r[1:] for r in rows], nbytes)
         if packed is not None and packed.valid.size >= self.bits_cache_min_rows:
-            self._remember(pk, _chunks_stamp(rows), packed)
+            entry = _CachedBits(_chunks_stamp(rows), packed)
+            entry.checked[conn] = version
+            self._remember(pk, entry)
         return packed
 
-    def _remember(self, pk: int, stamp: bytes, packed: PackedBits) -> None:
-        self._bits_cache[pk] = (stamp, packed)
+    def _remember(self, pk: int, entry: _CachedBits) -> None:
+        self._bits_cache[pk] = entry
         self._bits_cache.move_to_end(pk)
-        total = sum(len(s) + p.nbytes for s, p in self._bits_cache.values())
+        total = sum(e.nbytes for e in self._bits_cache.values())
         while total > BITS_CACHE_BYTES and len(self._bits_cache) > 1:
-            _, (s, p) = self._bits_cache.popitem(last=False)
-            total -= len(s) + p.nbytes
+            _, evicted = self._bits_cache.popitem(last=False)
+            total -= evicted.nbytes
 
     async def lowercase_share(
         self, word: str, channel_pks: Sequence[int], *, sample: int = 200
@@ -348,6 +365,20 @@ class SqliteMessageRepo(MessageRepo):
             "unembedded": int(r[2] or 0),
             "channels_with_messages": int(r[3] or 0),
         }
+
+
+class _CachedBits:
+    """A cached partition: its sign bits, the stamp they were read under, and the
+    `data_version` at which each reader connection last found the stamp current."""
+
+    def __init__(self, stamp: bytes, packed: PackedBits) -> None:
+        self.stamp = stamp
+        self.packed = packed
+        self.checked: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.stamp) + self.packed.nbytes
 
 
 def _chunks_stamp(rows: Sequence[Any]) -> bytes:
