@@ -3,6 +3,8 @@ message search, records by person, who talks to whom) and a record with its sour
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp import web
@@ -46,13 +48,21 @@ async def _channel_page(
     scope: Scope,
     *,
     query: str = "",
-    hits: list[Any] | None = None,
+    search: Awaitable[list[Any]] | None = None,
 ) -> web.StreamResponse:
+    """The channel page; with `search`, its results too, searched while the rest of the
+    page is read (the two use separate reader connections)."""
     reads = request.app[STATE].reads
-    detail = await reads.channel(scope)
-    if detail is None:
-        raise not_found()
-    people, names = await reads.record_people(scope)
+    searching = asyncio.ensure_future(search) if search is not None else None
+    try:
+        detail = await reads.channel(scope)
+        if detail is None:
+            raise not_found()
+        people, names = await reads.record_people(scope)
+        hits = await searching if searching is not None else None
+    finally:
+        if searching is not None and not searching.done():
+            searching.cancel()
     person = request.query.get("person")
     offset = whole_number(request.query.get("page")) * RECORDS_PAGE
     records: list[DerivedRecord] = []
@@ -92,8 +102,8 @@ async def channel_search(request: web.Request) -> web.StreamResponse:
     scope = scope_of(request)
     viewer = await guard(request, scope=scope)
     query = str(viewer.form.get("q") or "").strip()[:500]
-    hits = await request.app[STATE].reads.search(scope, query, limit=SEARCH_LIMIT)
-    return await _channel_page(request, viewer, scope, query=query, hits=hits)
+    search = request.app[STATE].reads.search(scope, query, limit=SEARCH_LIMIT)
+    return await _channel_page(request, viewer, scope, query=query, search=search)
 
 
 async def channel_memory(request: web.Request) -> web.StreamResponse:
