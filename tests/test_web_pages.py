@@ -149,3 +149,30 @@ async def test_a_record_page_shows_its_sources_and_chain(
             http, rc, "member", f"/records/{(await rc.records_in(GENERAL))[0].id}"
         )
         assert 'action="/messages/forget"' not in member_view
+
+
+async def test_a_channel_search_shows_its_hits_on_the_channel_page(
+    console_store: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    async with (
+        running_console(copy_store(console_store, tmp_path)) as rc,
+        aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http,
+    ):
+        reads = rc.console.state.reads
+        hits = await reads.search(GENERAL, "sync")
+        assert hits
+        member = rc.session("member")
+        assert member is not None
+        base = "/c/shell/local/general"
+        async with http.post(
+            rc.url + base + "/search",
+            data={"q": "sync", "csrf": member.csrf},
+            headers=rc.cookie_header(member),
+        ) as resp:
+            page = await resp.text()
+        assert resp.status == 200
+        for hit in hits[:3]:
+            assert hit.message.text.replace("'", "&#39;") in page
+        # the rest of the channel page is there too
+        assert page.count(base + "?person=") >= 1
