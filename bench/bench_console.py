@@ -18,9 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,7 @@ from benchlib import machine
 from benchlib.cli import write_json
 from benchlib.stats import percentile
 from benchlib.vectors import FakeQueryEmbedder
+from benchmark_docs import commit
 
 from bot.settings import Settings
 from integrations.web.access import Membership, Principal
@@ -173,6 +177,12 @@ async def main_async(args: argparse.Namespace) -> int:
     )
     results["worst_p95_ms"] = worst
     results["non_200"] = bad
+    results["run"] = {
+        "date": datetime.now(UTC).date().isoformat(),
+        "commit": commit(short=True),
+        "command": args.command,
+        "note": args.note,
+    }
     print(
         f"\nWorst page p95: {worst:.1f} ms (target {TARGET_P95_MS:.0f} ms); "
         f"load average {os.getloadavg()[0]:.2f}; not 200: {bad or 'none'}"
@@ -188,9 +198,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--requests", type=int, default=30, help="timed requests per page and role")
     own.add_argument("--page-warmup", type=int, default=3, help="untimed requests first")
+    own.add_argument(
+        "--note", default="", help="what the docs should say about this run (conditions)"
+    )
     known, rest = own.parse_known_args(argv)
     args = bench_community.parse_args(rest)
-    args.requests, args.warmup = known.requests, known.page_warmup
+    args.requests, args.warmup, args.note = known.requests, known.page_warmup, known.note
+    given = list(sys.argv[1:] if argv is None else argv)
+    args.command = shlex.join(["python", "bench/bench_console.py", *given])
     return args
 
 
