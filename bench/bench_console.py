@@ -205,6 +205,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = bench_community.parse_args(rest)
     args.requests, args.warmup, args.note = known.requests, known.page_warmup, known.note
     given = list(sys.argv[1:] if argv is None else argv)
+    if "--note" in given:  # the note describes the run; it is not part of the command
+        i = given.index("--note")
+        del given[i : i + 2]
     args.command = shlex.join(["python", "bench/bench_console.py", *given])
     return args
 
