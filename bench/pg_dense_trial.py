@@ -8,7 +8,8 @@ Runs on a database `bench_store.py --backend postgres --keep-dbs --db-dir DIR` k
 partial HNSW index on `messages_vec` (`WHERE channel_pk = N`, inner product, pgvector's
 defaults m = 16, ef_construction = 64), then times `--queries` searches (query i on
 channel i mod channels), each from a cold start (the local PostgreSQL restarted, the page
-cache dropped, a new engine: root only), then the same queries again warm:
+cache dropped, a new engine: root only), then warm (every query run once untimed, then
+timed):
 - the store's dense search (`MessageRepo.dense`: sign-bit scan of the channel, candidates
   re-scored by numpy), with the configured oversampling;
 - the HNSW index at each `--ef` (`hnsw.ef_search` for the transaction), the 40 nearest
@@ -115,7 +116,9 @@ async def timed(
     recall: list[float] = []
     eng: MemoryEngine | None = None
     cfg = MemoryConfig(store=StoreConfig(db_path=Path("unused.db"), db_url=url))
-    for i, q in enumerate(qs):
+    # warm: every query once untimed first, so each channel's pages are in the caches
+    work = list(enumerate(qs)) if cold else [*enumerate(qs), *enumerate(qs)]
+    for n, (i, q) in enumerate(work):
         if cold or eng is None:
             if eng is not None:
                 await eng.close()
@@ -131,8 +134,9 @@ async def timed(
             )
         else:
             got = await hnsw_search(eng, pk, q, ef)
-        ms.append((time.perf_counter() - t0) * 1000)
-        recall.append(len(exact[i] & {g for g, _ in got}) / K)
+        if n >= len(work) - len(qs):
+            ms.append((time.perf_counter() - t0) * 1000)
+            recall.append(len(exact[i] & {g for g, _ in got}) / K)
     if eng is not None:
         await eng.close()
     return {
