@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 import time
 from datetime import UTC, datetime
@@ -206,7 +207,7 @@ async def trial(args: argparse.Namespace, url: str) -> dict[str, Any]:
     host = host_info()
     return {
         "label": args.label,
-        "command": " ".join(["python bench/pg_dense_trial.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "bench/pg_dense_trial.py", *sys.argv[1:]]),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit(short=True),
         "machine": f"{host['cpu']}, {host['cores']} cores, {host['ram_gb']} GB RAM",
