@@ -52,8 +52,8 @@ from typing import Any
 
 from benchlib.cli import add_backend_options, int_list, write_json
 from benchlib.host import loadavg, maxrss_mb
-from benchlib.pg import pg_version, start_pgserver
-from store_report import machine_info, render
+from benchlib.pg import pg_version, start_pgserver, stop_local_server
+from store_report import machine_info, render, update_cold_doc
 from store_stages import STAGE_FUNCS
 
 ALL_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k", "1m", "writers", "workers")
@@ -111,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument(
+        "--doc-cold",
+        default=None,
+        metavar="FILE",
+        help="with --cold: write the cold-start search as this backend's side of FILE"
+        " (docs/benchmarks/postgresql-cold.json)",
+    )
+    p.add_argument(
         "--db-dir",
         default=None,
         help="where the benchmark databases go (default: a temporary directory)",
@@ -138,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--big-n", type=int, default=1_000_000, help="messages for the large multi-channel scale"
     )
     p.add_argument("--queries", type=int, default=None, help="search queries per mode and scale")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="also time each search mode from a cold start: page cache dropped (root only),"
+        " the local PostgreSQL restarted, a new engine, no warm-up",
+    )
     p.add_argument("--recall-queries", type=int, default=None, help="queries for recall@40")
     p.add_argument(
         "--embed-threads",
@@ -249,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if pg_server is not None:
             results["postgres"] = pg_version(args.db_url)
+            if args.cold:  # the server running now is the one the cold runs restarted
+                stop_local_server(args.db_url)
             pg_server.cleanup()
         elif args.backend == "postgres":
             results["postgres"] = pg_version(args.db_url)
@@ -263,6 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         write_json(args.out, results)
         print(f"wrote {args.out}")
+    if args.doc_cold:
+        command = " ".join(["python bench/bench_store.py", *sys.argv[1:]])
+        stage = update_cold_doc(Path(args.doc_cold), results, command)
+        print(
+            f"cold search of stage {stage} written to {args.doc_cold}"
+            if stage
+            else "no stage was timed cold: nothing written"
+        )
     return 0
 
 

@@ -3,10 +3,14 @@ against the targets."""
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from benchlib.host import host_info
+from benchmark_docs import commit
 
 TARGETS = {
     "ingest_msgs_per_s": 20_000,
@@ -252,3 +256,56 @@ def render(results: dict[str, Any]) -> str:
         " shared, wall-clock latency exceeds it by the time spent waiting for a core."
     )
     return "\n".join(lines)
+
+
+COLD_MODES = ("lexical", "dense", "hybrid")
+
+
+def update_cold_doc(path: Path, results: dict[str, Any], command: str) -> str | None:
+    """Write this run's cold-start search (the first stage timed with --cold) as its
+    backend's side of `path` (docs/benchmarks/postgresql-cold.json: one row per mode with
+    a `postgres` and a `sqlite` side, and each side's run); the other side stays. The
+    stage's name, or None when no stage was timed cold."""
+    stage, cold = next(
+        (
+            (name, res["search_cold"])
+            for name, res in results["stages"].items()
+            if "lexical" in res.get("search_cold", {})
+        ),
+        (None, None),
+    )
+    if stage is None or cold is None:
+        return None
+    backend = results["backend"]
+    doc: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    m = results["machine"]
+    res = results["stages"][stage]
+    database = (
+        f"PostgreSQL {results.get('postgres', '?')}, server restarted before each mode"
+        if backend == "postgres"
+        else f"SQLite {m['sqlite']} ({m['driver']}), sqlite-vec {m['sqlite_vec']}"
+    )
+    doc[backend] = {
+        "command": command,
+        "stage": stage,
+        "messages": res["messages"],
+        "channels": res["channels"],
+        "queries": cold["queries"],
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(short=True),
+        "machine": f"{m['cpu']}, {m['cores']} cores, {m['ram_gb']} GB RAM",
+        "database": database,
+    }
+    rows = {r["mode"]: r for r in doc.get("rows", [])}
+    for mode in COLD_MODES:
+        row = rows.setdefault(mode, {"mode": mode})
+        c = cold[mode]
+        row[backend] = {
+            "p50": round(c["p50_ms"], 1),
+            "p95": round(c["p95_ms"], 1),
+            "max": round(c["max_ms"], 1),
+            "first_p95": round(c["first_in_channel"]["p95_ms"], 1),
+        }
+    doc["rows"] = [rows[mode] for mode in COLD_MODES]
+    path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    return stage

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 from benchlib.build import ingest_timed, store_random_vectors
-from benchlib.host import RssSampler
-from benchlib.pg import pg_admin, pg_exists, with_database
+from benchlib.host import RssSampler, drop_page_cache
+from benchlib.pg import pg_admin, pg_exists, restart_local_server, with_database
 from benchlib.stats import latency_summary, percentile
 from benchlib.vectors import LookupEmbedder, load_minilm, unit_vectors
 from store_chat import ChatGen
@@ -111,6 +111,49 @@ async def search_latencies(
         summ["cpu_p95_ms"] = round(percentile(cpu, 95, NAN), 2)
         summ["with_hits"] = hits
         out[mode] = summ
+    return out
+
+
+async def cold_search_latencies(
+    args: argparse.Namespace,
+    path: Path,
+    lookup: LookupEmbedder,
+    work: list[tuple[Scope, str, np.ndarray]],
+    modes: Sequence[str] = ("lexical", "dense", "hybrid"),
+) -> dict[str, Any]:
+    """Time `engine.search` in each mode from a cold start: before each mode the local
+    PostgreSQL restarts (its shared buffers empty), the kernel's page cache is dropped and
+    a new engine opens (SQLite's page cache is per connection), and no warm-up query runs.
+    A channel's first query reads its pages from the disk; `first_in_channel` times those
+    alone (later queries of a channel find some of its pages cached)."""
+    for _, q, v in work:
+        lookup.vectors[q] = v
+    out: dict[str, Any] = {"queries": len(work)}
+    for mode in modes:
+        url = PG_URLS.get(str(path))
+        out["server_restarted"] = url is not None and restart_local_server(url)
+        if not drop_page_cache():
+            return {"skipped": "dropping the page cache needs root"}
+        engine = await open_engine(path, lookup)
+        ms: list[float] = []
+        first: list[float] = []
+        seen: set[Scope] = set()
+        try:
+            for scope, q, _ in work:
+                t0 = time.perf_counter()
+                await engine.search(q, [scope], mode=mode)  # type: ignore[arg-type]
+                ms.append((time.perf_counter() - t0) * 1000)
+                if scope not in seen:
+                    seen.add(scope)
+                    first.append(ms[-1])
+        finally:
+            await engine.close()
+        out[mode] = latency_summary(ms) | {"first_in_channel": latency_summary(first)}
+        print(
+            f"    cold {mode}: p50 {out[mode]['p50_ms']} ms, p95 {out[mode]['p95_ms']} ms"
+            f" (first query in a channel: p95 {out[mode]['first_in_channel']['p95_ms']} ms)",
+            flush=True,
+        )
     return out
 
 
@@ -368,6 +411,8 @@ async def run_scale(
     res["rss_peak_sampled_mb"] = round(sampler.peak, 1)
     res["rss_samples"] = sampler.samples
     await engine.close()
+    if args.cold:
+        res["search_cold"] = await cold_search_latencies(args, path, lookup, work)
     remove_db(args, path)
     return res
 

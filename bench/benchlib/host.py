@@ -174,3 +174,14 @@ def tree_rss_mb(pid: int) -> float | None:
     if own is None:
         return None
     return own + sum(rss_mb(c) or 0.0 for c in process_tree(pid)[1:])
+
+
+def drop_page_cache() -> bool:
+    """Write dirty pages out and drop the kernel's page cache (root only), so the next
+    reads of every file come from the disk. False where not allowed."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True

@@ -79,3 +79,41 @@ def pg_version(url: str) -> str:
         return f"{row[0] if row else '?'} (pgvector {vec[0] if vec else '?'})"
     except Exception as exc:  # a report detail, never a reason to lose the results
         return f"? ({exc})"
+
+
+def restart_local_server(url: str) -> bool:
+    """Restart the PostgreSQL of `url` when it runs on this machine, so its shared buffers
+    start empty (with the options it was started with). False when the server is not local
+    (nothing restarted)."""
+    return _local_pg_ctl(url, "restart")
+
+
+def stop_local_server(url: str) -> bool:
+    """Stop the PostgreSQL of `url` when it runs on this machine: pgserver stops only the
+    postmaster it started, not one `restart_local_server` started in its place."""
+    return _local_pg_ctl(url, "stop")
+
+
+def _local_pg_ctl(url: str, action: str) -> bool:
+    """`pg_ctl <action>` on the server of `url` when its data directory and postmaster are
+    on this machine: the server's own binaries, run as the data directory's owner."""
+    import subprocess
+
+    with connect(url) as conn:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+    data_dir = Path(str(row[0])) if row else None
+    if data_dir is None or not (data_dir / "postmaster.pid").exists():
+        return False
+    pid = int((data_dir / "postmaster.pid").read_text().split()[0])
+    bindir = Path(os.readlink(f"/proc/{pid}/exe")).parent
+    owner = data_dir.stat().st_uid
+    log = data_dir / "restart.log"  # the postmaster keeps its output: not a pipe to wait on
+    subprocess.run(
+        [str(bindir / "pg_ctl"), "-D", str(data_dir), "-w", "-m", "fast", "-l", str(log), action],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        user=owner if owner != os.getuid() else None,
+        timeout=120,
+    )
+    return True
