@@ -108,3 +108,30 @@ async def test_the_sign_bit_scan_recalls_what_exact_search_finds(
         assert await recall_at_k(eng, big, K) < 0.95
     finally:
         await eng.close()
+
+
+async def recall_with(eng: MemoryEngine, pk: int, oversample: int, fraction: float) -> float:
+    ids, mat = await payloads(eng, pk)
+    hits = []
+    for q in queries(mat, 40):
+        exact = {int(ids[i]) for i in np.argsort(-(mat @ q))[:K]}
+        got = await eng.store.messages.dense(q, [pk], K, oversample, fraction)
+        hits.append(len(exact & {g for g, _ in got}) / K)
+    return float(np.mean(hits))
+
+
+async def test_a_share_of_a_large_channel_is_chosen_from_more_by_the_query(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """When `oversample_fraction` sets the candidates (search's share of a large channel),
+    they are the best of COARSE_WIDEN times as many by the query's score against the bits:
+    more of exact search's answers than the same number taken by Hamming distance alone."""
+    eng = await build(tmp_path, pg_url, {BIG: 3_000})
+    try:
+        big = (await eng.channel_pks([BIG]))[0]
+        keep = 15  # 0.005 of the channel, more than the fixed oversample below
+        by_hamming = await recall_with(eng, big, keep, 0.0)
+        widened = await recall_with(eng, big, K, keep / 3_000)
+        assert widened >= by_hamming + 0.05, (widened, by_hamming)
+    finally:
+        await eng.close()

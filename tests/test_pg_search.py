@@ -28,6 +28,7 @@ from memory.search.fts_query import build_match, quote
 from memory.store.pg import bm25
 from memory.store.pg.bm25 import parse_match
 from memory.store.pg.message_vectors import vector_literal
+from memory.store.vectors import COARSE_WIDEN
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 
@@ -399,12 +400,19 @@ async def test_two_processes_ingesting_one_channel_place_every_message_once(
 
 
 def hamming_then_cosine(
-    ids: np.ndarray, mat: np.ndarray, q: np.ndarray, k: int, limit: int
+    ids: np.ndarray, mat: np.ndarray, q: np.ndarray, k: int, limit: int, *, widen: bool = False
 ) -> list[int]:
     """The reference two-pass search: the k rows nearest by Hamming distance between sign
-    bits (ties by row id), then the best `limit` of them by exact cosine."""
+    bits (ties by row id), then the best `limit` of them by exact cosine. With `widen`: the
+    k best of COARSE_WIDEN * k nearest by the query's dot product with their signs."""
     ham = ((mat > 0) != (q > 0)).sum(axis=1)
-    cand = sorted(range(len(ids)), key=lambda i: (int(ham[i]), int(ids[i])))[:k]
+    order = sorted(range(len(ids)), key=lambda i: (int(ham[i]), int(ids[i])))
+    if widen:
+        wide = order[: COARSE_WIDEN * k]
+        score = np.where(mat[wide] > 0, 1.0, -1.0) @ q
+        cand = [wide[i] for i in np.argsort(-score, kind="stable")[:k]]
+    else:
+        cand = order[:k]
     sims = mat[cand] @ q
     return [int(ids[cand[i]]) for i in np.argsort(-sims, kind="stable")[:limit]]
 
@@ -414,8 +422,9 @@ async def test_dense_coarse_pass_ranks_sign_bits_by_hamming(
     pair: tuple[MemoryEngine, MemoryEngine], narrow: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fewer candidates than rows: the stored sign bits choose them (as SQLite's binary
-    index does), `oversample_fraction` of the channel's rows when that is more. Narrowed:
-    pgvector's inner product keeps only the best 2 * limit of them before numpy."""
+    index does), `oversample_fraction` of the channel's rows when that is more (then the
+    best of COARSE_WIDEN times as many by the query's score). Narrowed: pgvector's inner
+    product keeps only the best 2 * limit of them before numpy."""
     import memory.store.pg.message_vectors as pgv
 
     if narrow:
@@ -438,7 +447,7 @@ async def test_dense_coarse_pass_ranks_sign_bits_by_hamming(
         exact = [int(ids[i]) for i in np.argsort(-(mat @ q), kind="stable")[:1]]
         for oversample, fraction in ((1, 0.0), (1, 0.15), (4, 0.0)):
             k = max(1, oversample, int(np.ceil(fraction * len(ids))))
-            want = hamming_then_cosine(ids, mat, q, k, 1)
+            want = hamming_then_cosine(ids, mat, q, k, 1, widen=k > max(1, oversample))
             got = await pg.store.messages.dense(q, pks, 1, oversample, fraction)
             assert [pk for pk, _ in got] == want, (n, oversample, fraction)
             differs += want != exact

@@ -106,7 +106,7 @@ def coarse_top_k(
     """
     pos = _hamming_positions(packed, qbits, k)
     if keep < pos.size:
-        pos = pos[_asymmetric_top(_row_bytes(packed, pos), query, keep)]
+        pos = pos[asymmetric_top(_row_bytes(packed, pos), query, keep)]
     return [int(r) for r in packed.rowids[pos]]
 
 
@@ -138,7 +138,7 @@ def _row_bytes(packed: PackedBits, pos: np.ndarray) -> np.ndarray:
     return packed.vecs[pos]
 
 
-def _asymmetric_top(rows: np.ndarray, query: np.ndarray, keep: int) -> np.ndarray:
+def asymmetric_top(rows: np.ndarray, query: np.ndarray, keep: int) -> np.ndarray:
     """Indices of the `keep` rows whose sign bits score highest against the float query,
     best first.
 
@@ -146,6 +146,9 @@ def _asymmetric_top(rows: np.ndarray, query: np.ndarray, keep: int) -> np.ndarra
     first term is enough. It is summed a byte at a time from a table of the 256 possible
     bytes per position (bits little-endian, as `quantize_bits` packs them).
     """
+    keep = min(keep, len(rows))
+    if keep <= 0:
+        return np.empty(0, np.intp)
     nbytes = rows.shape[1]
     q = np.zeros(nbytes * 8, dtype=np.float32)
     q[: min(q.size, query.size)] = query[: q.size]

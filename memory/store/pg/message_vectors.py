@@ -28,7 +28,7 @@ from memory.store.errors import StoreError
 from memory.store.messages import embed_text
 from memory.store.pg.database import PgDatabase
 from memory.store.pg.dialect import translate
-from memory.store.vectors import rescore
+from memory.store.vectors import COARSE_WIDEN, asymmetric_top, rescore
 
 RESCORE_ALL, RESCORE_MARGIN = 1_000, 16
 """Dense search hands numpy every candidate up to RESCORE_ALL of them, else the
@@ -131,6 +131,14 @@ async def store_vectors(
     return len(keep)
 
 
+_BY_HAMMING = (
+    "SELECT c.rowid FROM unnest(?::bigint[], ?::bigint[]) AS p(pk, k)"
+    " CROSS JOIN LATERAL (SELECT rowid FROM messages_bits WHERE channel_pk = p.pk"
+    " ORDER BY bits <~> binary_quantize(?::vector), rowid LIMIT p.k) AS c"
+)
+_GIVEN = "SELECT c.rowid FROM unnest(?::bigint[]) AS c(rowid)"
+
+
 async def rescored(
     db: PgDatabase,
     q: np.ndarray,
@@ -139,9 +147,14 @@ async def rescored(
     *,
     total: int,
     limit: int,
+    widen: bool = False,
 ) -> list[tuple[int, float]]:
-    """The `limit` best of each channel's `ks` nearest rows by Hamming distance, re-scored
-    by exact cosine: [(pk, similarity)] best first. `total`: how many candidates that is.
+    """The `limit` best of each channel's `ks` coarse candidates, re-scored by exact
+    cosine: [(pk, similarity)] best first. `total`: how many candidates that is.
+
+    The candidates are each channel's `ks` nearest rows by Hamming distance; with `widen`,
+    the best `ks` of COARSE_WIDEN times as many, ranked again by the query's asymmetric
+    score against their bits, as SQLite's coarse pass does (see `widened`).
 
     Up to RESCORE_ALL candidates, numpy re-scores all of them in id order, as SQLite does
     (the same input gives the same order among equal similarities). Above it, pgvector's
@@ -152,32 +165,66 @@ async def rescored(
     planned as a scan of every vector (the planner cannot see how few candidates there
     are; at 100k messages in one channel a merge join read all 156 MB of payloads)."""
     literal = vector_literal(q)
+    params: list[Any]
+    if widen:
+        ids = await widened(db, q, literal, pks, ks)
+        candidates, params = _GIVEN, [ids]
+        total = len(ids)
+    else:
+        candidates, params = _BY_HAMMING, [pks, ks, literal]
     if total <= RESCORE_ALL:
         # every candidate goes to numpy: no pgvector ordering (it would read each
         # candidate's row of messages_vec, one more random page per candidate)
         rows = await read_binary(
             db,
             "SELECT v.id, v.embedding FROM message_vectors v WHERE v.id = ANY(ARRAY("
-            "SELECT c.rowid FROM unnest(?::bigint[], ?::bigint[]) AS p(pk, k)"
-            " CROSS JOIN LATERAL (SELECT rowid FROM messages_bits WHERE channel_pk = p.pk"
-            " ORDER BY bits <~> binary_quantize(?::vector), rowid LIMIT p.k) AS c))"
-            " ORDER BY v.id",
-            (pks, ks, literal),
+            f"{candidates})) ORDER BY v.id",
+            params,
         )
     else:
         rows = await read_binary(
             db,
             "SELECT v.id, v.embedding FROM message_vectors v WHERE v.id = ANY(ARRAY("
-            "SELECT c.rowid FROM unnest(?::bigint[], ?::bigint[])"
-            " AS p(pk, k) CROSS JOIN LATERAL (SELECT rowid FROM messages_bits"
-            " WHERE channel_pk = p.pk ORDER BY bits <~> binary_quantize(?::vector), rowid"
-            " LIMIT p.k) AS c ORDER BY (SELECT e.embedding <#> ?::vector FROM messages_vec e"
+            f"{candidates} ORDER BY (SELECT e.embedding <#> ?::vector FROM messages_vec e"
             " WHERE e.rowid = c.rowid), c.rowid LIMIT ?)) ORDER BY v.id",
-            (pks, ks, literal, literal, 2 * limit + RESCORE_MARGIN),
+            [*params, literal, 2 * limit + RESCORE_MARGIN],
         )
     if not rows:
         return []
     return await asyncio.to_thread(rescore, [(int(r[0]), bytes(r[1])) for r in rows], q, limit)
+
+
+async def widened(
+    db: PgDatabase, q: np.ndarray, literal: str, pks: list[int], ks: list[int]
+) -> list[int]:
+    """Each channel's `ks` best of its COARSE_WIDEN * `ks` nearest rows by Hamming
+    distance, by the query's asymmetric score against their sign bits (computed in numpy
+    from the bits the scan returns: `varbit_send`'s bytes after its 4-byte length)."""
+    rows = await read_binary(
+        db,
+        "SELECT p.pk, c.rowid, varbit_send(c.bits) FROM unnest(?::bigint[], ?::bigint[])"
+        " AS p(pk, k) CROSS JOIN LATERAL (SELECT rowid, bits FROM messages_bits"
+        " WHERE channel_pk = p.pk ORDER BY bits <~> binary_quantize(?::vector), rowid"
+        " LIMIT p.k) AS c",
+        (pks, [COARSE_WIDEN * k for k in ks], literal),
+    )
+    return await asyncio.to_thread(_best_by_query, rows, q, dict(zip(pks, ks, strict=True)))
+
+
+def _best_by_query(rows: Sequence[Any], q: np.ndarray, keep: dict[int, int]) -> list[int]:
+    by_channel: dict[int, list[Any]] = {}
+    for pk, rowid, bits in rows:
+        by_channel.setdefault(int(pk), []).append((int(rowid), bytes(bits)[4:]))
+    out: list[int] = []
+    for pk, items in by_channel.items():
+        ids = np.array([i for i, _ in items], dtype=np.int64)
+        raw = np.frombuffer(b"".join(b for _, b in items), dtype=np.uint8)
+        # PostgreSQL's bit strings put the first bit in a byte's high bit; the asymmetric
+        # score reads them in `quantize_bits`' order (the first bit low)
+        bits = np.unpackbits(raw.reshape(len(items), -1), axis=1, bitorder="big")
+        packed = np.packbits(bits, axis=1, bitorder="little")
+        out.extend(int(i) for i in ids[asymmetric_top(packed, q, keep[pk])])
+    return out
 
 
 async def read_binary(db: PgDatabase, sql: str, params: Sequence[Any]) -> list[Any]:

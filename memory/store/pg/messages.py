@@ -456,7 +456,9 @@ class PgMessageRepo(MessageRepo):
 
         As on SQLite: a coarse Hamming KNN on the stored sign bits (`messages_bits`)
         picks, per channel, max(`limit`, `oversample`, `oversample_fraction` of the
-        channel's vectors) candidates; their float32 payloads are re-scored with numpy.
+        channel's vectors) candidates (when the fraction is more, the best of
+        `COARSE_WIDEN` times as many by the query's score against their bits); their
+        float32 payloads are re-scored with numpy.
         The scan reads the narrow bits table only, never the float vectors."""
         if not channel_pks:
             return []
@@ -466,7 +468,11 @@ class PgMessageRepo(MessageRepo):
         sizes = await self._channel_sizes(pks)
         ks = [max(k, math.ceil(oversample_fraction * sizes.get(pk, 0))) for pk in pks]
         total = sum(min(kc, sizes.get(pk, 0)) for pk, kc in zip(pks, ks, strict=True))
-        return await message_vectors.rescored(self.db, q, pks, ks, total=total, limit=limit)
+        # a share of a large channel: its candidates are chosen from more, as on SQLite
+        widen = any(kc > k for kc in ks)
+        return await message_vectors.rescored(
+            self.db, q, pks, ks, total=total, limit=limit, widen=widen
+        )
 
     async def _channel_sizes(self, pks: list[int]) -> dict[int, int]:
         """Vectors per channel (candidate counts), cached per process for
