@@ -32,8 +32,8 @@ from memory.store.pg.bm25 import (
     WEIGHT_SPEAKER,
     WEIGHT_TEXT,
     B,
+    in_columns,
     parse_match,
-    weighted,
 )
 from memory.store.pg.database import PgDatabase
 from memory.store.pg.messages_schema import TS_CONFIG, fts_input
@@ -401,8 +401,8 @@ class PgMessageRepo(MessageRepo):
         if not phrase or not channel_pks:
             return 0, 0.0
         raw = " ".join(raw for raw, _ in parse_match(phrase))
-        query = f"phraseto_tsquery('{TS_CONFIG}', {fts_input('?::text')})"
-        text_only = weighted(query, "'A'")
+        # the query's own lexemes are the text's (the speaker name's carry a prefix)
+        text_only = f"phraseto_tsquery('{TS_CONFIG}', {fts_input('?::text')})"
         rows = await self.db.read(
             f"SELECT text FROM messages WHERE fts @@ {text_only}"
             " AND deleted_at IS NULL AND channel_pk = ANY(?) LIMIT ?",
@@ -422,12 +422,13 @@ class PgMessageRepo(MessageRepo):
         raws = {term: " ".join(raw for raw, _ in parse_match(term)) for term in terms}
         if not raws:
             return out
+        # a term matches the text or the speaker name, as FTS5's {text speaker_name}
+        both = in_columns(f"phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')})", "'AB'")
         rows = await self.db.read(
             "WITH t AS MATERIALIZED (SELECT v.i, v.q, (SELECT count(*) FROM (SELECT 1"
             " FROM messages WHERE fts @@ v.q AND deleted_at IS NULL"
             " AND channel_pk = ANY(?::bigint[]) LIMIT ?) f) AS hits FROM (SELECT u.i,"
-            f" phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')}) AS q"
-            " FROM unnest(?::text[]) WITH ORDINALITY AS u(raw, i)) v)"
+            f" {both} AS q FROM unnest(?::text[]) WITH ORDINALITY AS u(raw, i)) v)"
             " SELECT t.i, m.channel_pk, m.session_id, count(*) FROM t JOIN messages m"
             " ON m.fts @@ t.q AND m.deleted_at IS NULL"
             " AND m.channel_pk = ANY(?::bigint[]) WHERE t.hits BETWEEN 1 AND ?"

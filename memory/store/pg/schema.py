@@ -24,6 +24,7 @@ from memory.store.pg.messages_schema import (
     messages_bits_sql,
     messages_search_locality_sql,
     messages_search_sql,
+    messages_speaker_lexemes_sql,
     messages_unembedded_nofk_sql,
     messages_unembedded_sql,
 )
@@ -488,6 +489,11 @@ def migrations(config: StoreConfig) -> list[Migration]:
         Migration(11, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
         Migration(12, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
         Migration(13, "segments: ids from their identity sequence", SEGMENT_ID_SEQUENCE),
+        Migration(
+            14,
+            "messages: speaker-name words as lexemes of their own in full text",
+            messages_speaker_lexemes_sql(),
+        ),
     ]
 
 
