@@ -70,8 +70,10 @@ def in_columns(query: str, columns: str, allowed: str = "'AB'") -> str:
 # idf(t) = ln((N - n_t + 0.5) / (n_t + 0.5)), floored at 1e-6, over all live messages (FTS5
 # counts the whole index, not the searched channels). f: for a single word, its occurrences
 # in the allowed columns weighted by column (text 1.0, speaker name 0.5), read from the
-# positions of its lexeme (text, weight 'A') and its `s:` lexeme (speaker name, weight 'B')
-# in the tsvector (each matching row's tsvector is unnested once, joined to the terms);
+# positions of its lexeme (the text's) and of its `s:` lexeme (the speaker name's) in the
+# tsvector (each matching row's tsvector is unnested once, in the select list: unnest in
+# a LATERAL join filled a tuplestore per row, a third of the statement's time; its
+# lexemes are hash-joined to the terms');
 # for a phrase, 1.0 when it occurs in the text plus 0.5 when it occurs in the name (a
 # tsvector keeps no phrase counts). |m| is the row's token count (messages.fts_len).
 # `stats` reads N and avg|m| from the parameters, or (third parameter true) computes them;
@@ -116,17 +118,14 @@ WITH stats AS (
      {{filters}}
      LIMIT ?)
 ), tf AS (
-    SELECT h.id, h.speaker_id, h.fts_len, t.i,
-           sum(CASE w WHEN 'A' THEN ?::float8 ELSE ?::float8 END) AS f
-    FROM hits h CROSS JOIN LATERAL (
-        SELECT lexeme, weights FROM unnest(h.fts)
-        WHERE lexeme = ANY(ARRAY(SELECT unnest(ARRAY[lex, slex]) FROM terms
-                                 WHERE lex IS NOT NULL))
-    ) AS u
-    JOIN terms t ON u.lexeme IN (t.lex, t.slex)
-    CROSS JOIN LATERAL unnest(u.weights) AS w
-    WHERE strpos(t.ws, w) > 0
-    GROUP BY h.id, h.speaker_id, h.fts_len, t.i
+    SELECT u.id, u.speaker_id, u.fts_len, t.i, sum(cardinality((u.v).positions) * t.w) AS f
+    FROM (SELECT h.id, h.speaker_id, h.fts_len, unnest(h.fts) AS v FROM hits h) AS u
+    JOIN (SELECT i, lex AS lexeme, ?::float8 AS w FROM terms
+          WHERE lex IS NOT NULL AND strpos(ws, 'A') > 0
+          UNION ALL
+          SELECT i, slex, ?::float8 FROM terms WHERE lex IS NOT NULL AND strpos(ws, 'B') > 0
+    ) AS t ON t.lexeme = (u.v).lexeme
+    GROUP BY u.id, u.speaker_id, u.fts_len, t.i
     UNION ALL
     SELECT h.id, h.speaker_id, h.fts_len, t.i, CASE WHEN h.fts @@ t.qa THEN ?::float8 ELSE 0 END
                       + CASE WHEN h.fts @@ t.qb THEN ?::float8 ELSE 0 END
