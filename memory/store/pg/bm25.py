@@ -153,21 +153,25 @@ def idf(n: float, df: float) -> float:
 # holding the word in both columns counts twice, a rare part not at all) takes that
 # estimate; every other item is counted (a count reads each matching row's heap page:
 # hundreds of milliseconds for a word in a tenth of a million rows; a rare word is cheap).
+# Each item's query is MATERIALIZED first: the count's recheck of a phrase's rows then
+# reads a value instead of parsing and rewriting the query again for each row (3x faster).
 DF_SQL = f"""
+WITH t1 AS MATERIALIZED (
+    SELECT u.i, u.ws, phraseto_tsquery('{TS_CONFIG}', {fts_input("u.raw")}) AS tq
+    FROM unnest(?::text[], ?::text[]) WITH ORDINALITY AS u(raw, ws, i)
+), t0 AS MATERIALIZED (
+    SELECT t1.i, t1.ws, {in_columns("t1.tq", "t1.ws", "t1.ws")} AS qw,
+           CASE WHEN numnode(t1.tq) = 1 THEN btrim(t1.tq::text, '''') END AS lex
+    FROM t1 WHERE numnode(t1.tq) > 0
+)
 SELECT t0.i, CASE WHEN e.df >= ?::float8 THEN e.df
-    ELSE (SELECT count(*) FROM messages WHERE deleted_at IS NULL
-          AND fts @@ {in_columns("t0.tq", "t0.ws", "t0.ws")})
-    END
-FROM (SELECT u.i, u.ws, phraseto_tsquery('{TS_CONFIG}', {fts_input("u.raw")}) AS tq
-      FROM unnest(?::text[], ?::text[]) WITH ORDINALITY AS u(raw, ws, i)) t0
-LEFT JOIN LATERAL (
+    ELSE (SELECT count(*) FROM messages WHERE deleted_at IS NULL AND fts @@ t0.qw) END
+FROM t0 LEFT JOIN LATERAL (
     SELECT round(sum(f.freq) * ?::float8) AS df
     FROM pg_stats s CROSS JOIN LATERAL unnest(s.most_common_elems::text::text[],
                                               s.most_common_elem_freqs) AS f(lex, freq)
     WHERE s.schemaname = current_schema() AND s.tablename = 'messages' AND s.attname = 'fts'
-      AND numnode(t0.tq) = 1 AND f.lex = ANY(ARRAY[
-          CASE WHEN strpos(t0.ws, 'A') > 0 THEN btrim(t0.tq::text, '''') END,
-          CASE WHEN strpos(t0.ws, 'B') > 0
-               THEN '{SPEAKER_PREFIX}' || btrim(t0.tq::text, '''') END])
-) e ON true
-WHERE numnode(t0.tq) > 0"""
+      AND f.lex = ANY(ARRAY[CASE WHEN strpos(t0.ws, 'A') > 0 THEN t0.lex END,
+                            CASE WHEN strpos(t0.ws, 'B') > 0
+                                 THEN '{SPEAKER_PREFIX}' || t0.lex END])
+) e ON true"""

@@ -362,9 +362,9 @@ class PgMessageRepo(MessageRepo):
         rows = await self.db.read(
             DF_SQL,
             (
-                DF_ESTIMATE_ABOVE,
                 [raw for raw, _ in items],
                 [ws for _, ws in items],
+                DF_ESTIMATE_ABOVE,
                 stats[0] if stats is not None else 0.0,
             ),
         )
