@@ -71,9 +71,10 @@ def in_columns(query: str, columns: str, allowed: str = "'AB'") -> str:
 # counts the whole index, not the searched channels). f: for a single word, its occurrences
 # in the allowed columns weighted by column (text 1.0, speaker name 0.5), read from the
 # positions of its lexeme (the text's) and of its `s:` lexeme (the speaker name's) in the
-# tsvector (each matching row's tsvector is unnested once, in the select list: unnest in
-# a LATERAL join filled a tuplestore per row, a third of the statement's time; its
-# lexemes are hash-joined to the terms');
+# tsvector (each matching row's tsvector keeps only the terms' lexemes, marked with weight
+# 'D' by setweight and kept by ts_filter: no text or name lexeme is weighted 'D'; that is
+# unnested in the select list and hash-joined to the terms: unnesting every lexeme, in a
+# LATERAL join that filled a tuplestore per row, took half of the statement's time);
 # for a phrase, 1.0 when it occurs in the text plus 0.5 when it occurs in the name (a
 # tsvector keeps no phrase counts). |m| is the row's token count (messages.fts_len).
 # `stats` reads N and avg|m| from the parameters, or (third parameter true) computes them;
@@ -119,7 +120,11 @@ WITH stats AS (
      LIMIT ?)
 ), tf AS (
     SELECT u.id, u.speaker_id, u.fts_len, t.i, sum(cardinality((u.v).positions) * t.w) AS f
-    FROM (SELECT h.id, h.speaker_id, h.fts_len, unnest(h.fts) AS v FROM hits h) AS u
+    FROM (SELECT h.id, h.speaker_id, h.fts_len, unnest(ts_filter(
+              setweight(h.fts, 'D', ARRAY(SELECT unnest(ARRAY[lex, slex]) FROM terms
+                                          WHERE lex IS NOT NULL)),
+              ARRAY['d']::"char"[])) AS v
+          FROM hits h) AS u
     JOIN (SELECT i, lex AS lexeme, ?::float8 AS w FROM terms
           WHERE lex IS NOT NULL AND strpos(ws, 'A') > 0
           UNION ALL
