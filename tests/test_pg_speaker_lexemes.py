@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,11 @@ import memory.store.pg.messages as pgm
 import memory.store.pg.schema as pg_schema
 from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
-from memory.models import Scope
+from memory.models import MessageEvent, Scope
 from memory.search.fts_query import build_match
 from memory.store.pg.dialect import translate
 from memory.store.pg.messages_schema import SPEAKER_PREFIX
-from tests.conftest import msg
+from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 
 A = Scope(platform="test", workspace="w1", channel="general")
@@ -187,3 +188,44 @@ async def test_a_database_made_before_is_converted(
         assert docs["m32"][0] == "'c:1' 'hello':2A 's:alic':3B 's:ng':4B 'well':1A"
     finally:
         await new.close()
+
+
+async def test_speaker_names_narrow_the_speaker_ranking_as_on_sqlite(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A ranking of some speakers' messages given their display names keeps the rows
+    written under those names, as FTS5's speaker_name filter does on SQLite (the names
+    narrow the rows in the index); a name without a word narrows nothing."""
+    renamed = [
+        MessageEvent(
+            scope=A,
+            message_id=f"r{i}",
+            speaker_id="u7",
+            speaker_name="Ann" if i < 3 else "Annie Lee",
+            text=f"the report draft {i}",
+            ts=T0 + timedelta(minutes=100 + i),
+        )
+        for i in range(6)
+    ]
+    got = []
+    for url, path in ((None, "s.db"), (pg_url, "p.db")):
+        eng = await open_engine(tmp_path / path, url)
+        try:
+            await eng.ingest_many([*events(), *renamed])
+            pk = await eng.store.channels.lookup(A)
+            assert pk is not None
+            repo = eng.store.messages
+            runs = []
+            for names in (["Annie Lee"], ["Ann"], ["Annie Lee", "Bob"], ["!!"], []):
+                hits = await repo.lexical(
+                    '"report"', [pk], 100, speakers=["u7", "bob"], speaker_names=names
+                )
+                rows = await repo.get_many([p for p, _ in hits])
+                runs.append({rows[p].message_id for p, _ in hits})
+            got.append(runs)
+        finally:
+            await eng.close()
+    assert got[0] == got[1]
+    assert got[1][0] == {"r3", "r4", "r5"}
+    assert got[1][2] == {"r3", "r4", "r5", "m30"}
+    assert got[1][3] == got[1][4] == {f"r{i}" for i in range(6)} | {"m30"}

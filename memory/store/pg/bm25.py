@@ -49,16 +49,22 @@ def parse_match(match: str, *, columns: str = "AB") -> list[tuple[str, str]]:
     return out
 
 
+def in_speaker_name(query: str) -> str:
+    """SQL of tsquery `query` (an SQL expression) over the speaker name: each lexeme with
+    SPEAKER_PREFIX (messages_schema.py). Lexemes hold no quote (the text search input has
+    no punctuation), so rewriting the query's text form is safe."""
+    return (
+        f"regexp_replace(({query})::text, '''([^'']*)''', '''{SPEAKER_PREFIX}\\1''', 'g')::tsquery"
+    )
+
+
 def in_columns(query: str, columns: str, allowed: str = "'AB'") -> str:
     """SQL restricting tsquery `query` to the columns `columns` ('A' text, 'B' speaker
     name, 'AB' both), NULL when they are not among the term's `allowed` columns (all SQL
     expressions). The text's lexemes are the query's own, the speaker name's carry
     SPEAKER_PREFIX (messages_schema.py): either column is answered by the GIN index alone,
-    where a weight label is checked on each row. Lexemes hold no quote (the text search
-    input has no punctuation), so rewriting the query's text form is safe."""
-    speaker = (
-        f"regexp_replace(({query})::text, '''([^'']*)''', '''{SPEAKER_PREFIX}\\1''', 'g')::tsquery"
-    )
+    where a weight label is checked on each row."""
+    speaker = in_speaker_name(query)
     return (
         f"CASE WHEN strpos({allowed}, {columns}) = 0 THEN NULL WHEN {columns} = 'A'"
         f" THEN ({query}) WHEN {columns} = 'B' THEN {speaker} ELSE ({query}) || {speaker} END"

@@ -33,6 +33,7 @@ from memory.store.pg.bm25 import (
     WEIGHT_TEXT,
     B,
     in_columns,
+    in_speaker_name,
     parse_match,
 )
 from memory.store.pg.database import PgDatabase
@@ -56,6 +57,17 @@ TAG_SHARE = 0.5
 under this share of the live messages (see `PgMessageRepo._channel_filter`)."""
 DF_CACHE = 4_096
 """Document frequencies kept per process (each expires with the corpus statistics)."""
+
+
+# The rows under one of the given display names (their phrases in the speaker name's `s:`
+# lexemes), as FTS5's `speaker_name : (...)` filter; names without a lexeme are left out,
+# and when none is left the filter is the terms' own query (which every row matches).
+_NAME_PHRASE = in_speaker_name(f"phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')})")
+_NAMES_FILTER = f"""coalesce((
+    SELECT string_agg('(' || n.q::text || ')', ' | ')::tsquery
+    FROM (SELECT {_NAME_PHRASE} AS q FROM unnest(?::text[]) AS u(raw)) AS n
+    WHERE numnode(n.q) > 0
+), (SELECT string_agg('(' || qw::text || ')', ' | ')::tsquery FROM terms))"""
 
 
 class PgMessageRepo(MessageRepo):
@@ -111,6 +123,7 @@ class PgMessageRepo(MessageRepo):
         channel_pks: Sequence[int],
         *,
         speakers: Sequence[str] | None = None,
+        speaker_names: Sequence[str] = (),
         since: float | None = None,
         until: float | None = None,
         items: list[tuple[str, str]] | None = None,
@@ -124,7 +137,9 @@ class PgMessageRepo(MessageRepo):
         match. `dfs` (aligned with the parsed items) supplies known document frequencies;
         `essential` (1-based item numbers) restricts the scored rows to those matching one
         of these items (each such row still gets its full score over every item), plus
-        at most `fill` rows matching only the other items (the first the index yields)."""
+        at most `fill` rows matching only the other items (the first the index yields).
+        `speaker_names` (the `speakers`' display names) narrow the rows in the index, as
+        FTS5's speaker_name filter does on SQLite (`_names_filter`)."""
         if items is None:
             items = parse_match(match)
         if not items:
@@ -136,6 +151,10 @@ class PgMessageRepo(MessageRepo):
         if speakers:
             filters += " AND m.speaker_id = ANY(?)"
             extra.append(list(speakers))
+            phrases = [p for p in map(speaker_phrase, speaker_names) if p]
+            if phrases:
+                filters += f" AND m.fts @@ {_NAMES_FILTER}"
+                extra.append([raw for p in phrases for raw, _ in parse_match(p)])
         if since is not None:
             filters += " AND m.ts >= ?"
             extra.append(since)
@@ -201,8 +220,9 @@ class PgMessageRepo(MessageRepo):
     ) -> list[tuple[int, float]]:
         """BM25 over the given channels' live messages: [(pk, -bm25)] best first.
 
-        `speaker_names` narrows FTS5's search on SQLite; here the speaker-id filter alone
-        does (an index on the matches), so the names are not needed."""
+        `speaker_names` (the display names of `speakers`) narrow the matches in the GIN
+        index to messages under one of those names, as FTS5's speaker_name filter does on
+        SQLite, before the speaker ids are checked on the rows."""
         if not match or not channel_pks:
             return []
         items = parse_match(match)
@@ -246,6 +266,7 @@ class PgMessageRepo(MessageRepo):
                     stats,
                     fill=COMMON_FILL,
                     speakers=speakers,
+                    speaker_names=speaker_names,
                     since=since,
                     until=until,
                 )
@@ -258,6 +279,7 @@ class PgMessageRepo(MessageRepo):
             None,
             stats,
             speakers=speakers,
+            speaker_names=speaker_names,
             since=since,
             until=until,
         )
@@ -274,6 +296,7 @@ class PgMessageRepo(MessageRepo):
         *,
         fill: int = 0,
         speakers: Sequence[str] | None = None,
+        speaker_names: Sequence[str] = (),
         since: float | None = None,
         until: float | None = None,
     ) -> list[tuple[int, float]]:
@@ -286,6 +309,7 @@ class PgMessageRepo(MessageRepo):
             stats=stats,
             fill=fill,
             speakers=speakers,
+            speaker_names=speaker_names,
             since=since,
             until=until,
         )
