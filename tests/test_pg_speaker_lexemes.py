@@ -111,15 +111,10 @@ async def test_a_name_in_the_text_is_answered_by_the_index(
     monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)  # large-corpus path: dfs counted too
     db = pg.store.db
     seen: list[tuple[str, Any]] = []
-    read = db.read
-
-    async def spy(sql: str, params: Any = ()) -> list[Any]:
-        seen.append((sql, params))
-        return await read(sql, params)
-
-    monkeypatch.setattr(db, "read", spy)
+    for name in ("read", "read_prepared"):
+        monkeypatch.setattr(db, name, _spy(getattr(db, name), seen))
     assert await matched(pg, '{text} : "alice"') == {"m30", "m31", "m33"}
-    monkeypatch.setattr(db, "read", read)
+    monkeypatch.undo()
     fts_reads = [(sql, p) for sql, p in seen if "fts @@" in sql]
     assert fts_reads  # the document-frequency count and the ranking
     removed = 0
@@ -133,6 +128,14 @@ async def test_a_name_in_the_text_is_answered_by_the_index(
         finally:
             await conn.execute("RESET enable_seqscan")
     assert removed == 0
+
+
+def _spy(read: Any, seen: list[tuple[str, Any]]) -> Any:
+    async def spy(sql: str, params: Any = ()) -> list[Any]:
+        seen.append((sql, params))
+        return await read(sql, params)
+
+    return spy
 
 
 def _rechecked_away(node: Any) -> int:
@@ -229,3 +232,24 @@ async def test_speaker_names_narrow_the_speaker_ranking_as_on_sqlite(
     assert got[1][0] == {"r3", "r4", "r5"}
     assert got[1][2] == {"r3", "r4", "r5", "m30"}
     assert got[1][3] == got[1][4] == {f"r{i}" for i in range(6)} | {"m30"}
+
+
+async def test_search_statements_are_prepared_once_per_connection(
+    tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The search's large statements are prepared on the connection that runs them: the
+    next search on it executes the prepared plan source instead of parsing the text again."""
+    monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)  # the document-frequency count too
+    cfg = MemoryConfig(store=StoreConfig(db_path=tmp_path / "p.db", db_url=pg_url, readers=1))
+    eng = await MemoryEngine.open(cfg, HashEmbedder())
+    try:
+        await eng.ingest_many(events())
+        for _ in range(2):
+            assert await matched(eng, '"report" OR "alice"')
+        # one connection for reads (readers=1): it holds the prepared statements
+        prepared = await eng.store.db.read("SELECT statement FROM pg_prepared_statements")
+        texts = " ".join(r[0] for r in prepared)
+        assert "WITH stats AS" in texts  # the ranking
+        assert "WITH t1 AS MATERIALIZED" in texts  # the document frequencies
+    finally:
+        await eng.close()

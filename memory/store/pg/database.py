@@ -6,7 +6,8 @@ backend-neutral repositories run their SQL on it:
 - SQL keeps SQLite's `?` placeholders; `translate` (memory/store/pg/dialect.py) turns them
   into psycopg's `%s` (and doubles literal `%`) once per statement text. Values are bound
   client-side (`AsyncClientCursor`), so untyped parameters behave as in SQLite (`? IS NULL`
-  works).
+  works); the search's large statements are bound server-side and prepared once per
+  connection instead (`read_prepared`).
 - Rows answer both `row[0]` and `row["column"]`, like sqlite3.Row, and unpack as tuples.
 - `numeric` results (sum of BIGINT, avg) load as int or float, never Decimal.
 - One write transaction at a time per process (an asyncio lock, as SQLite's single writer
@@ -332,6 +333,16 @@ class PgDatabase:
     async def read(self, sql: str, params: Params = ()) -> list[Any]:
         async with self.reader() as conn, conn.cursor() as cur:
             await cur.execute(translate(sql), params)
+            return list(await cur.fetchall())
+
+    async def read_prepared(self, sql: str, params: Params = ()) -> list[Any]:
+        """`read` for the search's large fixed statements: bound server-side and prepared
+        on each pooled connection at first use, so the server parses and plans the text
+        once per connection instead of on every search (a tenth of such a statement's
+        time). Every parameter must be typed by the SQL (`?::float8`) or by its Python
+        value: unlike `read`'s client-side binding, a bare NULL has no type here."""
+        async with self.reader() as conn, AsyncCursor(conn) as cur:
+            await cur.execute(translate(sql), params, prepare=True)
             return list(await cur.fetchall())
 
     async def read_in(

@@ -316,7 +316,7 @@ class PgMessageRepo(MessageRepo):
         if scored is None:
             return []
         sql, params = scored
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             f"SELECT id, score FROM ({sql}) s ORDER BY score, id LIMIT ?", [*params, limit]
         )
         return [(int(r[0]), float(r[1])) for r in rows]
@@ -383,7 +383,7 @@ class PgMessageRepo(MessageRepo):
     async def _count_doc_freqs(self, items: list[tuple[str, str]]) -> list[int | None]:
         """The items' document frequencies read from the database (one statement)."""
         stats = await self._cached_stats()
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             DF_SQL,
             (
                 [raw for raw, _ in items],
@@ -407,7 +407,7 @@ class PgMessageRepo(MessageRepo):
         if scored is None:
             return {}
         sql, params = scored
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             "SELECT id, speaker_id FROM (SELECT id, speaker_id, row_number() OVER"
             f" (PARTITION BY speaker_id ORDER BY score, id) AS rn FROM ({sql}) s) r"
             " WHERE rn <= ? ORDER BY speaker_id, rn",
@@ -448,7 +448,7 @@ class PgMessageRepo(MessageRepo):
             return out
         # a term matches the text or the speaker name, as FTS5's {text speaker_name}
         both = in_columns(f"phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')})", "'AB'")
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             "WITH t AS MATERIALIZED (SELECT v.i, v.q, (SELECT count(*) FROM (SELECT 1"
             " FROM messages WHERE fts @@ v.q AND deleted_at IS NULL"
             " AND channel_pk = ANY(?::bigint[]) LIMIT ?) f) AS hits FROM (SELECT u.i,"

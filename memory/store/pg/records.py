@@ -138,7 +138,7 @@ class PgRecordRepo(RecordRepo):
         if exclude_owner is not None:
             sql += " AND r.owner != ?"
             params.append(exclude_owner)
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             f"SELECT id, score FROM ({sql}) AS s ORDER BY score, id LIMIT ?", [*params, limit]
         )
         return [(int(r[0]), float(r[1])) for r in rows]
@@ -160,7 +160,7 @@ class PgRecordRepo(RecordRepo):
         params.append(keys)
         if about_others:
             sql += " AND r.owner != r.source"
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             f"SELECT id, grp FROM (SELECT id, {column} AS grp, row_number() OVER"
             f" (PARTITION BY {column} ORDER BY score, id) AS rn FROM ({sql}) AS s) AS ranked"
             " WHERE rn <= ? ORDER BY grp, rn",
@@ -181,7 +181,7 @@ class PgRecordRepo(RecordRepo):
             return []
         sql, params = scored
         sql += " AND r.state = 'active' AND r.record_scope = 'PERSON'"
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             f"SELECT owner FROM ({sql}) AS s ORDER BY score, id LIMIT ?", [*params, limit]
         )
         return list(dict.fromkeys(r[0] for r in rows))
