@@ -266,19 +266,14 @@ DELETE FROM messages_unembedded u WHERE NOT EXISTS (SELECT 1 FROM messages m WHE
 """
 
 
-# A tsvector's lexemes can only be renamed through its text form: each lexeme becomes
-# 's:<lexeme>':<positions>, quoted as tsvector input reads it (a quote doubled, a backslash
-# escaped; neither occurs after `fts_input`, but a lexeme must never break the document).
-_SPEAKER_LEXEMES = """
+# A tsvector's lexemes can only be renamed through its text form, where each one is quoted
+# ('alic':3): the prefix goes after each opening quote. Lexemes hold no quote (`fts_input`
+# turns punctuation into spaces), so every quoted string is one whole lexeme. Rewriting the
+# text costs half of rebuilding it lexeme by lexeme (for every message ingested).
+_SPEAKER_LEXEMES = r"""
 CREATE FUNCTION speakermem_speaker_lexemes(doc tsvector) RETURNS tsvector
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN coalesce((
-    SELECT string_agg(
-        '''' || replace(replace('{prefix}' || u.lexeme, '\\', '\\\\'), '''', '''''') || ''''
-        || CASE WHEN cardinality(u.positions) > 0
-                THEN ':' || array_to_string(u.positions, ',') ELSE '' END, ' ')
-    FROM unnest(doc) AS u
-)::tsvector, ''::tsvector);
+RETURN regexp_replace(doc::text, '''([^'']*)''', '''{prefix}\1''', 'g')::tsvector;
 """
 
 
