@@ -61,7 +61,7 @@ DF_CACHE = 4_096
 
 # The rows under one of the given display names (their phrases in the speaker name's `s:`
 # lexemes), as FTS5's `speaker_name : (...)` filter; names without a lexeme are left out,
-# and when none is left the filter is the terms' own query (which every row matches).
+# and when none is left the filter is the terms' query (which every scored row matches).
 _NAME_PHRASE = in_speaker_name(f"phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')})")
 _NAMES_FILTER = f"""coalesce((
     SELECT string_agg('(' || n.q::text || ')', ' | ')::tsquery
@@ -139,7 +139,7 @@ class PgMessageRepo(MessageRepo):
         of these items (each such row still gets its full score over every item), plus
         at most `fill` rows matching only the other items (the first the index yields).
         `speaker_names` (the `speakers`' display names) narrow the rows in the index, as
-        FTS5's speaker_name filter does on SQLite (`_names_filter`)."""
+        FTS5's speaker_name filter does on SQLite (`_NAMES_FILTER`)."""
         if items is None:
             items = parse_match(match)
         if not items:
