@@ -154,7 +154,8 @@ async def test_a_database_made_before_is_converted(
     tmp_path: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`migrate` on a database of migration 13 rewrites every row's document: the same
-    lexemes, the speaker's prefixed, at the same positions as a new row's."""
+    lexemes, the speaker's prefixed, at the same positions as a new row's; the rewritten
+    table is vacuumed, so index-only scans read no heap page."""
     every = pg_schema.migrations
 
     def before_14(config: StoreConfig) -> list[Any]:
@@ -176,6 +177,10 @@ async def test_a_database_made_before_is_converted(
     try:
         db = new.store.db
         assert await db.schema_version() >= 14
+        pages = await db.read(
+            "SELECT relpages, relallvisible FROM pg_class WHERE relname = 'messages'"
+        )
+        assert pages[0][0] > 0 and pages[0][1] == pages[0][0]
         assert await matched(new, '{speaker_name} : "alice ng"') == {
             f"m{i}" for i in [*range(30), 32]
         }

@@ -460,6 +460,16 @@ sequence behind the stored ids; ingests of different channels now run side by si
 take them from the sequence (`PgTransaction.reserve_ids`), so it starts past them."""
 
 
+REWRITES: dict[int, tuple[str, ...]] = {
+    2: ("messages",),
+    3: ("records",),
+    8: ("messages",),
+    14: ("messages",),
+}
+"""The tables each migration rewrites (a stored generated column added or changed): the
+process that applies one vacuums them afterwards (`PgDatabase._migrate`)."""
+
+
 def migrations(config: StoreConfig) -> list[Migration]:
     """All PostgreSQL migrations in order (versions are this backend's own)."""
     del config  # the chunk size of SQLite's vec0 has no counterpart here
@@ -497,4 +507,4 @@ def migrations(config: StoreConfig) -> list[Migration]:
     ]
 
 
-__all__ = ["EMBED_DIM", "INITIAL", "migrations"]
+__all__ = ["EMBED_DIM", "INITIAL", "REWRITES", "migrations"]
