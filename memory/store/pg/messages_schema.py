@@ -267,13 +267,15 @@ DELETE FROM messages_unembedded u WHERE NOT EXISTS (SELECT 1 FROM messages m WHE
 
 
 # A tsvector's lexemes can only be renamed through its text form, where each one is quoted
-# ('alic':3): the prefix goes after each opening quote. Lexemes hold no quote (`fts_input`
-# turns punctuation into spaces), so every quoted string is one whole lexeme. Rewriting the
-# text costs half of rebuilding it lexeme by lexeme (for every message ingested).
-_SPEAKER_LEXEMES = r"""
+# and starts the text or follows a space ('alic':3 'ng':4): the prefix goes after each
+# quote that follows a space. Lexemes hold no quote and no space (`fts_input` turns
+# punctuation into spaces, the parser splits on them), so every such quote opens a lexeme.
+# A plain replace adds 0.5 us to the document of each message ingested (a regular
+# expression 3.5 us, rebuilding the tsvector lexeme by lexeme 7 us).
+_SPEAKER_LEXEMES = """
 CREATE FUNCTION speakermem_speaker_lexemes(doc tsvector) RETURNS tsvector
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN regexp_replace(doc::text, '''([^'']*)''', '''{prefix}\1''', 'g')::tsvector;
+RETURN ltrim(replace(' ' || doc::text, ' ''', ' ''{prefix}'))::tsvector;
 """
 
 
