@@ -32,8 +32,9 @@ from memory.store.pg.bm25 import (
     WEIGHT_SPEAKER,
     WEIGHT_TEXT,
     B,
+    in_columns,
+    in_speaker_name,
     parse_match,
-    weighted,
 )
 from memory.store.pg.database import PgDatabase
 from memory.store.pg.messages_schema import TS_CONFIG, fts_input
@@ -56,6 +57,17 @@ TAG_SHARE = 0.5
 under this share of the live messages (see `PgMessageRepo._channel_filter`)."""
 DF_CACHE = 4_096
 """Document frequencies kept per process (each expires with the corpus statistics)."""
+
+
+# The rows under one of the given display names (their phrases in the speaker name's `s:`
+# lexemes), as FTS5's `speaker_name : (...)` filter; names without a lexeme are left out,
+# and when none is left the filter is the terms' query (which every scored row matches).
+_NAME_PHRASE = in_speaker_name(f"phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')})")
+_NAMES_FILTER = f"""coalesce((
+    SELECT string_agg('(' || n.q::text || ')', ' | ')::tsquery
+    FROM (SELECT {_NAME_PHRASE} AS q FROM unnest(?::text[]) AS u(raw)) AS n
+    WHERE numnode(n.q) > 0
+), (SELECT string_agg('(' || qw::text || ')', ' | ')::tsquery FROM terms))"""
 
 
 class PgMessageRepo(MessageRepo):
@@ -111,6 +123,7 @@ class PgMessageRepo(MessageRepo):
         channel_pks: Sequence[int],
         *,
         speakers: Sequence[str] | None = None,
+        speaker_names: Sequence[str] = (),
         since: float | None = None,
         until: float | None = None,
         items: list[tuple[str, str]] | None = None,
@@ -124,7 +137,9 @@ class PgMessageRepo(MessageRepo):
         match. `dfs` (aligned with the parsed items) supplies known document frequencies;
         `essential` (1-based item numbers) restricts the scored rows to those matching one
         of these items (each such row still gets its full score over every item), plus
-        at most `fill` rows matching only the other items (the first the index yields)."""
+        at most `fill` rows matching only the other items (the first the index yields).
+        `speaker_names` (the `speakers`' display names) narrow the rows in the index, as
+        FTS5's speaker_name filter does on SQLite (`_NAMES_FILTER`)."""
         if items is None:
             items = parse_match(match)
         if not items:
@@ -136,6 +151,10 @@ class PgMessageRepo(MessageRepo):
         if speakers:
             filters += " AND m.speaker_id = ANY(?)"
             extra.append(list(speakers))
+            phrases = [p for p in map(speaker_phrase, speaker_names) if p]
+            if phrases:
+                filters += f" AND m.fts @@ {_NAMES_FILTER}"
+                extra.append([raw for p in phrases for raw, _ in parse_match(p)])
         if since is not None:
             filters += " AND m.ts >= ?"
             extra.append(since)
@@ -201,8 +220,9 @@ class PgMessageRepo(MessageRepo):
     ) -> list[tuple[int, float]]:
         """BM25 over the given channels' live messages: [(pk, -bm25)] best first.
 
-        `speaker_names` narrows FTS5's search on SQLite; here the speaker-id filter alone
-        does (an index on the matches), so the names are not needed."""
+        `speaker_names` (the display names of `speakers`) narrow the matches in the GIN
+        index to messages under one of those names, as FTS5's speaker_name filter does on
+        SQLite, before the speaker ids are checked on the rows."""
         if not match or not channel_pks:
             return []
         items = parse_match(match)
@@ -246,6 +266,7 @@ class PgMessageRepo(MessageRepo):
                     stats,
                     fill=COMMON_FILL,
                     speakers=speakers,
+                    speaker_names=speaker_names,
                     since=since,
                     until=until,
                 )
@@ -258,6 +279,7 @@ class PgMessageRepo(MessageRepo):
             None,
             stats,
             speakers=speakers,
+            speaker_names=speaker_names,
             since=since,
             until=until,
         )
@@ -274,6 +296,7 @@ class PgMessageRepo(MessageRepo):
         *,
         fill: int = 0,
         speakers: Sequence[str] | None = None,
+        speaker_names: Sequence[str] = (),
         since: float | None = None,
         until: float | None = None,
     ) -> list[tuple[int, float]]:
@@ -286,13 +309,14 @@ class PgMessageRepo(MessageRepo):
             stats=stats,
             fill=fill,
             speakers=speakers,
+            speaker_names=speaker_names,
             since=since,
             until=until,
         )
         if scored is None:
             return []
         sql, params = scored
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             f"SELECT id, score FROM ({sql}) s ORDER BY score, id LIMIT ?", [*params, limit]
         )
         return [(int(r[0]), float(r[1])) for r in rows]
@@ -359,12 +383,12 @@ class PgMessageRepo(MessageRepo):
     async def _count_doc_freqs(self, items: list[tuple[str, str]]) -> list[int | None]:
         """The items' document frequencies read from the database (one statement)."""
         stats = await self._cached_stats()
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             DF_SQL,
             (
-                DF_ESTIMATE_ABOVE,
                 [raw for raw, _ in items],
                 [ws for _, ws in items],
+                DF_ESTIMATE_ABOVE,
                 stats[0] if stats is not None else 0.0,
             ),
         )
@@ -383,7 +407,7 @@ class PgMessageRepo(MessageRepo):
         if scored is None:
             return {}
         sql, params = scored
-        rows = await self.db.read(
+        rows = await self.db.read_prepared(
             "SELECT id, speaker_id FROM (SELECT id, speaker_id, row_number() OVER"
             f" (PARTITION BY speaker_id ORDER BY score, id) AS rn FROM ({sql}) s) r"
             " WHERE rn <= ? ORDER BY speaker_id, rn",
@@ -401,8 +425,8 @@ class PgMessageRepo(MessageRepo):
         if not phrase or not channel_pks:
             return 0, 0.0
         raw = " ".join(raw for raw, _ in parse_match(phrase))
-        query = f"phraseto_tsquery('{TS_CONFIG}', {fts_input('?::text')})"
-        text_only = weighted(query, "'A'")
+        # the query's own lexemes are the text's (the speaker name's carry a prefix)
+        text_only = f"phraseto_tsquery('{TS_CONFIG}', {fts_input('?::text')})"
         rows = await self.db.read(
             f"SELECT text FROM messages WHERE fts @@ {text_only}"
             " AND deleted_at IS NULL AND channel_pk = ANY(?) LIMIT ?",
@@ -422,12 +446,13 @@ class PgMessageRepo(MessageRepo):
         raws = {term: " ".join(raw for raw, _ in parse_match(term)) for term in terms}
         if not raws:
             return out
-        rows = await self.db.read(
+        # a term matches the text or the speaker name, as FTS5's {text speaker_name}
+        both = in_columns(f"phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')})", "'AB'")
+        rows = await self.db.read_prepared(
             "WITH t AS MATERIALIZED (SELECT v.i, v.q, (SELECT count(*) FROM (SELECT 1"
             " FROM messages WHERE fts @@ v.q AND deleted_at IS NULL"
             " AND channel_pk = ANY(?::bigint[]) LIMIT ?) f) AS hits FROM (SELECT u.i,"
-            f" phraseto_tsquery('{TS_CONFIG}', {fts_input('u.raw')}) AS q"
-            " FROM unnest(?::text[]) WITH ORDINALITY AS u(raw, i)) v)"
+            f" {both} AS q FROM unnest(?::text[]) WITH ORDINALITY AS u(raw, i)) v)"
             " SELECT t.i, m.channel_pk, m.session_id, count(*) FROM t JOIN messages m"
             " ON m.fts @@ t.q AND m.deleted_at IS NULL"
             " AND m.channel_pk = ANY(?::bigint[]) WHERE t.hits BETWEEN 1 AND ?"

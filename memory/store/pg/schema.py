@@ -24,6 +24,7 @@ from memory.store.pg.messages_schema import (
     messages_bits_sql,
     messages_search_locality_sql,
     messages_search_sql,
+    messages_speaker_lexemes_sql,
     messages_unembedded_nofk_sql,
     messages_unembedded_sql,
 )
@@ -459,6 +460,16 @@ sequence behind the stored ids; ingests of different channels now run side by si
 take them from the sequence (`PgTransaction.reserve_ids`), so it starts past them."""
 
 
+REWRITES: dict[int, tuple[str, ...]] = {
+    2: ("messages",),
+    3: ("records",),
+    8: ("messages",),
+    14: ("messages",),
+}
+"""The tables each migration rewrites (a stored generated column added or changed): the
+process that applies one vacuums them afterwards (`PgDatabase._migrate`)."""
+
+
 def migrations(config: StoreConfig) -> list[Migration]:
     """All PostgreSQL migrations in order (versions are this backend's own)."""
     del config  # the chunk size of SQLite's vec0 has no counterpart here
@@ -488,7 +499,12 @@ def migrations(config: StoreConfig) -> list[Migration]:
         Migration(11, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
         Migration(12, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
         Migration(13, "segments: ids from their identity sequence", SEGMENT_ID_SEQUENCE),
+        Migration(
+            14,
+            "messages: speaker-name words as lexemes of their own in full text",
+            messages_speaker_lexemes_sql(),
+        ),
     ]
 
 
-__all__ = ["EMBED_DIM", "INITIAL", "migrations"]
+__all__ = ["EMBED_DIM", "INITIAL", "REWRITES", "migrations"]
