@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -124,14 +125,20 @@ async def _count_reads(engine: MemoryEngine, people: int) -> tuple[int, int, lis
     evidence = list((await engine.store.messages.get_many([pk for pk, _ in hits])).values())
     db = engine.store.db
     calls = 0
-    original = db.read
+    # every way the store reads: `read`, and on PostgreSQL the prepared search statements
+    names = [n for n in ("read", "read_prepared") if hasattr(db, n)]
+    originals = {n: getattr(db, n) for n in names}
 
-    async def counting(sql: str, params: object = ()) -> list[object]:
-        nonlocal calls
-        calls += 1
-        return await original(sql, params)  # type: ignore[arg-type]
+    def counting(original: Any) -> Any:
+        async def read(sql: str, params: object = ()) -> list[object]:
+            nonlocal calls
+            calls += 1
+            return await original(sql, params)  # type: ignore[no-any-return]
 
-    db.read = counting  # type: ignore[method-assign]
+        return read
+
+    for n in names:
+        setattr(db, n, counting(originals[n]))
     try:
         result = await read_rows(
             engine,
@@ -143,7 +150,8 @@ async def _count_reads(engine: MemoryEngine, people: int) -> tuple[int, int, lis
             evidence=evidence,
         )
     finally:
-        db.read = original  # type: ignore[method-assign]
+        for n in names:
+            setattr(db, n, originals[n])
     keys = [r.key for r in result.rows if r.key != GROUP]
     assert calls >= result.queries > 0
     return calls, len(keys), keys
