@@ -275,21 +275,22 @@ class SqliteMessageRepo(MessageRepo):
                     self._bits_cache.move_to_end(pk)
                     return entry.packed
                 del self._bits_cache[pk]
-            ((version,),) = await conn.execute_fetchall("PRAGMA data_version")
             rows = await conn.execute_fetchall(
                 # CROSS JOIN keeps the small chunk table as the outer loop; the vector
-                # chunk is found by its real rowid, as vec0's own blob reads do.
-                "SELECT c.chunk_id, c.validity, c.rowids, v.vectors FROM messages_vec_chunks AS c"
+                # chunk is found by its real rowid, as vec0's own blob reads do. The
+                # data_version read in the same statement is the one the chunks were read at.
+                "SELECT c.chunk_id, c.validity, c.rowids, v.vectors,"
+                " (SELECT data_version FROM pragma_data_version) FROM messages_vec_chunks AS c"
                 " CROSS JOIN messages_vec_vector_chunks00 AS v ON v._rowid_ = c.chunk_id"
                 " WHERE c.partition00 = ? ORDER BY c.chunk_id",
                 (pk,),
             )
         except self.db.driver.error:
             return None
-        packed = pack_chunks([r[1:] for r in rows], nbytes)
-        if packed is not None and packed.valid.size >= self.bits_cache_min_rows:
+        packed = pack_chunks([r[1:4] for r in rows], nbytes)
+        if rows and packed is not None and packed.valid.size >= self.bits_cache_min_rows:
             entry = _CachedBits(_chunks_stamp(rows), packed)
-            entry.checked[conn] = version
+            entry.checked[conn] = rows[0][4]
             self._remember(pk, entry)
         return packed
 
