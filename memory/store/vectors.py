@@ -39,6 +39,10 @@ def quantize_bits(vectors: np.ndarray) -> list[bytes]:
 
 
 _POPCOUNT8 = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+_BYTE_BITS = np.unpackbits(
+    np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little"
+).T.astype(np.float32)
+"""(8, 256): the bits of every byte value, first bit low (as `quantize_bits` packs them)."""
 
 
 @dataclass(frozen=True)
@@ -152,8 +156,7 @@ def asymmetric_top(rows: np.ndarray, query: np.ndarray, keep: int) -> np.ndarray
     nbytes = rows.shape[1]
     q = np.zeros(nbytes * 8, dtype=np.float32)
     q[: min(q.size, query.size)] = query[: q.size]
-    bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little")
-    table = q.reshape(nbytes, 8) @ bits.T.astype(np.float32)  # (bytes, 256)
+    table = q.reshape(nbytes, 8) @ _BYTE_BITS  # (bytes, 256)
     score = table[np.arange(nbytes), rows].sum(axis=1)
     top = np.argpartition(-score, keep - 1)[:keep]
     return top[np.argsort(-score[top], kind="stable")]
