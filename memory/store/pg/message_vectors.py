@@ -131,11 +131,13 @@ async def store_vectors(
     return len(keep)
 
 
-_BY_HAMMING = (
-    "SELECT c.rowid FROM unnest(?::bigint[], ?::bigint[]) AS p(pk, k)"
-    " CROSS JOIN LATERAL (SELECT rowid FROM messages_bits WHERE channel_pk = p.pk"
+_NEAREST = (
+    "unnest(?::bigint[], ?::bigint[]) AS p(pk, k) CROSS JOIN LATERAL (SELECT rowid, bits"
+    " FROM messages_bits WHERE channel_pk = p.pk"
     " ORDER BY bits <~> binary_quantize(?::vector), rowid LIMIT p.k) AS c"
 )
+"""Each channel's `k` nearest rows by Hamming distance (channel pks, ks, the query)."""
+_BY_HAMMING = f"SELECT c.rowid FROM {_NEAREST}"
 _GIVEN = "SELECT c.rowid FROM unnest(?::bigint[]) AS c(rowid)"
 
 
@@ -202,10 +204,7 @@ async def widened(
     from the bits the scan returns: `varbit_send`'s bytes after its 4-byte length)."""
     rows = await read_binary(
         db,
-        "SELECT p.pk, c.rowid, varbit_send(c.bits) FROM unnest(?::bigint[], ?::bigint[])"
-        " AS p(pk, k) CROSS JOIN LATERAL (SELECT rowid, bits FROM messages_bits"
-        " WHERE channel_pk = p.pk ORDER BY bits <~> binary_quantize(?::vector), rowid"
-        " LIMIT p.k) AS c",
+        f"SELECT p.pk, c.rowid, varbit_send(c.bits) FROM {_NEAREST}",
         (pks, [COARSE_WIDEN * k for k in ks], literal),
     )
     return await asyncio.to_thread(_best_by_query, rows, q, dict(zip(pks, ks, strict=True)))

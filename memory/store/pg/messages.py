@@ -493,7 +493,9 @@ class PgMessageRepo(MessageRepo):
         sizes = await self._channel_sizes(pks)
         ks = [max(k, math.ceil(oversample_fraction * sizes.get(pk, 0))) for pk in pks]
         total = sum(min(kc, sizes.get(pk, 0)) for pk, kc in zip(pks, ks, strict=True))
-        # a share of a large channel: its candidates are chosen from more, as on SQLite
+        # a share of a large channel: its candidates are chosen from more, as on SQLite;
+        # the fixed oversample (/recall's) keeps the one-statement Hamming scan here, where
+        # SQLite, ranking in process, widens it too
         widen = any(kc > k for kc in ks)
         return await message_vectors.rescored(
             self.db, q, pks, ks, total=total, limit=limit, widen=widen
