@@ -111,6 +111,15 @@ class RecallConfig(BaseModel):
     broad_session_cap: int = Field(default=4, ge=0, le=100)
     """At most this many of the top-k evidence from one session for a question about a
     person's pattern or a change (0 = no cap)."""
+    people_rank: bool = True
+    """Rank the evidence of a question about named people's pattern, relationship or change
+    by the people model (`memory.query.people_rank`): their own messages, the messages
+    naming them and exchanges between them. Off: the general fused ranking."""
+    broad_lexical_weight: float = Field(default=1.0, ge=0)
+    """Weight of the word rankings (BM25 of the question, its phrases, the named people's
+    words, the time window) in the fusion for a broad question (a pattern, a change,
+    everyone's view) that the people model does not rank: such questions are abstract,
+    and their framing words ("chat", "relationship") match the wrong messages."""
     group_speaker_cap: int = Field(default=2, ge=0, le=100)
     """At most this many of the top-k evidence from one speaker for a question about
     everyone (0 = no cap)."""

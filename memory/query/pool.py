@@ -22,6 +22,7 @@ from memory.config import RecallConfig
 from memory.engine import MemoryEngine
 from memory.models import Scope, StoredMessage
 from memory.query.breadth import Breadth
+from memory.query.people_rank import PeopleCandidate, name_terms_by_person, people_order
 from memory.query.projection import Projection
 from memory.query.rerank import RERANK_WEIGHTS, Candidate, rerank, term_weights
 from memory.query.rerank import features as rerank_features
@@ -40,8 +41,14 @@ from memory.query.system1 import (
     session_term_counts,
 )
 from memory.query.timewords import TimeWindow
-from memory.search.fts_query import query_terms
+from memory.search.fts_query import build_match, query_terms
 from memory.search.fusion import rrf
+
+LEXICAL_RANKINGS = ("issue", "phrase", "speaker", "time")
+"""The word rankings `broad_lexical_weight` scales for a broad question."""
+
+PEOPLE_POOL_FACTOR = 5
+"""The named people's own messages a people question scores: this many times the pool."""
 
 STRONG_LINKS = frozenset({"explicit", "addressed"})
 """Reply links soft Expand follows: tagged ones and those to a person addressed by name."""
@@ -105,7 +112,15 @@ async def candidate_pool(
         pair=broad,
         vector_task=vector_task,
     )
+    named = [p for p in projection.speakers if p not in ("GROUP", "ALL")]
+    if cfg.people_rank and breadth in ("person", "change") and named and vector_task:
+        vector = await vector_task
+        if vector is not None:
+            return await _people_pool(engine, cfg, rankings, pks, named, display, vector)
     weights = {**RANKING_WEIGHTS, "relation": cfg.relation_weight}
+    if broad:
+        for name in LEXICAL_RANKINGS:
+            weights[name] *= cfg.broad_lexical_weight
     fused = fuse(rankings, k0=cfg.rrf_k0, weights=weights)
     messages = await engine.store.messages.get_many([pk for pk, _ in fused])
     fused = [(pk, sc) for pk, sc in fused if pk in messages]
@@ -153,6 +168,68 @@ async def candidate_pool(
         top_k=cfg.top_k,
     )
     return Pool(pool, messages, rankings)
+
+
+async def _people_pool(
+    engine: MemoryEngine,
+    cfg: RecallConfig,
+    rankings: Rankings,
+    pks: list[int],
+    named: list[str],
+    display: dict[str, str] | None,
+    vector: np.ndarray,
+) -> Pool:
+    """A pattern, relationship or change of named people (`memory.query.people_rank`):
+    their own messages, the messages naming them and the channel's dense top, ranked by
+    the fitted people model."""
+    store = engine.store.messages
+    names = {p: [(display or {}).get(p, p)] for p in named}
+    terms = name_terms_by_person(names)
+    mention_terms = sorted({t for ts in terms.values() for t in ts})
+    own, mentions = await asyncio.gather(
+        store.speaker_dense(
+            vector,
+            pks,
+            named,
+            cfg.pool * PEOPLE_POOL_FACTOR,
+            max_messages=cfg.speaker_dense_max_messages,
+        ),
+        store.lexical(
+            build_match(" ".join(mention_terms), text_only=frozenset(mention_terms)),
+            pks,
+            cfg.pool,
+        )
+        if mention_terms
+        else _no_hits(),
+    )
+    ordered = dict.fromkeys(
+        [
+            *(pk for pk, _ in own),
+            *rankings.lists.get("speaker", []),
+            *(pk for pk, _ in mentions),
+            *rankings.lists.get("dense", []),
+        ]
+    )
+    cand_pks = list(ordered)
+    messages, vectors = await asyncio.gather(store.get_many(cand_pks), store.vectors(cand_pks))
+    q = np.asarray(vector, dtype=np.float32).reshape(-1)
+    cands = [
+        PeopleCandidate(
+            pk=pk,
+            speaker=m.speaker_id,
+            text=m.text,
+            addressees=m.addressees,
+            similarity=float(vectors[pk] @ q) if pk in vectors else 0.0,
+        )
+        for pk in cand_pks
+        if (m := messages.get(pk)) is not None
+    ]
+    order = people_order(cands, named, terms)
+    return Pool(order[: cfg.pool], messages, rankings)
+
+
+async def _no_hits() -> list[tuple[int, float]]:
+    return []
 
 
 def _rerank(
