@@ -11,7 +11,8 @@ import pytest
 
 from integrations.cli.main import main
 from memory.datasets import DatasetError, read_dataset
-from memory.datasets.socialmembench import read_socialmembench
+from memory.datasets.socialmembench import INTERLEAVED, interleave, read_socialmembench
+from memory.eval.harness import ABLATIONS
 from memory.engine import MemoryEngine
 from memory.interactions import interaction_names
 from tests.conftest import make_config, shared_file
@@ -148,3 +149,95 @@ def test_dev_set_counts() -> None:
     assert (formats.count("long_form"), formats.count("multiple_choice")) == (46, 21)
     # every reply in the files points to a turn that exists: each became a reply link
     assert sum(1 for m in ds.messages if m.reply_to) == 500
+
+
+def _network(nid: str, dates: list[str], speakers: list[str]) -> dict[str, object]:
+    sessions = []
+    for i, day in enumerate(dates, start=1):
+        turns = [
+            {
+                "turn": f"{nid}_s{i:02d}_t{n:03d}",
+                "speaker": name.title(),
+                "speaker_id": name,
+                "content": f"{name} in session {i}",
+                "ts": f"{day}T18:0{n}:00",
+                "reply_to": f"{nid}_s{i:02d}_t000" if n else "",
+            }
+            for n, name in enumerate(speakers)
+        ]
+        sessions.append(
+            {
+                "session_id": f"{nid}_s{i:02d}",
+                "session_index": i,
+                "topic": "t",
+                "ts": day,
+                "turns": turns,
+            }
+        )
+    qa = [
+        {
+            "id": "Q8_x",
+            "category": "Q8",
+            "question": "what changed?",
+            "evidence_anchors": [{"session_index": 1, "turn_id": f"{nid}_s01_t001"}],
+        }
+    ]
+    return {"sessions": sessions, "qa_pairs": qa, "meta": {"network_id": nid}}
+
+
+def test_interleave_puts_every_network_in_one_channel_by_session_date(tmp_path: Path) -> None:
+    small, larger = tmp_path / "small", tmp_path / "larger"
+    small.mkdir()
+    larger.mkdir()
+    (small / "a.json").write_text(
+        json.dumps(_network("grp_a", ["2025-03-01", "2025-03-20"], ["ana", "bo"]))
+    )
+    (larger / "b.json").write_text(json.dumps(_network("grp_b", ["2025-03-10"], ["ana", "cy"])))
+    ds = read_socialmembench([small, larger])
+    assert {q.id: q.group for q in ds.questions} == {"grp_a:Q8_x": "small", "grp_b:Q8_x": "larger"}
+    mixed = interleave(ds)
+    assert {m.scope.channel for m in mixed.messages} == {INTERLEAVED}
+    # whole sessions, ordered by their start: a's first, b's, then a's second
+    assert [m.message_id for m in mixed.messages] == [
+        "grp_a_s01_t000",
+        "grp_a_s01_t001",
+        "grp_b_s01_t000",
+        "grp_b_s01_t001",
+        "grp_a_s02_t000",
+        "grp_a_s02_t001",
+    ]
+    # "ana" of network a and "ana" of network b stay two people, their replies linked
+    assert [m.speaker_id for m in mixed.messages[:3]] == ["grp_a:ana", "grp_a:bo", "grp_b:ana"]
+    assert mixed.messages[1].reply_to == "grp_a_s01_t000"
+    assert mixed.messages[1].addressees == ("grp_a:ana",)
+    assert [m.session_break for m in mixed.messages] == [True, False, True, False, True, False]
+    assert {q.scope.channel for q in mixed.questions} == {INTERLEAVED}
+    assert [q.evidence for q in mixed.questions] == [q.evidence for q in ds.questions]
+    assert [q.group for q in mixed.questions] == ["small", "larger"]
+
+
+@pytest.mark.contract
+def test_eval_cli_reports_parts_channels_ablations_and_the_interleaved_channel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPEAKERMEM_EMBEDDER", "none")
+    monkeypatch.delenv("SPEAKERMEM_LLM_BASE_URL", raising=False)
+    out = tmp_path / "smb.json"
+    code = main(
+        ["--db", str(tmp_path / "e.db"), "eval", "socialmembench", str(FIXTURES)]
+        + ["--interleave", "--ablate", "--out", str(out)]
+    )
+    assert code == 0
+    report = json.loads(out.read_text())
+    part = report["parts"]["socialmembench_small"]
+    assert part["questions"] == 4 and set(part["by_channel"]) == {"grp_alpha", "grp_beta"}
+    assert set(part["channel_spread"]) == {"min", "max", "mean", "stdev"}
+    assert part["by_channel"]["grp_alpha"]["n"] == 3
+    assert set(report["ablations"]) == set(ABLATIONS)
+    people = report["ablations"]["people_rank"]
+    assert people["switched_off_by"] == {"people_rank": False}
+    assert set(people["by_channel"]) == {"grp_alpha", "grp_beta"}
+    mixed = report["interleaved"]
+    assert mixed["questions"] == 4
+    assert set(mixed["parts"]["socialmembench_small"]["by_channel"]) == {INTERLEAVED}
+    assert report["fitted"]["people_weights"]["named_speaker"] > 0

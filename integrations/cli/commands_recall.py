@@ -15,11 +15,12 @@ from integrations.cli.errors import CliError
 from integrations.cli.ingest import embed_all, ingest_events
 from integrations.cli.render import advance, console, err_console, progress_bar
 from integrations.cli.targets import resolve_channel
-from memory.datasets import DATASET_READERS, read_dataset
+from memory.datasets import DATASET_READERS, Dataset, read_dataset
+from memory.datasets.socialmembench import interleave
 from memory.engine import MemoryEngine
 from memory.eval.answer_metrics import JUDGE_PROMPT_VERSION
 from memory.eval.answer_scoring import RUBRIC_PROMPT_VERSION
-from memory.eval.harness import EvalHarness, markdown_table
+from memory.eval.harness import ABLATIONS, EvalHarness, fitted_constants, markdown_table
 from memory.models import Scope
 from memory.query.pipeline import (
     PROMPT_VERSIONS,
@@ -82,6 +83,18 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         action="store_true",
         help="ignore the dataset's session markers (and FriendsQA's scene gaps): sessions "
         "must be inferred as in a live channel; use a fresh --db",
+    )
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="socialmembench: also evaluate every network interleaved in one channel "
+        "(sessions by date, speakers kept distinct), reported beside the per-network figures",
+    )
+    p.add_argument(
+        "--ablate",
+        action="store_true",
+        help="also run the pipeline with each group-chat mechanism switched off, one at a "
+        "time, and report the margin with and without it per network",
     )
     p.set_defaults(handler="integrations.cli.commands_recall:cmd_eval")
 
@@ -146,6 +159,21 @@ async def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _evaluate(
+    harness: EvalHarness, dataset: Dataset, args: argparse.Namespace, label: str
+) -> dict[str, Any]:
+    total = len([q for q in dataset.questions if q.evidence])
+    if args.limit is not None:
+        total = min(total, args.limit)
+    with progress_bar(f"evaluating {label}", total) as bar:
+        return await harness.run(
+            dataset,
+            limit=args.limit,
+            on_progress=lambda n: advance(bar, n),
+            with_s2=args.writer != "none",
+        )
+
+
 def explain(result: RecallResult) -> None:
     t = result.trace
     table = Table(title="explain", show_header=False)
@@ -183,6 +211,8 @@ def explain(result: RecallResult) -> None:
 
 async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
     dataset = read_dataset(args.dataset, args.paths, sessions=not args.no_sessions)
+    if args.interleave and args.dataset != "socialmembench":
+        raise CliError("--interleave is for socialmembench (networks to interleave)")
     llm = build_llm(settings)
     if args.writer == "llm" and llm is None:
         raise CliError("--writer llm needs an LLM: set SPEAKERMEM_LLM_BASE_URL")
@@ -214,18 +244,17 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
             with progress_bar("writing segments", due) as bar:
                 await writer.flush_due(limit=100_000, on_progress=lambda _o: advance(bar, 1))
         pipeline = RecallPipeline(engine, llm=llm)
-        harness = EvalHarness(engine, pipeline, k=args.k, llm=llm)
-        total = len([q for q in dataset.questions if q.evidence])
-        if args.limit is not None:
-            total = min(total, args.limit)
-        with progress_bar(f"evaluating {args.dataset}", total) as bar:
-            report = await harness.run(
-                dataset,
-                limit=args.limit,
-                on_progress=lambda n: advance(bar, n),
-                with_s2=args.writer != "none",
-            )
+        ablations = ABLATIONS if args.ablate else None
+        harness = EvalHarness(engine, pipeline, k=args.k, llm=llm, ablations=ablations)
+        report = await _evaluate(harness, dataset, args, args.dataset)
+        if args.interleave:
+            mixed = interleave(dataset)
+            await ingest_events(engine, mixed.messages, "importing the interleaved channel")
+            await embed_all(engine)
+            harness = EvalHarness(engine, pipeline, k=args.k, llm=llm, ablations=ablations)
+            report["interleaved"] = await _evaluate(harness, mixed, args, "interleaved")
     report["writer"] = args.writer
+    report["fitted"] = fitted_constants(pipeline.cfg)
     report["sessions"] = "inferred" if args.no_sessions else "dataset"
     report["llm"] = None if llm is None else llm.model
     report["prompts"] = {

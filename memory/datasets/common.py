@@ -36,6 +36,9 @@ class EvalQuestion(BaseModel):
     """Multiple choice: option letter -> text."""
     correct_option: str | None = None
     """Multiple choice: the right letter; short answers: a short gold answer."""
+    group: str | None = None
+    """The part of the dataset the question came from, where it has parts (SocialMemBench:
+    the folder or file named on the command line), reported apart."""
 
 
 class DatasetSession(BaseModel):

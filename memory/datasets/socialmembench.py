@@ -45,29 +45,40 @@ CATEGORY_NAMES = {
 """What each category asks (read from the questions; the dev set has Q1 to Q8)."""
 
 
+INTERLEAVED = "interleaved"
+"""The channel of the interleaved variant (`interleave`)."""
+
+
 def network_files(paths: Iterable[Path]) -> list[Path]:
     """The network files named, folders expanded to their `*.json` files (sorted)."""
-    out: list[Path] = []
+    return list(grouped_network_files(paths))
+
+
+def grouped_network_files(paths: Iterable[Path]) -> dict[Path, str]:
+    """Network file -> its group: the name of the folder named on the command line (or of
+    a named file's folder), so the small and the larger development sets report apart."""
+    out: dict[Path, str] = {}
     for path in paths:
         if path.is_dir():
             found = sorted(p for p in path.glob("*.json") if p.is_file())
             if not found:
                 raise DatasetError(f"{path}: no .json network files in this folder")
-            out.extend(found)
+            for f in found:
+                out.setdefault(f, path.resolve().name)
         elif path.exists():
-            out.append(path)
+            out.setdefault(path, path.resolve().parent.name)
         else:
             raise FileNotFoundError(f"{path}: no such file or folder")
-    return list(dict.fromkeys(out))
+    return out
 
 
 def read_socialmembench(paths: Path | Sequence[Path], *, sessions: bool = True) -> Dataset:
     """Networks from files and/or folders, a channel each. `sessions=False` drops the session
     markers (the turns' own times still separate sessions, as in a live channel)."""
-    files = network_files([paths] if isinstance(paths, Path) else paths)
+    files = grouped_network_files([paths] if isinstance(paths, Path) else paths)
     dataset = Dataset(name="socialmembench", messages=[], questions=[])
     seen: dict[str, Path] = {}
-    for path in files:
+    for path, group in files.items():
         data = load_json(path)
         if not isinstance(data, dict) or not isinstance(data.get("sessions"), list):
             raise DatasetError(
@@ -82,7 +93,7 @@ def read_socialmembench(paths: Path | Sequence[Path], *, sessions: bool = True) 
             raise DatasetError(f"{path}: network {channel} was already read from {seen[channel]}")
         seen[channel] = path
         dataset.messages.extend(part.messages)
-        dataset.questions.extend(part.questions)
+        dataset.questions.extend(q.model_copy(update={"group": group}) for q in part.questions)
         dataset.sessions.extend(part.sessions)
     return dataset
 
@@ -177,4 +188,43 @@ def _question(
         answer_format=fmt,
         options={str(k): str(v) for k, v in options.items()} if isinstance(options, dict) else {},
         correct_option=correct or None,
+    )
+
+
+def interleave(dataset: Dataset) -> Dataset:
+    """Every network of `dataset` in one channel, a bigger haystack: each session kept
+    whole, sessions in order of their start (ties by network order), speaker ids prefixed
+    by their network so members of different networks stay distinct people (display names
+    may repeat, as in a real channel). Questions keep their gold turn ids and group."""
+    scope = Scope(platform=PLATFORM, workspace=WORKSPACE, channel=INTERLEAVED)
+    starts = {s.first_message_id: s for s in dataset.sessions}
+    order = {sc: i for i, sc in enumerate(dataset.scopes)}
+    blocks: list[tuple[datetime, int, int, list[MessageEvent]]] = []
+    for m in dataset.messages:
+        if m.message_id in starts or not blocks:
+            start = starts[m.message_id].start if m.message_id in starts else m.ts
+            blocks.append((start, order[m.scope], len(blocks), []))
+        blocks[-1][3].append(m)
+    blocks.sort(key=lambda b: (b[0], b[1], b[2]))
+    messages = [
+        m.model_copy(
+            update={
+                "scope": scope,
+                "speaker_id": f"{m.scope.channel}:{m.speaker_id}",
+                "addressees": tuple(f"{m.scope.channel}:{a}" for a in m.addressees),
+            }
+        )
+        for *_, block in blocks
+        for m in block
+    ]
+    sessions = [
+        s.model_copy(update={"scope": scope})
+        for s in sorted(dataset.sessions, key=lambda s: (s.start, order[s.scope]))
+    ]
+    questions = [q.model_copy(update={"scope": scope}) for q in dataset.questions]
+    return Dataset(
+        name=f"{dataset.name}-{INTERLEAVED}",
+        messages=messages,
+        questions=questions,
+        sessions=sessions,
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from memory.config import RecallConfig
 from memory.datasets.common import Dataset, EvalQuestion
 from memory.engine import MemoryEngine
 from memory.eval.answer_metrics import (
@@ -37,12 +38,22 @@ from memory.eval.answer_scoring import (
     short_match,
 )
 from memory.eval.controls import ChannelIndex, hybrid
+from memory.eval.groups import margins_by_channel, parts_markdown, parts_report
 from memory.interactions import interaction_names
 from memory.models import Scope
 from memory.ports import LLM, ChatMessage, LLMError
+from memory.query.people_rank import PEOPLE_WEIGHTS
 from memory.query.pipeline import RecallPipeline, RecallRequest
 
 SYSTEMS = ("speakermem", "bm25", "bm25_speaker", "dense", "hybrid")
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "people_rank": {"people_rank": False},
+    "broad_session_cap": {"broad_session_cap": 0},
+    "group_speaker_cap": {"group_speaker_cap": 0},
+    "pair_ranking": {"relation_weight": 0.0},
+    "reply_context": {"context_structure": False},
+}
+"""The group-chat mechanisms `--ablate` switches off one at a time (RecallConfig overrides)."""
 CONTROL_DEPTH = 100
 DIFFICULTY_ORDER = {"easy": 0, "medium": 1, "hard": 2}
 
@@ -64,6 +75,33 @@ class QuestionResult:
     """The answer scored by its format (memory.eval.answer_scoring)."""
     claims: dict[str, int] = field(default_factory=dict)
     """The answer's claim check (checked, dropped, rewritten, abstained)."""
+    variants: dict[str, list[str]] = field(default_factory=dict)
+    """The evidence of each ablation (a mechanism switched off), by ablation name."""
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """A result as `memory.eval.groups` reads it."""
+
+    result: QuestionResult
+    k: int
+
+    @property
+    def channel(self) -> str:
+        return self.result.question.scope.channel
+
+    @property
+    def group(self) -> str | None:
+        return self.result.question.group
+
+    @property
+    def category(self) -> str:
+        return self.result.question.category
+
+    def recall(self, system: str) -> float:
+        q = self.result.question
+        got = self.result.retrieved.get(system) or self.result.variants.get(system, [])
+        return evidence_recall(set(q.evidence), got, self.k, any_of=q.any_of)
 
 
 def _aggregate(
@@ -113,11 +151,17 @@ class EvalHarness:
         *,
         k: int,
         llm: LLM | None = None,
+        ablations: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.engine = engine
         self.pipeline = pipeline
         self.k = k
         self.llm = llm
+        self.ablations = ablations or {}
+        self._variants = {
+            name: RecallPipeline(engine, config=pipeline.cfg.model_copy(update=update))
+            for name, update in self.ablations.items()
+        }
         self._indexes: dict[Scope, ChannelIndex] = {}
 
     async def index(self, scope: Scope) -> ChannelIndex:
@@ -166,6 +210,9 @@ class EvalHarness:
             latency_ms={**result.trace.latency_ms, "total": round(total_ms, 2)},
             tokens=dict(result.trace.tokens),
         )
+        for name, variant in self._variants.items():
+            res = await variant.run(RecallRequest(question=q.question, scope=q.scope), answer=False)
+            out.variants[name] = res.pack.s1_message_ids()[: self.k]
         if self.llm is not None:
             out.answer = result.answer.text
             out.claims = dict(result.trace.claims)
@@ -303,6 +350,11 @@ class EvalHarness:
             if results
             else 0.0,
         }
+        scored = [_Scored(r, k) for r in results]
+        if len({r.question.scope for r in results}) > 1 or any(r.question.group for r in results):
+            report["parts"] = parts_report(scored)
+        if self.ablations and results:
+            report["ablations"] = self._ablation_report(scored, report.get("parts") or {})
         if self.llm is not None and results:
             f1s = [r.f1 for r in results if r.f1 is not None]
             judged = [r.judged for r in results if r.judged is not None]
@@ -314,6 +366,45 @@ class EvalHarness:
                 **claim_rates(results),
             }
         return report
+
+    def _ablation_report(self, scored: list[_Scored], parts: dict[str, Any]) -> dict[str, Any]:
+        """Per mechanism: the margin over each part's best control with it and without it,
+        overall and per channel."""
+        best = {name: part["best_control"] for name, part in parts.items()} or {"all": "dense"}
+        out: dict[str, Any] = {}
+        for name, update in self.ablations.items():
+            with_ = margins_by_channel(scored, lambda r: r.recall("speakermem"), best)
+            without = margins_by_channel(scored, lambda r, n=name: r.recall(n), best)  # type: ignore[misc]
+            by_part: dict[str, Any] = {}
+            for part in best:
+                rows = [r for r in scored if (r.group or "all") == part]
+                if not rows:
+                    continue
+                on = statistics.fmean(r.recall("speakermem") for r in rows)
+                off = statistics.fmean(r.recall(name) for r in rows)
+                ctl = statistics.fmean(r.recall(best[part]) for r in rows)
+                by_part[part] = {
+                    "margin_with": round(100 * (on - ctl), 1),
+                    "margin_without": round(100 * (off - ctl), 1),
+                }
+            out[name] = {
+                "switched_off_by": update,
+                "parts": by_part,
+                "by_channel": {ch: {"with": with_[ch], "without": without[ch]} for ch in with_},
+            }
+        return out
+
+
+def fitted_constants(cfg: RecallConfig) -> dict[str, Any]:
+    """The group-chat constants fitted to data, as this run used them; each was chosen by
+    leave-one-network-out (bench/quality/fit_people.py, whose record with the
+    cross-validated margins is docs/benchmarks/socialmembench-fit.json)."""
+    return {
+        "people_weights": PEOPLE_WEIGHTS.as_dict(),
+        "broad_session_cap": cfg.broad_session_cap,
+        "group_speaker_cap": cfg.group_speaker_cap,
+        "broad_lexical_weight": cfg.broad_lexical_weight,
+    }
 
 
 def _accuracy_block(items: list[QuestionResult]) -> dict[str, Any]:
@@ -430,6 +521,7 @@ def markdown_table(report: dict[str, Any]) -> str:
             f"System 2 contribution: evidence coverage S1+S2 {sm['evidence_coverage']:.3f} vs "
             f"S1 only {sm['s1_only_coverage']:.3f}."
         )
+    lines += parts_markdown(report)
     if "answers" in report:
         a = report["answers"]
         lines.append(
