@@ -357,6 +357,19 @@ class Dispatcher:
             self.on_recall(time.perf_counter() - started, outcome)
         return answer
 
+    @staticmethod
+    def ask_key(inv: CommandInvocation) -> str:
+        """Whose budget of questions an invocation draws on (`ask_per_minute`)."""
+        return f"{inv.scope.platform}:{inv.user_id}"
+
+    def ask_refusal(self, inv: CommandInvocation) -> RecallAnswer | None:
+        """The rate limit's refusal, checked without counting: adapters ask before costly
+        lookups (a direct message re-lists private rosters); `recall` counts."""
+        if inv.via == "command" or self.asks.would_allow(self.ask_key(inv)):
+            return None
+        self.stats.handled["ask_rate_limited"] += 1
+        return RecallAnswer(text=RATE_LIMITED, refused=True)
+
     async def _recall(self, inv: CommandInvocation) -> RecallAnswer:
         limit = self.engine.config.recall.max_question_chars
         question = (inv.options.get("question") or inv.text or "").strip()[:limit]
@@ -367,7 +380,7 @@ class Dispatcher:
                 else EMPTY_QUESTION
             )
             return RecallAnswer(text=text, refused=True)
-        if inv.via != "command" and not self.asks.allow(f"{inv.scope.platform}:{inv.user_id}"):
+        if inv.via != "command" and not self.asks.allow(self.ask_key(inv)):
             self.stats.handled["ask_rate_limited"] += 1
             return RecallAnswer(text=RATE_LIMITED, refused=True)
         readable: list[Scope] | None = None

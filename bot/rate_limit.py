@@ -21,6 +21,13 @@ class PerMinuteLimiter:
         self.max_keys = max_keys
         self._seen: OrderedDict[str, deque[float]] = OrderedDict()
 
+    def would_allow(self, key: str, *, now: float | None = None) -> bool:
+        """Whether `allow` would say yes now, without counting a use (a caller about to do
+        costly work first, such as platform lookups, asks this before it)."""
+        now = time.monotonic() if now is None else now
+        hits = self._seen.get(key, ())
+        return sum(1 for t in hits if now - t < WINDOW_S) < self.per_minute
+
     def allow(self, key: str, *, now: float | None = None) -> bool:
         """Count one use of `key` now, unless it already had `per_minute` in the window."""
         now = time.monotonic() if now is None else now

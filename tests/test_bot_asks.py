@@ -39,6 +39,8 @@ def test_the_limiter_counts_per_key_in_a_sliding_minute() -> None:
     assert not limiter.allow("a", now=59.0)
     assert limiter.allow("b", now=59.0)  # another key has its own budget
     assert limiter.allow("a", now=60.5)  # the first use left the window
+    assert not limiter.would_allow("a", now=60.9)  # a look does not count a use
+    assert limiter.would_allow("a", now=61.5) and limiter.would_allow("a", now=61.5)
 
 
 def _ask(scope: Scope, via: str, text: str = "launch") -> CommandInvocation:
@@ -62,6 +64,8 @@ async def test_asks_are_limited_per_member_by_the_setting_and_slash_commands_are
     answers = [await dispatcher.recall(_ask(scope, via)) for via in ("mention", "reply", "context")]
     assert [a.refused for a in answers] == [False] * per_minute + [True] * (3 - per_minute)
     assert "wait" in answers[-1].text
+    assert dispatcher.ask_refusal(_ask(scope, "dm")) is not None  # looked, not counted
+    assert dispatcher.ask_refusal(_ask(scope, "command")) is None
     assert not (await dispatcher.recall(_ask(scope, "command"))).refused
     other = CommandInvocation(
         scope=scope, command="recall", user_id="bo", text="launch", via="mention"
