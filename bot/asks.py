@@ -51,3 +51,12 @@ def context_question(message_text: str) -> str:
     """The context menu's question about one message (its text quoted, cut)."""
     quoted = " ".join(message_text.split())[:MAX_CONTEXT_CHARS]
     return f"{CONTEXT_QUESTION} “{quoted}”" if quoted else CONTEXT_QUESTION
+
+
+def reply_question(question: str, replied_text: str) -> str:
+    """A reply's question about the message it replies to: the question with that message
+    quoted (it is what "why?" or "who agreed?" is about); no question asks its context."""
+    if not question.strip():
+        return context_question(replied_text)
+    quoted = " ".join(replied_text.split())[:MAX_CONTEXT_CHARS]
+    return f"{question} (about: “{quoted}”)" if quoted else question

@@ -407,6 +407,7 @@ class Dispatcher:
             asker=inv.user_id,
             readable=readable,
             thread=inv.options.get("thread_id") or None,
+            asked_in=inv.options.get("message_id") or None,
             direct=direct,
         )
         try:

@@ -89,3 +89,11 @@ async def test_a_mention_without_a_question_and_a_dm_with_nothing_readable_are_r
     readable = _ask(scope, "dm").model_copy(update={"readable_scopes": (scope,)})
     answer = await dispatcher.recall(readable)
     assert not answer.refused and answer.citations and answer.searched == [scope]
+
+
+def test_a_reply_quotes_the_message_it_asks_about() -> None:
+    from bot.asks import reply_question
+
+    assert reply_question("why?", "We ship on  Friday") == "why? (about: “We ship on Friday”)"
+    assert reply_question("", "We ship on Friday").startswith(CONTEXT_QUESTION)
+    assert reply_question("why?", "") == "why?"

@@ -53,6 +53,15 @@ async def test_a_question_in_a_thread_is_answered_from_that_thread_first(
     assert in_thread.citations
     assert in_thread.citations[0].message_id in thread_ids
     assert {c.message_id for c in in_thread.citations} >= thread_ids
+    # a mention is stored like any message: the one that asks is never its own evidence
+    asked = msg(GENERAL, "m13", "Cy", "what did we decide?", 13, thread_id=THREAD)
+    await engine.ingest(asked)
+    with_question = RecallRequest(question, GENERAL, thread=THREAD)
+    cited = {c.message_id for c in (await pipeline.run(with_question)).answer.citations}
+    assert "m13" in cited
+    without = RecallRequest(question, GENERAL, thread=THREAD, asked_in="m13")
+    cited = {c.message_id for c in (await pipeline.run(without)).answer.citations}
+    assert "m13" not in cited and cited >= thread_ids
 
 
 async def test_a_direct_question_draws_on_every_readable_channel_and_names_them(

@@ -104,13 +104,17 @@ async def test_a_mention_in_a_thread_answers_there_from_that_thread_first(rig: R
     ]
     for n, event in enumerate([parent, *replies], start=10):
         assert await rig.event(event, n) == 200
+    # Slack sends the mention twice: as the channel message (stored) and as app_mention
+    said = message(GENERAL, "U1", f"<@{BOT_USER_ID}> what did we decide?", 13, thread_ts=ts(10))
+    assert await rig.event(said, 13) == 200
     question = mention(GENERAL, "U1", "what did we decide?", 13, thread_ts=ts(10))
-    assert await rig.event(question, 13) == 200
+    assert await rig.event(question, 14) == 200
     [answer] = posted(rig)
     assert answer["thread_ts"] == ts(10)
     thread = {ts(n).replace(".", "") for n in (10, 11, 12)}
     links = cited_links(answer)
     assert links and links[0][1] in thread, links  # the thread's messages answer first
+    assert ts(13).replace(".", "") not in {t for _, t in links}  # never the question itself
 
 
 async def test_a_mention_by_someone_who_cannot_read_the_channel_is_refused_to_them_only(

@@ -75,7 +75,9 @@ class SlackAsks:
             user_id=ask.user,
             text=question_text(ask.text, [b for b in bot_ids if b])[:20_000],
             via=kind,
-            options={"thread_id": ask.thread_ts} if ask.thread_ts and not ask.direct else {},
+            options={"message_id": ask.ts, "thread_id": ask.thread_ts or ""}
+            if not ask.direct
+            else {},
         )
         try:
             answer = self.dispatcher.ask_refusal(inv)

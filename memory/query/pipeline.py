@@ -88,6 +88,9 @@ class RecallRequest:
     """Shown to the answerer after the question, never searched (an evaluation's options)."""
     thread: str | None = None
     """Asked in this thread of `scope` (its id): the thread's messages come first."""
+    asked_in: str | None = None
+    """The id of the message in `scope` that asked (a mention is stored like any message):
+    never its own evidence."""
     direct: bool = False
     """Asked in a direct message to the bot: only the asker sees the answer, so it draws on
     every channel in `readable` (or the asker's rosters in `scope`'s workspace) where memory
@@ -235,6 +238,7 @@ class RecallPipeline:
         breadth: Breadth = "one",
         vector_task: asyncio.Future[np.ndarray | None] | None = None,
         thread: tuple[Scope, str] | None = None,
+        asked_in: tuple[Scope, str] | None = None,
     ) -> list[StoredMessage]:
         """System 1: the candidate pool (`thread`'s messages first, when asked in one),
         then Select, ASK and Expand to the top-k evidence."""
@@ -255,6 +259,12 @@ class RecallPipeline:
             found = await self.engine.thread_messages(*thread)
             pool.messages.update({m.pk: m for m in found})
             pool.pks = thread_first(pool.pks, newest_first(found), size=self.cfg.pool)
+        if asked_in is not None:
+            pool.pks = [
+                pk
+                for pk in pool.pks
+                if (m := pool.messages.get(pk)) is None or (m.scope, m.message_id) != asked_in
+            ]
         evidence = await select_and_expand(
             self.engine, self.cfg, self.llm, trace, question, projection, pool, pks, window, names
         )
@@ -340,6 +350,7 @@ class RecallPipeline:
                         breadth,
                         qvec,
                         (req.scope, req.thread) if req.thread and req.scope in known else None,
+                        (req.scope, req.asked_in) if req.asked_in else None,
                     )
                     if pks
                     else []
