@@ -20,6 +20,7 @@ import pytest
 from bot.commands import ASK_ABOUT_MESSAGE
 from bot.rate_limit import PerMinuteLimiter
 from integrations.discord.adapter import build_intents
+from integrations.payload import MAX_TEXT_CHARS
 from tests.dm_checks import assert_not_stored
 from tests.standins.discord_gateway import (
     BOT_ID,
@@ -200,3 +201,17 @@ async def test_the_context_menu_answers_ephemerally_about_the_message(bot: Bot) 
     refused = bot.standin.followups[-1]
     assert refused["flags"] & 64 and "pineapple" not in json.dumps(refused)
     assert not JUMP.findall(json.dumps(refused["embeds"]))
+
+
+async def test_a_malformed_question_is_skipped_and_the_message_still_stored(bot: Bot) -> None:
+    await seed(bot)
+    odd = await say(
+        bot,
+        f"{MENTION} what about this?",
+        mentions=[user(BOT_ID, "speakermem", bot=True)],
+        message_reference={"message_id": "1"},
+        referenced_message={"id": "1", "content": "x" * (MAX_TEXT_CHARS + 1)},
+    )
+    assert bot.adapter.stats["malformed"] == 1
+    assert await bot.stored(GENERAL, odd["id"]) is not None
+    assert not answers(bot)

@@ -128,6 +128,15 @@ async def test_a_mention_by_someone_who_cannot_read_the_channel_is_refused_to_th
     assert "pineapple" not in json.dumps(refusal) and not cited_links(refusal)
 
 
+async def test_a_mention_in_a_private_channel_slack_will_not_list_is_refused(rig: Rig) -> None:
+    await seed(rig)
+    rig.standin.fail("conversations.members", times=5)
+    assert await rig.event(mention(PRIVATE, "U1", "what is the code word?", 20), 20) == 200
+    [refusal] = posted(rig)
+    assert refusal.get("ephemeral") and "cannot check who is in" in json.dumps(refusal)
+    assert "pineapple" not in json.dumps(refusal) and not cited_links(refusal)
+
+
 async def test_mentions_are_rate_limited_per_member(rig: Rig) -> None:
     await seed(rig)
     rig.dispatcher.asks = PerMinuteLimiter(1)

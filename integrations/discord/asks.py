@@ -84,6 +84,10 @@ class DiscordAsks:
             self.stats["malformed"] += 1
             log.warning("discord: skipped a malformed question: %s", exc)
             return False
+        except Exception as exc:  # the reading is pure: anything else is a bad payload too
+            self.stats["malformed"] += 1
+            log.warning("discord: skipped an unreadable question (%s)", type(exc).__name__)
+            return False
         if ask is None:
             return False
         task = asyncio.create_task(self.answer(ask), name=f"speakermem-discord-{ask.kind}")

@@ -126,7 +126,7 @@ class SlackAsks:
             "text": fallback_text(answer),
             "blocks": render_blocks(answer, links, searched=searched),
         }
-        if not ask.direct:
+        if not ask.direct or ask.thread_ts:  # a direct message's thread is answered there too
             kwargs["thread_ts"] = ask.thread_ts or ask.ts
         try:
             if not ask.direct and (answer.refused or self.settings.recall_ephemeral):
