@@ -34,7 +34,7 @@ from integrations.slack.errors import brief
 from integrations.slack.interactions import SlackInteractions
 from integrations.slack.render import fallback_text, render_blocks
 from integrations.slack.roster import LOOKUP_ERRORS, SlackRoster
-from integrations.slack.translate import PLATFORM, SlackAsk
+from integrations.slack.translate import PLATFORM, WORKSPACE_CHANNEL, SlackAsk, is_direct
 from memory.engine import MemoryEngine
 from memory.query.answer import RecallAnswer
 
@@ -108,6 +108,8 @@ class SlackAsks:
         candidates = await self.engine.readable_channels(PLATFORM, team, user_id)
         kept: list[Scope] = []
         for scope in candidates:
+            if scope.channel == WORKSPACE_CHANNEL or is_direct({"channel": scope.channel}):
+                continue  # the workspace-wide roster, and direct messages, are no channels
             if not await self.engine.channel_is_private(scope):
                 await self.roster.ensure(scope, max_age_s=self.interactions.recall_roster_max_age_s)
                 kept.append(scope)

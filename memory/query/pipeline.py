@@ -94,7 +94,8 @@ class RecallRequest:
     direct: bool = False
     """Asked in a direct message to the bot: only the asker sees the answer, so it draws on
     every channel in `readable` (or the asker's rosters in `scope`'s workspace) where memory
-    is on, private ones included, whatever `recall.scope` says; `scope` is one of them."""
+    is on, private ones included, whatever `recall.scope` says; `scope` itself is not
+    searched unless it is one of them."""
 
 
 @dataclass
@@ -268,6 +269,8 @@ class RecallPipeline:
         evidence = await select_and_expand(
             self.engine, self.cfg, self.llm, trace, question, projection, pool, pks, window, names
         )
+        if asked_in is not None:  # nor as a neighbour that Expand brought in
+            evidence = [m for m in evidence if (m.scope, m.message_id) != asked_in]
         trace.rankings = {name: len(lst) for name, lst in pool.rankings.lists.items()}
         trace.pool = [pool.messages[pk].message_id for pk in pool.pks[:10] if pk in pool.messages]
         return evidence
