@@ -215,3 +215,13 @@ async def test_a_malformed_question_is_skipped_and_the_message_still_stored(bot:
     assert bot.adapter.stats["malformed"] == 1
     assert await bot.stored(GENERAL, odd["id"]) is not None
     assert not answers(bot)
+
+
+async def test_with_ephemeral_answers_a_mention_points_to_the_private_ways(tmp_path: Path) -> None:
+    b, close = await start_bot(tmp_path, recall_ephemeral=True)
+    try:
+        await seed(b)
+        sent = await ask(b, "when is the trip to Lisbon?")
+        assert not cited(sent) and "Ask SpeakerMem about this" in json.dumps(sent)
+    finally:
+        await close()

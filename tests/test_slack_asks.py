@@ -221,3 +221,11 @@ async def test_edits_and_deletions_in_a_direct_message_are_not_stored_either(rig
     assert len(posted(rig)) == 1  # the edit asked nothing; the new message did
     assert not re.search("zanzibar", json.dumps(await rig.engine.stats(), default=str))
     await assert_not_stored(rig.engine, "slack", TEAM_ID, "U1", "zanzibar", DM)
+
+
+async def test_with_ephemeral_answers_a_mention_is_answered_to_the_asker_only(rig: Rig) -> None:
+    await seed(rig)
+    rig.adapter.settings.recall_ephemeral = True
+    await rig.event(mention(GENERAL, "U1", "when is the trip to Lisbon?", 20), 20)
+    [answer] = posted(rig)
+    assert answer.get("ephemeral") and answer["user"] == "U1" and cited_links(answer)
