@@ -114,3 +114,7 @@ MEMORY = CommandSpec(
 )
 
 COMMANDS: tuple[CommandSpec, ...] = (RECALL, MEMORY)
+
+ASK_ABOUT_MESSAGE = "Ask SpeakerMem about this"
+"""A message's context-menu command (Discord: Apps): asks what the message is about and
+answers only the one who asked."""

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from bot.asks import ASKS_PER_MINUTE, EMPTY_QUESTION, NOTHING_READABLE, RATE_LIMITED
 from bot.events import (
     CommandInvocation,
     DeleteEvent,
@@ -36,6 +37,7 @@ from bot.events import (
 )
 from bot.governance import CommandReply, PendingActions
 from bot.governance_commands import run_confirmed, run_memory_command
+from bot.rate_limit import PerMinuteLimiter
 from bot.spill import RETRY_S, Spill, SpillFull, StorableEvent
 from memory.engine import IngestOutcome, IngestStatus, MemoryEngine, StoreFull
 from memory.governance.policy import Forgotten
@@ -90,9 +92,12 @@ class Dispatcher:
         governance: Governance | None = None,
         spill: Spill | None = None,
         spill_retry_s: float = RETRY_S,
+        ask_per_minute: int = ASKS_PER_MINUTE,
     ) -> None:
         """`on_recall(seconds, outcome)` observes each /recall (metrics); outcome is
-        answered, refused or failed. `spill` keeps events the full store refused."""
+        answered, refused or failed. `spill` keeps events the full store refused.
+        `ask_per_minute`: questions per member by mention, reply, direct message or
+        context menu in any 60 s (`bot.asks`)."""
         self.engine = engine
         self.pipeline = pipeline
         self.on_message_stored = on_message_stored
@@ -100,6 +105,8 @@ class Dispatcher:
         self.on_recall = on_recall
         self.governance = governance or Governance(engine)
         self.pending = PendingActions()
+        self.asks = PerMinuteLimiter(ask_per_minute)
+        """Questions per member by the ways in other than the slash command."""
         self._notifiers: dict[str, Notifier] = {}
         self._notice_tasks: set[asyncio.Task[None]] = set()
         # channels whose notice this process has claimed or found posted: a claim is a write
@@ -350,28 +357,59 @@ class Dispatcher:
             self.on_recall(time.perf_counter() - started, outcome)
         return answer
 
+    @staticmethod
+    def ask_key(inv: CommandInvocation) -> str:
+        """Whose budget of questions an invocation draws on (`ask_per_minute`)."""
+        return f"{inv.scope.platform}:{inv.user_id}"
+
+    def ask_refusal(self, inv: CommandInvocation) -> RecallAnswer | None:
+        """The rate limit's refusal, checked without counting: adapters ask before costly
+        lookups (a direct message re-lists private rosters); `recall` counts."""
+        if inv.via == "command" or self.asks.would_allow(self.ask_key(inv)):
+            return None
+        self.stats.handled["ask_rate_limited"] += 1
+        return RecallAnswer(text=RATE_LIMITED, refused=True)
+
     async def _recall(self, inv: CommandInvocation) -> RecallAnswer:
         limit = self.engine.config.recall.max_question_chars
         question = (inv.options.get("question") or inv.text or "").strip()[:limit]
         if not question:
-            return RecallAnswer(
-                text="Ask me something, e.g. `/recall what did we decide?`", refused=True
+            text = (
+                "Ask me something, e.g. `/recall what did we decide?`"
+                if inv.via == "command"
+                else EMPTY_QUESTION
             )
-        readable = (
-            None
-            if inv.readable_channels is None
-            else [
+            return RecallAnswer(text=text, refused=True)
+        if inv.via != "command" and not self.asks.allow(self.ask_key(inv)):
+            self.stats.handled["ask_rate_limited"] += 1
+            return RecallAnswer(text=RATE_LIMITED, refused=True)
+        readable: list[Scope] | None = None
+        if inv.readable_scopes is not None:
+            readable = list(inv.readable_scopes)
+        elif inv.readable_channels is not None:
+            readable = [
                 Scope(platform=inv.scope.platform, workspace=inv.scope.workspace, channel=c)
                 for c in inv.readable_channels
             ]
-        )
-        if not await self.governance.channel_enabled(inv.scope):
+        direct = inv.via == "dm"
+        if direct and readable is not None and not readable:
+            self.stats.handled["recall_refused"] += 1
+            return RecallAnswer(text=NOTHING_READABLE, refused=True)
+        if not direct and not await self.governance.channel_enabled(inv.scope):
             self.stats.handled["recall_refused"] += 1
             return RecallAnswer(
                 text="Memory is off in this channel, so I have nothing to recall here.",
                 refused=True,
             )
-        request = RecallRequest(question, inv.scope, asker=inv.user_id, readable=readable)
+        request = RecallRequest(
+            question,
+            inv.scope,
+            asker=inv.user_id,
+            readable=readable,
+            thread=inv.options.get("thread_id") or None,
+            asked_in=inv.options.get("message_id") or None,
+            direct=direct,
+        )
         try:
             result = await self.pipeline.run(request)
         except AccessDenied as exc:

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bot.asks import Via
 from memory.models import (
     DeleteEvent,
     EditEvent,
@@ -49,6 +50,12 @@ class CommandInvocation(BaseModel):
     """Set by the adapter from server-side facts at every call (roles, workspace admin flags,
     the admin list setting); the default denies admin commands."""
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    via: Via = "command"
+    """How the question arrived (`bot.asks`): anything but the slash command is rate-limited
+    per member; "dm" draws on every readable channel."""
+    readable_scopes: tuple[Scope, ...] | None = None
+    """For a direct message on a platform with several workspaces (Discord guilds): every
+    channel the invoker may read, across them; wins over `readable_channels`."""
 
 
 Event = MessageEvent | EditEvent | DeleteEvent | RosterEvent | CommandInvocation

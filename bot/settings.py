@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from bot import reconcile, spill
+from bot import asks, reconcile, spill
 from memory.config import (
     GovernanceConfig,
     IngestConfig,
@@ -178,6 +178,10 @@ class Settings(BaseSettings):
     spawned processes (one recall at a time each), so a busy bot's ingestion and recalls
     stop sharing one interpreter lock (integrations/recall_processes.py). Each holds its
     own store connections and embedder."""
+    ask_per_minute: int = Field(default=asks.ASKS_PER_MINUTE, ge=1, le=600)
+    """Questions each member may ask by mentioning the bot, replying to it, messaging it
+    directly or with the context menu, in any 60 seconds (`/recall` is not counted); more
+    get a "please wait" reply."""
     recall_ephemeral: bool = False
     """true: /recall answers only the asker (ephemeral); false: the channel sees the answer."""
 

@@ -106,6 +106,7 @@ def build_dispatcher(
         governance=governance,
         spill=build_spill(settings),
         spill_retry_s=settings.spill_retry_s,
+        ask_per_minute=settings.ask_per_minute,
     )
 
 

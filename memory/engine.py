@@ -247,6 +247,14 @@ class MemoryEngine:
         """The channel's stored messages with these platform ids, by id."""
         return await self.store.messages.by_ids(scope, message_ids)
 
+    async def thread_messages(self, scope: Scope, thread_id: str) -> list[StoredMessage]:
+        """A thread's stored messages: the one that started it (its id is the thread's) and
+        its replies; deleted ones included (callers decide)."""
+        replies = await self.store.reconcile.thread_messages(scope, thread_id)
+        found = await self.store.messages.get_many([pk for pk, _ in replies])
+        parent = await self.store.messages.by_ids(scope, [thread_id])
+        return list({m.pk: m for m in (*parent.values(), *found.values())}.values())
+
     # ---- reconciliation after downtime ----------------------------------------------------
 
     async def stored_window(self, scope: Scope, low: float, high: float) -> list[StoredRow]:

@@ -331,7 +331,11 @@ def _discord_commands() -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
     """('/memory-admin forget user', description, [(option, description, required)]) as the
     Discord adapter registers them."""
     from bot.commands import COMMANDS, MEMORY
-    from integrations.discord.commands import build_command, build_memory_groups
+    from integrations.discord.commands import (
+        build_command,
+        build_context_menu,
+        build_memory_groups,
+    )
 
     async def nothing(*_: Any) -> None:
         return None
@@ -354,11 +358,19 @@ def _discord_commands() -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
                 continue  # a subcommand group: its commands follow
             opts = [(p.name, p.description, p.required) for p in params]
             rows.append((f"/{cmd.qualified_name}", cmd.description, opts))
+    menu = build_context_menu(nothing)
+    rows.append(
+        (
+            f"{menu.name} (message menu: Apps)",
+            "Ask what the chosen message is about; only you see the answer.",
+            [],
+        )
+    )
     return rows
 
 
 def commands_page() -> str:
-    from bot.commands import COMMANDS, MEMORY_SUBCOMMANDS
+    from bot.commands import ASK_ABOUT_MESSAGE, COMMANDS, MEMORY_SUBCOMMANDS
     from integrations.shell.translate import HELP
 
     out = [
@@ -408,6 +420,22 @@ def commands_page() -> str:
     for name, text, params in _discord_commands():
         shown = "; ".join(f"`{o}`{'' if req else ' (optional)'}: {d}" for o, d, req in params)
         out.append(f"| `{name}` | {_cell(text)} | {_cell(shown) or '-'} |")
+    out += [
+        "",
+        "## Asking without a command",
+        "",
+        "Each of these is a `/recall` with the same access rule, rate-limited per member "
+        "(`SPEAKERMEM_ASK_PER_MINUTE`). Direct messages to the bot are never stored.",
+        "",
+        "| where | how | answered |",
+        "|---|---|---|",
+        "| Slack, Discord | mention the bot in a channel or thread | in the thread (Slack), "
+        "as a reply (Discord); a thread's messages first |",
+        "| Discord | reply to a message while mentioning the bot | about that message |",
+        "| Slack, Discord | a direct message to the bot | from every channel you can read, "
+        "named in the answer |",
+        f"| Discord | {ASK_ABOUT_MESSAGE} (message menu: Apps) | only to you |",
+    ]
     out += [
         "",
         "## Shell lines",

@@ -218,11 +218,14 @@ def test_slack_manifest_has_scopes_events_commands_and_socket_mode() -> None:
         "users:read",
         "chat:write",
         "commands",
+        "app_mentions:read",  # mentions are questions
+        "im:history",  # so are direct messages
     } <= scopes
     events = set(manifest["settings"]["event_subscriptions"]["bot_events"])
     assert {"message.channels", "message.groups", "member_joined_channel"} <= events
     assert {"member_left_channel", "user_change"} <= events
     assert {"channel_deleted", "group_deleted"} <= events  # deleted channels are forgotten
+    assert {"app_mention", "message.im"} <= events  # asking where people talk
     assert manifest["settings"]["socket_mode_enabled"] is True
     assert manifest["settings"]["interactivity"]["is_enabled"] is True  # /memory confirmations
 

@@ -171,6 +171,7 @@ SCOPES = {
     "auth.test": set(),
     "chat.getPermalink": set(),
     "chat.postMessage": {"chat:write"},
+    "chat.postEphemeral": {"chat:write"},
     "conversations.history": {"channels:history", "groups:history"},
     "conversations.replies": {"channels:history", "groups:history"},
     "conversations.info": {"channels:read", "groups:read"},
@@ -183,6 +184,9 @@ API_FAMILIES = (
     "reactions reminders search stars team usergroups users views workflows"
 ).split()
 EVENT_SUBSCRIPTIONS = {"message": {"message.channels", "message.groups"}}
+# Events the adapter reads outside translate_event (integrations/slack/translate.py:ask_of),
+# with the bot scopes Slack requires for each.
+ASK_EVENTS = {"app_mention": {"app_mentions:read"}, "message.im": {"im:history"}}
 
 
 def slack_methods() -> set[str]:
@@ -215,6 +219,12 @@ def test_slack_manifest_grants_every_scope_and_event_the_adapter_uses() -> None:
     assert {"message", "member_joined_channel", "user_change"} <= kinds
     wanted = set().union(*(EVENT_SUBSCRIPTIONS.get(k, {k}) for k in kinds))
     assert wanted <= events, f"the manifest does not subscribe to {sorted(wanted - events)}"
+    source = (ROOT / "integrations" / "slack" / "translate.py").read_text()
+    assert 'kind == "app_mention"' in source and "is_direct(event)" in source
+    assert set(ASK_EVENTS) <= events, "mentions and direct messages need their events"
+    assert set().union(*ASK_EVENTS.values()) <= scopes, "and their scopes"
+    app_home = manifest["features"]["app_home"]
+    assert app_home["messages_tab_enabled"] and not app_home["messages_tab_read_only_enabled"]
 
 
 # ---- benchmark pages read their numbers from JSON ---------------------------------------------

@@ -18,6 +18,8 @@ from bot.events import (
 )
 from integrations.payload import PayloadError
 from integrations.slack.translate import (
+    SlackAsk,
+    ask_of,
     deleted_channel,
     display_name,
     mentioned_users,
@@ -372,3 +374,45 @@ def test_deleted_channel_names_the_channel_of_channel_and_group_deleted():
     assert deleted_channel({"team_id": TEAM, "event": {"type": "message", "text": "x"}}) is None
     with pytest.raises(PayloadError, match="channel"):
         deleted_channel({"team_id": TEAM, "event": {"type": "channel_deleted"}})
+
+
+# ---- questions: mentions and direct messages (ask_of) ---------------------------------------
+
+
+def _ask(event: dict[str, Any]) -> SlackAsk | None:
+    return ask_of(body(event), bot_user_id="UBOT", bot_id="BBOT")
+
+
+def test_a_mention_is_a_question_with_its_thread():
+    mention = msg(type="app_mention", text="<@UBOT> what?", thread_ts="1700000000.000001")
+    ask = _ask(mention)
+    assert ask == SlackAsk(
+        team=TEAM,
+        channel="C1",
+        user="U1",
+        text="<@UBOT> what?",
+        ts="1700000000.000100",
+        thread_ts="1700000000.000001",
+    )
+    assert translate_event(body(mention)) is None  # never an event to store
+
+
+def test_a_direct_message_is_a_question_and_never_an_event():
+    for event in (msg(channel="D1", channel_type="im"), msg(channel="D1")):
+        ask = _ask(event)
+        assert ask is not None and ask.direct and ask.channel == "D1"
+        assert translate_event(body(event)) is None
+    # a mention inside a direct message is answered once, as the direct message
+    assert _ask(msg(type="app_mention", channel="D1", channel_type="im")) is None
+
+
+def test_what_asks_nothing():
+    assert _ask(msg()) is None  # a channel message
+    assert _ask(msg(channel="D1", channel_type="im", user="UBOT")) is None  # the bot itself
+    assert _ask(msg(channel="D1", channel_type="im", bot_id="B9")) is None  # any bot
+    assert _ask(msg(channel="D1", channel_type="im", subtype="message_changed")) is None
+    assert _ask({"type": "user_change"}) is None
+    with pytest.raises(PayloadError):
+        _ask(msg(type="app_mention", ts="yesterday"))
+    with pytest.raises(PayloadError):
+        ask_of({"event": "nope"}, bot_user_id=None, bot_id=None)

@@ -2,8 +2,9 @@
 
 Gateway intents
 ---------------
-The bot asks for four intents: ``guilds`` (channels, roles, threads), ``guild_messages``
-(message create/edit/delete in servers), ``members`` and ``message_content``.
+The bot asks for five intents: ``guilds`` (channels, roles, threads), ``guild_messages``
+(message create/edit/delete in servers), ``dm_messages`` (questions in a direct message),
+``members`` and ``message_content``.
 **Two of them are privileged and must be switched on for the application in the
 Discord Developer Portal (Bot → Privileged Gateway Intents):**
 
@@ -31,7 +32,9 @@ This module owns the lifecycle and the message path: MESSAGE_* payloads go throu
 functions in `integrations.discord.translate` (never discord.py's message cache, so edits
 and deletes of messages the client never saw still reach the store). A malformed payload is
 logged and skipped. Messages in private threads are not stored: who may read them is not
-modelled.
+modelled. A message that mentions the bot, or a direct message to it (intent
+``dm_messages``, not privileged), is also a question: `asks` answers it in a task of its
+own; direct messages are never stored.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from bot.events import MessageEvent, Scope
 from bot.reconcile import Reconciler
 from bot.settings import Settings
 from integrations.discord import translate as tr
+from integrations.discord.asks import DiscordAsks
 from integrations.discord.commands import build_tree, sync_commands
 from integrations.discord.connection import (
     IDENTIFY_SPACING_S,
@@ -121,6 +125,8 @@ class DiscordAdapter:
             settings, dispatcher, self.roster, self.intake, self.members, self.stats
         )
         self.client: discord.Client | None = None
+        self.asks = DiscordAsks(settings, dispatcher, self.roster, lambda: self.client, self.stats)
+        """Mentions, replies that mention the bot, direct messages (discord/asks.py)."""
         self.tree: app_commands.CommandTree[Any] | None = None
         self._ready = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
@@ -162,7 +168,9 @@ class DiscordAdapter:
         guard_parsers(client)
         handlers = self.interactions
         self.tree = build_tree(
-            client, {RECALL.name: handlers.on_recall, MEMORY.name: handlers.on_memory}
+            client,
+            {RECALL.name: handlers.on_recall, MEMORY.name: handlers.on_memory},
+            handlers.on_ask_about,
         )
         self.tree.error(handlers.on_tree_error)
         self.dispatcher.set_notifier(tr.PLATFORM, self.notify)
@@ -351,6 +359,8 @@ class DiscordAdapter:
             self._runner = None
         if self._worker is not None:
             await self.intake.drain(drain_timeout, drain_limit)
+        await self.asks.drain(drain_timeout)  # answers being written, before the store closes
+        if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
@@ -482,6 +492,8 @@ class DiscordAdapter:
                         f"discord {event}: expected an object, got {type(d).__name__}"
                     )
                 where = self._channel_of(event, d)
+                if where is not None:
+                    self.asks.on_message(d, where[1])  # a question? answered in a task
                 msg = self._created(d, where[1]) if where is not None else None
                 if where is not None and msg is not None:
                     msgs.append(msg)

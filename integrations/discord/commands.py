@@ -33,6 +33,7 @@ import discord
 from discord import app_commands
 
 from bot.commands import (
+    ASK_ABOUT_MESSAGE,
     COMMANDS,
     MEMORY,
     MEMORY_SUBCOMMAND_BY_NAME,
@@ -50,8 +51,10 @@ __all__ = [
     "CONTENT_LIMIT",
     "MEMBER_GROUP",
     "CommandHandler",
+    "ContextHandler",
     "MemoryHandler",
     "build_command",
+    "build_context_menu",
     "build_memory_groups",
     "build_tree",
     "confirm_custom_id",
@@ -71,6 +74,7 @@ CONFIRM_PREFIX = "speakermem:"
 
 MemoryHandler = Callable[[discord.Interaction], Awaitable[None]]
 CommandHandler = Callable[[discord.Interaction, dict[str, Any]], Awaitable[None]]
+ContextHandler = Callable[[discord.Interaction, discord.Message], Awaitable[None]]
 
 _SUBCOMMAND_TYPES = (1, 2)
 """SUB_COMMAND, SUB_COMMAND_GROUP option types."""
@@ -267,10 +271,25 @@ def build_command(
     return command
 
 
+def build_context_menu(handler: ContextHandler) -> app_commands.ContextMenu:
+    """The message context-menu command "Ask SpeakerMem about this" (servers only)."""
+
+    async def ask_about(interaction: discord.Interaction, message: discord.Message) -> None:
+        await handler(interaction, message)
+
+    menu = app_commands.ContextMenu(name=ASK_ABOUT_MESSAGE, callback=ask_about)
+    menu.guild_only = True
+    return menu
+
+
 def build_tree(
-    client: discord.Client, handlers: Mapping[str, CommandHandler]
+    client: discord.Client,
+    handlers: Mapping[str, CommandHandler],
+    ask_about: ContextHandler | None = None,
 ) -> app_commands.CommandTree[Any]:
     tree: app_commands.CommandTree[Any] = app_commands.CommandTree(client)
+    if ask_about is not None:
+        tree.add_command(build_context_menu(ask_about))
     for spec in COMMANDS:
         handler = handlers.get(spec.name)
         if handler is None:
@@ -304,7 +323,11 @@ async def sync_commands(settings: Settings, guild_id: str | None) -> list[str]:
 
     with discord_endpoints(settings):
         client = discord.Client(intents=discord.Intents.none())
-        tree = build_tree(client, {spec.name: unused for spec in COMMANDS})
+
+        async def unused_menu(interaction: discord.Interaction, message: discord.Message) -> None:
+            raise RuntimeError("sync-only tree")  # pragma: no cover
+
+        tree = build_tree(client, {spec.name: unused for spec in COMMANDS}, unused_menu)
         async with client:
             await client.login(token)
             if guild_id:

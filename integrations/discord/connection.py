@@ -91,6 +91,7 @@ def build_intents() -> discord.Intents:
     intents.guild_messages = True
     intents.members = True
     intents.message_content = True
+    intents.dm_messages = True  # questions in a direct message (answered, never stored)
     return intents
 
 

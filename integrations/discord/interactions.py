@@ -3,7 +3,8 @@
 The raw INTERACTION_CREATE (stashed by `connection.Intake`) goes through the pure
 translator; who may read what comes from the member's roles in this very interaction and
 the guild's current permissions (`guild_state`), never from the store's roster, and fails
-closed. ``/recall`` is deferred at once, then answered with an embed
+closed. ``/recall`` and the message context menu ("Ask SpeakerMem about this", always
+ephemeral) are deferred at once, then answered with an embed
 (`integrations.discord.render`); ``/memory`` replies are always ephemeral, and its Confirm
 and Cancel buttons check admin rights and identity again at the click.
 """
@@ -20,7 +21,8 @@ from typing import Any
 import discord
 from discord import app_commands
 
-from bot.commands import MEMORY
+from bot.asks import context_question
+from bot.commands import MEMORY, RECALL
 from bot.dispatch import Dispatcher
 from bot.governance import CommandReply, ConfirmPrompt
 from bot.settings import Settings
@@ -198,6 +200,49 @@ class DiscordInteractions:
         )
         await interaction.followup.send(embed=discord.Embed.from_dict(embed), ephemeral=ephemeral)
         self.stats["recall_answered"] += 1
+
+    # ---- the message context menu -----------------------------------------------------------
+
+    async def on_ask_about(
+        self, interaction: discord.Interaction, message: discord.Message
+    ) -> None:
+        """The "Ask SpeakerMem about this" menu: what the chosen message is about, answered
+        only to the one who asked, by `/recall`'s access rule (the chosen message, and its
+        thread, come first)."""
+        payload = self._payload(interaction)
+        await interaction.response.defer(ephemeral=True, thinking=True)
+        state = self._guild(payload)
+        answer: RecallAnswer
+        try:
+            inv = tr.interaction_invocation(
+                payload,
+                command=RECALL.name,
+                text=context_question(message.content or ""),
+                channel_parent=state.parents() if state is not None else None,
+            )
+            if inv is None:
+                answer = RecallAnswer(text="Ask about messages in a server.", refused=True)
+            else:
+                readable = self.readable_now(payload, inv.user_id, inv.scope.channel, state)
+                inv = inv.model_copy(
+                    update={
+                        "via": "context",
+                        "readable_channels": readable,
+                        "options": {**inv.options, "thread_id": str(message.id)},
+                    }
+                )
+                answer = self.dispatcher.ask_refusal(inv) or await self.dispatcher.recall(inv)
+        except PayloadError as exc:
+            log.warning("discord: malformed context-menu interaction: %s", exc)
+            answer = RecallAnswer(text="Sorry, I could not read that request.", refused=True)
+        self.members.want(state)
+        embed = render_embed(answer, channel_names=state.names if state is not None else None)
+        try:
+            await interaction.followup.send(embed=discord.Embed.from_dict(embed), ephemeral=True)
+        except discord.HTTPException as exc:
+            self.stats["reply_failed"] += 1
+            log.warning("discord: could not answer the context menu (%s)", exc)
+        self.stats["context_refused" if answer.refused else "context_answered"] += 1
 
     # ---- /memory ----------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ containing ``[click](https://…)`` must not become a masked link in the bot's r
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from memory.query.answer import Citation, RecallAnswer
 
@@ -108,12 +108,30 @@ def _source_line(c: Citation, url: str | None, channel_names: Mapping[str, str])
     return f"{label} {speaker}{where} · {c.time:%Y-%m-%d %H:%M} UTC"
 
 
+SEARCHED = "Searched (the channels you can read)"
+_SNOWFLAKE = re.compile(r"^\d{1,20}$")
+
+
+def searched_value(channels: Sequence[str]) -> str:
+    """A direct answer's channels as channel mentions (ids only: each reader's Discord shows
+    the names), within one field's limit."""
+    ids = [c for c in dict.fromkeys(channels) if _SNOWFLAKE.match(c)]
+    out: list[str] = []
+    for n, c in enumerate(ids):
+        more = f" and {len(ids) - n} more"
+        if len(", ".join([*out, f"<#{c}>"])) + len(more) > FIELD_VALUE_LIMIT:
+            return ", ".join(out) + more
+        out.append(f"<#{c}>")
+    return ", ".join(out) or "-"
+
+
 def render_embed(
     answer: RecallAnswer,
     links: Mapping[int, str] | None = None,
     *,
     question: str | None = None,
     channel_names: Mapping[str, str] | None = None,
+    searched: Sequence[str] = (),
 ) -> dict[str, object]:
     """The embed for a /recall reply: linked answer text plus a 'Sources' list.
 
@@ -142,6 +160,10 @@ def render_embed(
         )
         embed["footer"] = {"text": footer}
         budget -= len(footer)
+    where: dict[str, object] | None = None
+    if searched and not answer.refused:
+        where = {"name": SEARCHED, "value": searched_value(searched), "inline": False}
+        budget -= len(SEARCHED) + len(str(where["value"]))
     # Keep room for at least one sources field when there are citations.
     reserve = (
         min(FIELD_VALUE_LIMIT + 32, 64 * len(answer.citations) + 32) if answer.citations else 0
@@ -172,7 +194,8 @@ def render_embed(
             flush()
             candidate = [line]
         name = "Sources" if not fields else "Sources (cont.)"
-        if len(fields) >= FIELD_LIMIT or len(name) + len("\n".join(candidate)) > budget:
+        full = len(fields) >= FIELD_LIMIT - (where is not None)
+        if full or len(name) + len("\n".join(candidate)) > budget:
             break
         current[:] = candidate
         shown += 1
@@ -184,6 +207,8 @@ def render_embed(
         value = str(last["value"])
         if len(value) + len(more) <= FIELD_VALUE_LIMIT and len(more) <= budget:
             last["value"] = value + more
+    if where is not None:
+        fields.insert(0, where)
     if fields:
         embed["fields"] = fields
     return embed

@@ -96,7 +96,9 @@ __all__ = [
     "message_delete_bulk",
     "message_update",
     "perms_from_guild_create",
+    "place",
     "readable_channels",
+    "user_ids",
 ]
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,19 @@ def _place(
         return scope, channel_id
     scope = build(Scope, "discord scope", platform=PLATFORM, workspace=guild, channel=channel_id)
     return scope, None
+
+
+def place(
+    guild: str, channel_id: str, channel_parent: ChannelParents | None
+) -> tuple[Scope, str | None]:
+    """(scope, thread id) of a message posted in `channel_id`: a thread's parent channel
+    and the thread, or the channel itself and None."""
+    return _place(guild, channel_id, channel_parent)
+
+
+def user_ids(items: Any, where: str) -> list[str]:
+    """The user ids of a ``mentions`` list (user objects or bare ids)."""
+    return _user_ids(items, where)
 
 
 def _user_ids(items: Any, where: str) -> list[str]:

@@ -14,6 +14,8 @@ Why it is shaped like this:
 - HTTP mode verifies the signature on the raw bytes before anything decodes them
   (`integrations.slack.http_endpoint`); the commands' work after the ack is in
   `integrations.slack.interactions`.
+- A mention of the bot, or a direct message to it, is a question, never stored: answered
+  in the thread or the direct message (`integrations.slack.asks`).
 - Catch-up (integrations.slack.history): where every channel stands is noted before the app
   listens or connects; once started, what was posted meanwhile is fetched from
   ``conversations.history``/``replies`` in a background task, through the same dispatcher
@@ -50,6 +52,7 @@ from bot.events import Event, MessageEvent, RosterEvent, Scope
 from bot.inflight import InFlight
 from bot.reconcile import Reconciler
 from bot.settings import Settings
+from integrations.slack.asks import SlackAsks
 from integrations.slack.errors import SlackConfigError, brief, required_secret
 from integrations.slack.history import SlackCatchUp, SlackHistory
 from integrations.slack.http_endpoint import SlackHttpEndpoint
@@ -60,6 +63,7 @@ from integrations.slack.roster import SlackRoster
 from integrations.slack.translate import (
     PLATFORM,
     PayloadError,
+    ask_of,
     channel_privacy,
     deleted_channel,
     translate_event,
@@ -152,6 +156,10 @@ class SlackAdapter:
             self.stats,
             recall_roster_max_age_s=recall_roster_max_age_s,
         )
+        self.asks = SlackAsks(
+            settings, dispatcher, engine, self.roster, self.interactions, self.client, self.stats
+        )
+        """Mentions of the bot and direct messages to it (integrations/slack/asks.py)."""
         self.http = SlackHttpEndpoint(self.app, signing_secret, self.stats)
         self.inflight = InFlight("slack")
         """Listener tasks bolt started after the ack; `stop()` waits for them."""
@@ -347,7 +355,23 @@ class SlackAdapter:
     # ---- events -------------------------------------------------------------------------
 
     async def handle_event_body(self, body: Mapping[str, Any]) -> Event | None:
-        """Translate one Events API body and apply it; never raises. Returns what was applied."""
+        """Translate one Events API body and apply it; never raises. Returns what was applied.
+
+        A mention of the bot or a direct message to it is a question: answered, never
+        applied (`integrations.slack.asks`)."""
+        try:
+            ask = ask_of(body, bot_user_id=self.bot_user_id, bot_id=self.bot_id)
+        except PayloadError as exc:
+            self.stats["malformed"] += 1
+            log.warning("malformed slack question skipped (%s)", brief(exc))
+            return None
+        except Exception as exc:
+            self.stats["malformed"] += 1
+            log.warning("unreadable slack question skipped (%s)", brief(exc))
+            return None
+        if ask is not None:
+            await self.asks.answer(ask, (self.bot_user_id,))
+            return None
         try:
             gone = deleted_channel(body)
             event = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bot.governance import ConfirmPrompt
@@ -27,6 +27,7 @@ __all__ = [
     "fallback_text",
     "render_blocks",
     "reply_blocks",
+    "searched_line",
 ]
 
 MAX_TEXT = 3000
@@ -95,8 +96,25 @@ def _citation_line(c: Citation, link: str | None) -> str:
     return f"[{c.n}] {speaker} · {when} · {target}"
 
 
-def render_blocks(answer: RecallAnswer, links: dict[int, str]) -> list[dict]:
-    """Sections with the answer (each [n] linked) and context blocks listing the citations.
+_CHANNEL_ID = re.compile(r"^[A-Z0-9]{2,32}$")
+MAX_SEARCHED = 40
+"""Channels a direct answer names one by one; more are counted."""
+
+
+def searched_line(channels: Sequence[str]) -> str:
+    """The channels a direct answer drew on, as Slack channel links: ids only, so each
+    reader's Slack shows the name (and only of a channel they can see)."""
+    ids = [c for c in dict.fromkeys(channels) if _CHANNEL_ID.match(c)]
+    shown = ", ".join(f"<#{c}>" for c in ids[:MAX_SEARCHED])
+    more = f" and {len(ids) - MAX_SEARCHED} more" if len(ids) > MAX_SEARCHED else ""
+    return f"Searched the channels you can read: {shown}{more}."
+
+
+def render_blocks(
+    answer: RecallAnswer, links: dict[int, str], *, searched: Sequence[str] = ()
+) -> list[dict]:
+    """Sections with the answer (each [n] linked) and context blocks listing the citations;
+    `searched` (a direct message's answer) names the channels it drew on.
 
     An extractive answer gets a context line under the answer saying so (and why, when the
     language model is configured but did not answer)."""
@@ -106,6 +124,11 @@ def render_blocks(answer: RecallAnswer, links: dict[int, str]) -> list[dict]:
     ]
     if answer.refused:
         return blocks[:MAX_BLOCKS]
+    if searched:
+        blocks = blocks[: MAX_BLOCKS - 4]
+        blocks.append(
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": searched_line(searched)}]}
+        )
     notice = answer.notice()
     if notice:  # right under the answer, so no truncation of the sources can drop it
         blocks = blocks[: MAX_BLOCKS - 3]

@@ -13,7 +13,8 @@ Conventions (see SPEC §6 and the adapter brief):
   edits, deletes and permalinks).
 - Addressees: users ``<@U…>``-mentioned in the text, plus the thread parent's
   author (``parent_user_id``) for replies; the speaker is never their own addressee.
-- Direct messages (``channel_type: "im"``) are ignored (None); group DMs are kept.
+- Direct messages (``channel_type: "im"``, or a ``D…`` channel) are never events (None):
+  they are questions to the bot (`ask_of`), never stored; group DMs are kept.
 - Workspace-wide facts use the channel ``"*"``: ``user_change`` becomes a
   RENAME with scope ``(slack, team, "*")`` and the roster applies it to every
   channel of that team.
@@ -32,6 +33,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from bot.events import (
     CommandInvocation,
     DeleteEvent,
@@ -49,9 +52,12 @@ __all__ = [
     "PLATFORM",
     "WORKSPACE_CHANNEL",
     "PayloadError",
+    "SlackAsk",
+    "ask_of",
     "channel_privacy",
     "deleted_channel",
     "display_name",
+    "is_direct",
     "mentioned_users",
     "message_event",
     "parse_ts",
@@ -227,8 +233,8 @@ def _translate_message(
         raise PayloadError(f"{where}: subtype must be a string")
     channel = req_str(event, "channel", where)
 
-    if event.get("channel_type") == "im":
-        return None  # direct messages: the bot remembers group conversations only
+    if is_direct(event):
+        return None  # direct messages: questions to the bot, never group conversation
     if subtype == "message_changed":
         new = event.get("message")
         if not isinstance(new, Mapping):
@@ -265,6 +271,74 @@ def _translate_message(
         log.debug("ignoring slack message subtype %s", subtype)
         return None
     return message_event(event, team=team, channel=channel, user_names=names)
+
+
+def is_direct(event: Mapping[str, Any]) -> bool:
+    """A one-to-one direct message: ``channel_type: "im"``, or a ``D…`` channel id (the
+    kind Slack gives direct messages) when the type is missing. Never stored."""
+    channel = event.get("channel")
+    return event.get("channel_type") == "im" or (
+        isinstance(channel, str) and channel.startswith("D")
+    )
+
+
+class SlackAsk(BaseModel):
+    """A question to the bot: a mention in a channel or thread, or a direct message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    team: str
+    channel: str
+    user: str
+    text: str
+    ts: str
+    thread_ts: str | None = None
+    """The thread the question was asked in (None: at the top level)."""
+    direct: bool = False
+
+
+def ask_of(
+    body: Mapping[str, Any], *, bot_user_id: str | None, bot_id: str | None
+) -> SlackAsk | None:
+    """The question in an ``app_mention`` event, or in a person's direct message to the bot
+    (``message`` in an ``im``); None for every other event (they go to `translate_event`).
+
+    A mention inside a direct message is answered once, as the direct message; edits,
+    deletions, bots (the bot's own replies included) and empty texts ask nothing."""
+    if not isinstance(body, Mapping):
+        raise PayloadError(f"slack event: expected an object, got {type(body).__name__}")
+    event = body.get("event", body)
+    if not isinstance(event, Mapping):
+        raise PayloadError("slack event: field 'event' must be an object")
+    kind = event.get("type")
+    direct = kind == "message" and is_direct(event)
+    if kind == "app_mention":
+        if is_direct(event):
+            return None
+    elif not direct:
+        return None
+    where = f"slack {kind} event"
+    if event.get("subtype") is not None or event.get("bot_id") is not None:
+        return None  # edits, deletions, joins, and every bot (the bot's own replies too)
+    user = opt_str(event, "user", where)
+    if not user or user == bot_user_id or (bot_id and user == bot_id):
+        return None
+    ts = req_str(event, "ts", where)
+    parse_ts(ts, where)
+    thread_ts = opt_str(event, "thread_ts", where)
+    if thread_ts:
+        parse_ts(thread_ts, where)
+    return build(
+        SlackAsk,
+        where,
+        team=_team(body, event, None),
+        channel=req_str(event, "channel", where),
+        user=user,
+        text=check_text(event.get("text") or "", where),
+        ts=ts,
+        thread_ts=thread_ts,
+        direct=direct,
+    )
 
 
 def translate_event(

@@ -12,11 +12,12 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pydantic import SecretStr
 
+from bot.rate_limit import PerMinuteLimiter
 from integrations.web.access import Principal
 
 SESSION_COOKIE = "speakermem_session"
@@ -153,23 +154,8 @@ def same_token(given: str | None, expected: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), expected.encode())
 
 
-class LoginLimiter:
+class LoginLimiter(PerMinuteLimiter):
     """At most `per_minute` sign-in attempts per client address in any 60 s."""
 
     def __init__(self, per_minute: int, *, max_clients: int = 10_000) -> None:
-        self.per_minute = per_minute
-        self.max_clients = max_clients
-        self._seen: OrderedDict[str, deque[float]] = OrderedDict()
-
-    def allow(self, client: str, *, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        hits = self._seen.setdefault(client, deque())
-        self._seen.move_to_end(client)
-        while hits and now - hits[0] >= 60.0:
-            hits.popleft()
-        if len(hits) >= self.per_minute:
-            return False
-        hits.append(now)
-        while len(self._seen) > self.max_clients:
-            self._seen.popitem(last=False)
-        return True
+        super().__init__(per_minute, max_keys=max_clients)

@@ -64,6 +64,8 @@ class RecallAnswer(BaseModel):
     (the endpoint errored or timed out), llm_empty (it replied with nothing), uncited (its
     reply cited nothing that could be checked). None when the LLM answered, and for replies
     that are not recall answers (refusals, errors)."""
+    searched: list[Scope] = Field(default_factory=list)
+    """The channels the answer drew on (a direct message's answer names them)."""
 
     def notice(self) -> str | None:
         """The line every surface shows with an extractive answer (None: not one)."""

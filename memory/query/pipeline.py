@@ -54,6 +54,7 @@ from memory.query.system2 import (
     read_candidates,
     support_messages,
 )
+from memory.query.thread_focus import newest_first, thread_first
 from memory.query.timewords import TimeWindow, resolve_time
 from memory.query.trace import RecallTrace, llm_json
 from memory.roster_cache import derived, display_names
@@ -85,6 +86,16 @@ class RecallRequest:
     """Channels the platform says the asker can read; None = derive from rosters."""
     answer_note: str | None = None
     """Shown to the answerer after the question, never searched (an evaluation's options)."""
+    thread: str | None = None
+    """Asked in this thread of `scope` (its id): the thread's messages come first."""
+    asked_in: str | None = None
+    """The id of the message in `scope` that asked (a mention is stored like any message):
+    never its own evidence."""
+    direct: bool = False
+    """Asked in a direct message to the bot: only the asker sees the answer, so it draws on
+    every channel in `readable` (or the asker's rosters in `scope`'s workspace) where memory
+    is on, private ones included, whatever `recall.scope` says; `scope` itself is not
+    searched unless it is one of them."""
 
 
 @dataclass
@@ -125,6 +136,8 @@ class RecallPipeline:
         the request is refused; elsewhere, it is left out."""
         governance = self.engine.store.governance
         default_on = self.engine.config.governance.channel_default_enabled
+        if req.direct:
+            return await self._direct_scopes(req)
         if not await governance.is_enabled(req.scope, default=default_on):
             raise AccessDenied(f"memory is off in {req.scope.channel}")
         if req.asker is None and req.readable is None:
@@ -152,6 +165,29 @@ class RecallPipeline:
                 and await governance.is_enabled(scope, default=default_on)
             ):
                 out.append(scope)
+        return out
+
+    async def _direct_scopes(self, req: RecallRequest) -> list[Scope]:
+        """A direct message's channels: every readable one whose memory is on (fail closed:
+        no asker, or nothing readable, is a refusal)."""
+        if req.asker is None:
+            raise AccessDenied("a direct question needs an asker")
+        readable = (
+            list(req.readable)
+            if req.readable is not None
+            else await self.engine.store.channels.readable_channels(
+                req.scope.platform, req.scope.workspace, req.asker
+            )
+        )
+        governance = self.engine.store.governance
+        default_on = self.engine.config.governance.channel_default_enabled
+        out = [
+            scope
+            for scope in dict.fromkeys(readable)
+            if await governance.is_enabled(scope, default=default_on)
+        ]
+        if not out:
+            raise AccessDenied("I remember no channel you can read")
         return out
 
     # ---- stages -------------------------------------------------------------------------
@@ -202,8 +238,11 @@ class RecallPipeline:
         display: dict[str, str] | None = None,
         breadth: Breadth = "one",
         vector_task: asyncio.Future[np.ndarray | None] | None = None,
+        thread: tuple[Scope, str] | None = None,
+        asked_in: tuple[Scope, str] | None = None,
     ) -> list[StoredMessage]:
-        """System 1: the candidate pool, then Select, ASK and Expand to the top-k evidence."""
+        """System 1: the candidate pool (`thread`'s messages first, when asked in one),
+        then Select, ASK and Expand to the top-k evidence."""
         pool = await candidate_pool(
             self.engine,
             self.cfg,
@@ -217,9 +256,21 @@ class RecallPipeline:
             breadth=breadth,
             vector_task=vector_task,
         )
+        if thread is not None:
+            found = await self.engine.thread_messages(*thread)
+            pool.messages.update({m.pk: m for m in found})
+            pool.pks = thread_first(pool.pks, newest_first(found), size=self.cfg.pool)
+        if asked_in is not None:
+            pool.pks = [
+                pk
+                for pk in pool.pks
+                if (m := pool.messages.get(pk)) is None or (m.scope, m.message_id) != asked_in
+            ]
         evidence = await select_and_expand(
             self.engine, self.cfg, self.llm, trace, question, projection, pool, pks, window, names
         )
+        if asked_in is not None:  # nor as a neighbour that Expand brought in
+            evidence = [m for m in evidence if (m.scope, m.message_id) != asked_in]
         trace.rankings = {name: len(lst) for name, lst in pool.rankings.lists.items()}
         trace.pool = [pool.messages[pk].message_id for pk in pool.pks[:10] if pk in pool.messages]
         return evidence
@@ -301,6 +352,8 @@ class RecallPipeline:
                         display_names(roster),
                         breadth,
                         qvec,
+                        (req.scope, req.thread) if req.thread and req.scope in known else None,
+                        (req.scope, req.asked_in) if req.asked_in else None,
                     )
                     if pks
                     else []
@@ -369,6 +422,7 @@ class RecallPipeline:
                 if answer
                 else RecallAnswer(text="")
             )
+        result.searched = list(scopes)
         trace.latency_ms = timings
         return RecallResult(answer=result, pack=pack, trace=trace, rows=rows)
 

@@ -35,6 +35,8 @@ CATEGORY = "700000000000000010"
 GENERAL = "700000000000000011"
 SECRET = "700000000000000012"
 THREAD = "700000000000000013"
+DM_CHANNEL = "700000000000000099"
+"""A direct message channel between a member and the bot."""
 VIEW = 1 << 10
 SEND = 1 << 11
 HISTORY = 1 << 16
@@ -605,6 +607,29 @@ class DiscordStandIn:
         msg["member"] = {k: v for k, v in m.items() if k != "user"}
         msg.update(extra)
         return msg
+
+    def direct_message(
+        self, content: str, *, member_index: int = 1, channel_id: str = DM_CHANNEL
+    ) -> dict[str, Any]:
+        """A MESSAGE_CREATE of a direct message to the bot: no guild, no member."""
+        author = self.guild["members"][member_index]["user"]
+        msg = self.message(channel_id, {"content": content}, author=author)
+        msg.pop("guild_id")
+        return msg
+
+    def context_menu(self, name: str, target: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        """INTERACTION_CREATE for a message context-menu command (data.type 3) on `target`
+        (a message payload), with the message in ``resolved`` as Discord sends it."""
+        payload = self.interaction(name, [], channel_id=target["channel_id"], **kw)
+        resolved = {k: v for k, v in target.items() if k not in ("member", "guild_id")}
+        payload["data"] = {
+            "id": self.next_id(),
+            "name": name,
+            "type": 3,
+            "target_id": target["id"],
+            "resolved": {"messages": {target["id"]: resolved}},
+        }
+        return payload
 
     def interaction(
         self,
