@@ -56,8 +56,8 @@ async def test_a_change_question_finds_the_named_persons_own_words(
     await seed(engine, scope)
     on = await evidence(engine, scope, RecallConfig())
     off = await evidence(engine, scope, RecallConfig(people_rank=False))
-    assert GOLD <= on
-    assert not GOLD <= off  # the word rankings fill the places with the framing words
+    assert GOLD.issubset(on)
+    assert not GOLD.issubset(off)  # the word rankings fill the places with the framing words
 
 
 async def test_the_broad_lexical_weight_changes_the_fusion_of_a_question_naming_nobody(

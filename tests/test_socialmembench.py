@@ -12,8 +12,8 @@ import pytest
 from integrations.cli.main import main
 from memory.datasets import DatasetError, read_dataset
 from memory.datasets.socialmembench import INTERLEAVED, interleave, read_socialmembench
-from memory.eval.harness import ABLATIONS
 from memory.engine import MemoryEngine
+from memory.eval.harness import ABLATIONS
 from memory.interactions import interaction_names
 from tests.conftest import make_config, shared_file
 from tests.fakes import HashEmbedder
@@ -223,10 +223,9 @@ def test_eval_cli_reports_parts_channels_ablations_and_the_interleaved_channel(
     monkeypatch.setenv("SPEAKERMEM_EMBEDDER", "none")
     monkeypatch.delenv("SPEAKERMEM_LLM_BASE_URL", raising=False)
     out = tmp_path / "smb.json"
-    code = main(
-        ["--db", str(tmp_path / "e.db"), "eval", "socialmembench", str(FIXTURES)]
-        + ["--interleave", "--ablate", "--out", str(out)]
-    )
+    db = str(tmp_path / "e.db")
+    args = ["eval", "socialmembench", str(FIXTURES), "--interleave", "--ablate", "--out", str(out)]
+    code = main(["--db", db, *args])
     assert code == 0
     report = json.loads(out.read_text())
     part = report["parts"]["socialmembench_small"]
