@@ -115,11 +115,12 @@ class RecallConfig(BaseModel):
     """Rank the evidence of a question about named people's pattern, relationship or change
     by the people model (`memory.query.people_rank`): their own messages, the messages
     naming them and exchanges between them. Off: the general fused ranking."""
-    broad_lexical_weight: float = Field(default=1.0, ge=0)
+    broad_lexical_weight: float = Field(default=0.25, ge=0)
     """Weight of the word rankings (BM25 of the question, its phrases, the named people's
-    words, the time window) in the fusion for a broad question (a pattern, a change,
-    everyone's view) that the people model does not rank: such questions are abstract,
-    and their framing words ("chat", "relationship") match the wrong messages."""
+    words, the time window) and of the sessions' BM25 in the fusion for a broad question
+    (a pattern, a change, everyone's view) that the people model does not rank: such
+    questions are abstract, and their framing words ("chat", "relationship") match the
+    wrong messages. Chosen by leave-one-network-out (bench/quality/fit_people.py)."""
     group_speaker_cap: int = Field(default=2, ge=0, le=100)
     """At most this many of the top-k evidence from one speaker for a question about
     everyone (0 = no cap)."""

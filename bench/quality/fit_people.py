@@ -62,25 +62,30 @@ CAP_GRID = {
 }
 
 
-def lono(scores: dict[Any, dict[str, float]]) -> dict[str, Any]:
+def lono(scores: dict[Any, dict[str, float]], shipped: Any) -> dict[str, Any]:
     """scores: value -> network -> margin (points). The value chosen on all networks and,
-    per held-out network, the value chosen on the others with its held-out margin."""
+    per held-out network, the value chosen on the others with its held-out margin. A tie
+    (within 0.01 points) goes to the value shipped, else to the earlier value of the grid."""
     nets = sorted(next(iter(scores.values())))
+    order = {v: i for i, v in enumerate(scores)}
 
     def mean_over(value: Any, keep: Sequence[str]) -> float:
         return statistics.fmean(scores[value][n] for n in keep)
 
+    def pick(keep: Sequence[str]) -> Any:
+        return max(scores, key=lambda v: (round(mean_over(v, keep), 2), v == shipped, -order[v]))
+
     held: dict[str, Any] = {}
     for n in nets:
-        others = [m for m in nets if m != n]
-        pick = max(scores, key=lambda v: (mean_over(v, others), str(v)))
-        held[n] = {"chosen": pick, "margin": round(scores[pick][n], 1)}
-    chosen = max(scores, key=lambda v: (mean_over(v, nets), str(v)))
+        chosen_here = pick([m for m in nets if m != n])
+        held[n] = {"chosen": chosen_here, "margin": round(scores[chosen_here][n], 1)}
+    chosen = pick(nets)
     return {
         "chosen": chosen,
         "margin_all_networks": round(mean_over(chosen, nets), 2),
         "cross_validated_margin": round(statistics.fmean(h["margin"] for h in held.values()), 2),
         "held_out": held,
+        "by_value": {str(v): round(mean_over(v, nets), 2) for v in scores},
     }
 
 
@@ -142,7 +147,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for r in results
             }
             scores[value] = _margins(per_q, ctl, net_of)
-        out["constants"][name] = {"grid": list(values), **lono(scores)}
+        shipped = getattr(engine.config.recall, name)
+        out["constants"][name] = {"grid": list(values), **lono(scores, shipped)}
     gold = {r.question.id: set(r.question.evidence) for r in results}
     scores = {}
     for combo in itertools.product(*PEOPLE_GRID.values()):
@@ -152,7 +158,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             top = [id_of[pk] for pk in people_order(cands, named, terms, w)[:K]]
             per_q[qid] = evidence_recall(gold[qid], top, K)
         scores[combo] = _margins(per_q, ctl, net_of)
-    fit = lono(scores)
+    shipped_w = tuple(PEOPLE_WEIGHTS.as_dict()[k] for k in PEOPLE_GRID)
+    fit = lono(scores, shipped_w)
     fit["chosen"] = dict(zip(PEOPLE_GRID, fit["chosen"], strict=True))
     for h in fit["held_out"].values():
         h["chosen"] = dict(zip(PEOPLE_GRID, h["chosen"], strict=True))

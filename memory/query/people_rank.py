@@ -18,9 +18,10 @@ knows of each message:
 - `exchange`: a named person wrote it to another named person (a reply or an address);
 - `length`: log(1 + words); a substantive message says more about a person than "lol".
 
-The weights are fitted on SocialMemBench's 15 development networks by leave-one-network-out
-(`bench/quality/fit_people.py`, recorded in `docs/benchmarks/socialmembench.json`). Pure:
-tested without a store.
+The weights are chosen on SocialMemBench's 15 development networks by leave-one-network-out
+(`bench/quality/fit_people.py`, recorded in `docs/benchmarks/socialmembench-fit.json`); the
+fit gives co-mentions no weight as a feature (the messages naming the people still join the
+candidates). Pure: tested without a store.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class PeopleWeights:
         }
 
 
-PEOPLE_WEIGHTS = PeopleWeights(named_speaker=0.3, mentions=0.05, exchange=0.3, length=0.2)
+PEOPLE_WEIGHTS = PeopleWeights(named_speaker=0.3, mentions=0.0, exchange=0.3, length=0.2)
 """Fitted by leave-one-network-out on the 15 SocialMemBench development networks."""
 
 

@@ -146,7 +146,7 @@ async def candidate_pool(
             k0=cfg.rrf_k0,
             aggregate_top=cfg.session_aggregate_top,
             aggregate_weight=0.0 if broad else cfg.session_aggregate_weight,
-            bm25_weight=cfg.session_bm25_weight,
+            bm25_weight=cfg.session_bm25_weight * (cfg.broad_lexical_weight if broad else 1.0),
         )
     context: list[int] = []
     if cfg.context_anchors > 0 and cfg.context_weight > 0 and fused:
