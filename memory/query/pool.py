@@ -116,6 +116,8 @@ async def candidate_pool(
     if cfg.people_rank and breadth in ("person", "change") and named and vector_task:
         vector = await vector_task
         if vector is not None:
+            if counts_task is not None:
+                counts_task.cancel()  # the people model reads no session scores
             return await _people_pool(engine, cfg, rankings, pks, named, display, vector)
     weights = {**RANKING_WEIGHTS, "relation": cfg.relation_weight}
     if broad:
