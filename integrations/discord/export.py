@@ -330,14 +330,21 @@ class _Header:
 def _read_header(path: Path, where: str) -> _Header:
     """One streaming pass: build every top-level value except ``messages``, count those.
 
+    It reads the parser's basic events (no path prefixes, so cost stays linear however
+    deep a hostile file nests before `_Depth` stops it) and tracks the level itself.
     Memory stays bounded by the largest single top-level value that is not the message list.
     """
     header = _Header()
     builder: Any = None
     key: str | None = None
+    depth = 0
     try:
-        for prefix, event, value in _parse(path):
-            if prefix == "":
+        for event, value in _parse(path, basic=True):
+            opens = event in ("start_map", "start_array")
+            closes = event in ("end_map", "end_array")
+            level = depth - 1 if closes else depth  # containers open around this event
+            depth += 1 if opens else -1 if closes else 0
+            if level == 0 or (level == 1 and event == "map_key"):
                 if event == "map_key":
                     key = value
                 elif event == "end_map":
@@ -346,16 +353,16 @@ def _read_header(path: Path, where: str) -> _Header:
                     raise PayloadError(f"{where}: expected a JSON object")
                 continue
             if key == "messages":
-                if prefix == "messages":
+                if level == 1:
                     header.messages_is_list = event in ("start_array", "end_array")
-                elif prefix == "messages.item" and event not in ("map_key", "end_map", "end_array"):
+                elif level == 2 and event not in ("map_key", "end_map", "end_array"):
                     header.count += 1
                 continue
             if builder is None:
                 builder = ijson.ObjectBuilder()
             builder.event(event, value)
-            if prefix == key and event not in ("start_map", "start_array", "map_key"):
-                header.top[key] = builder.value
+            if level == 1 and not opens:
+                header.top[key or ""] = builder.value
                 builder = None
     except ijson.JSONError as exc:
         if b"UTF8" in _raw(exc) or b"invalid char" in _raw(exc):
@@ -366,26 +373,30 @@ def _read_header(path: Path, where: str) -> _Header:
     return header
 
 
-def _parse(path: Path) -> Iterator[tuple[str, str, Any]]:
-    """ijson parse events for `path`: the C backend, and the pure-Python one from where the C
-    one fails on an escaped lone surrogate (it decodes those as UTF-8 and raises), so that one
-    odd message is skipped as malformed instead of ending the file."""
+def _parse(path: Path, *, basic: bool = False) -> Iterator[Any]:
+    """ijson parse events for `path` (``(event, value)`` pairs with `basic`, else
+    ``(prefix, event, value)``): the C backend, and the pure-Python one from where the C
+    one fails on an escaped lone surrogate (it decodes those as UTF-8 and raises), so that
+    one odd message is skipped as malformed instead of ending the file."""
     done = 0
     depth = _Depth(path)
+    at = 0 if basic else 1
+    fast = ijson.basic_parse if basic else ijson.parse
     try:
         with path.open("rb") as fh:
-            for item in ijson.parse(fh, use_float=True):
-                depth.see(item[1])
+            for item in fast(fh, use_float=True):
+                depth.see(item[at])
                 yield item
                 done += 1
         return
     except UnicodeDecodeError:
         log.info("%s: switching to the pure-Python JSON parser at event %d", path.name, done)
     slow = ijson.get_backend("python")
+    slow_parse = slow.basic_parse if basic else slow.parse
     with path.open("rb") as fh:
-        for n, item in enumerate(slow.parse(fh, use_float=True)):
+        for n, item in enumerate(slow_parse(fh, use_float=True)):
             if n >= done:
-                depth.see(item[1])
+                depth.see(item[at])
                 yield item
 
 
