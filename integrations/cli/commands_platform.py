@@ -232,7 +232,7 @@ async def import_platform_export(
     plan = _open_export(kind, path, getattr(args, "workspace", None))
     roster: list[RosterEvent] = []
     outcomes: Counter[str] = Counter()
-    async with open_engine(settings, with_embedder=embed) as engine:
+    async with open_engine(settings, with_embedder=embed, foreground_embedding=True) as engine:
         for scope, name, private in plan.metas:
             await engine.set_channel_meta(scope, name=name, is_private=private)
         await _apply_snapshots(engine, plan.snapshots)

@@ -19,6 +19,9 @@ Mapping, consistent with the live translator:
 - ``reply_to`` from ``reference.messageId`` when the reference points into the
   same channel and is not a forward; the referenced author joins the addressees
   when that message is in the same file;
+- a forward (``forwardedMessage``, written by builds from 2025 on with or without
+  ``"type": "Forward"`` on the reference) carries the forwarded words after
+  ``[forwarded]`` or ``[forwarded from NAME]`` (`forwarded_text`); the forwarder speaks;
 - "GuildMemberJoin" system messages → JOIN in the guild scope (channel "*");
   other system kinds are skipped.
 
@@ -27,12 +30,14 @@ counts the messages, and `events()` parses one message at a time, so a multi-gig
 export never sits in memory. The exporter writes messages oldest first; a small reorder
 window (`REORDER_WINDOW`) puts locally shuffled ones back in timestamp order.
 
+Files nested deeper than `MAX_JSON_DEPTH` are refused with an error naming them (the
+header pass reads basic parse events, so that costs linear time). Folders are read by
+`export_folder`, which also places thread files whose ``categoryId`` is a category.
+
 Limits: edits are not flagged (MessageEvent has no edit field; the exported
 content is the edited one); attachments, embeds and stickers are not turned into
-text; direct-message exports are not imported; a thread export from old exporter
-versions, whose ``categoryId`` is the category rather than the parent channel,
-gets the wrong parent — pass `parent_channel_id` to override. Malformed messages
-are skipped and listed in ``errors`` unless ``strict=True``.
+text (a forward's attachment names are); direct-message exports are not imported.
+Malformed messages are skipped and listed in ``errors`` unless ``strict=True``.
 """
 
 from __future__ import annotations
