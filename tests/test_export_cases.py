@@ -222,10 +222,14 @@ def test_deeply_nested_users_json_is_a_clear_error_naming_the_file(tmp_path: Pat
     assert "users.json: JSON nested too deeply" in err and "Traceback" not in err
 
 
-async def _members(db: Path, scope: Scope) -> list[str]:
+async def _members(db: Path, scope: Scope) -> dict[str, str]:
+    """Member id -> the day they joined."""
     engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=db)))
     try:
-        return [m.user_id for m in await engine.members(scope)]
+        return {
+            m.user_id: m.joined_at.date().isoformat() if m.joined_at else ""
+            for m in await engine.members(scope)
+        }
     finally:
         await engine.close()
 
@@ -241,7 +245,9 @@ def test_a_2000_member_roster_is_one_snapshot_per_channel(tmp_path: Path, capsys
             msg(people[5], "", 3, subtype="channel_leave"),
         ]
     }
-    root = slack_folder(tmp_path / "x", members=[*people, joiner], users=users, days=days)
+    root = slack_folder(
+        tmp_path / "x", members=[*people, joiner], users=users, days=days, created="1700000000"
+    )
     export = read_slack_export(root)
     assert export.count == 3  # records, not members: the roster is no longer per-member events
     (roster,) = export.rosters()
@@ -255,10 +261,13 @@ def test_a_2000_member_roster_is_one_snapshot_per_channel(tmp_path: Path, capsys
     scope = Scope(platform="slack", workspace=TEAM, channel="CGEN0001")
     members = asyncio.run(_members(db, scope))
     assert len(members) == 2_000 and joiner in members and people[5] not in members
+    # the snapshot is dated at the channel's creation (a string here, as in old exports),
+    # the joiner at their join message
+    assert members[people[0]] == "2023-11-14" and members[joiner] == "2024-03-01"
     # a re-run stores nothing twice and ends with the same roster
     assert main(argv) == 0
     assert "imported 0 messages (1 already present" in stderr(capsys)
-    assert sorted(asyncio.run(_members(db, scope))) == sorted(members)
+    assert asyncio.run(_members(db, scope)) == members
 
 
 # --- DiscordChatExporter -----------------------------------------------------------------------
