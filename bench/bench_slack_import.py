@@ -206,7 +206,7 @@ def main() -> None:
         "machine": host_info(),
         "export": data,
         "target_s": args.target_s,
-        "import": first,
+        "first_import": first,
         "rerun": rerun,
         "store": store,
         "within_target": first["wall_s"] <= args.target_s,
