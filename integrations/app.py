@@ -13,8 +13,9 @@ from memory.ports import LLM, Embedder
 log = logging.getLogger(__name__)
 
 
-def build_embedder(settings: Settings) -> Embedder | None:
-    """The configured embedder, or None when embeddings are off."""
+def build_embedder(settings: Settings, *, foreground: bool = False) -> Embedder | None:
+    """The configured embedder, or None when embeddings are off. `foreground`: embedding
+    is the command's own work (an import), so MiniLM's batch threads keep normal priority."""
     if settings.embedder == "none":
         return None
     if settings.embedder == "openai":
@@ -31,12 +32,13 @@ def build_embedder(settings: Settings) -> Embedder | None:
             model=settings.embedding_model,
             dim=settings.embedding_dim,
         )
-    from integrations.embeddings.minilm import MiniLMEmbedder
+    from integrations.embeddings.minilm import BACKGROUND_NICE, MiniLMEmbedder
 
     return MiniLMEmbedder(
         cache_dir=settings.model_cache_dir,
         quantize=settings.embed_quantize,
         threads=settings.embed_threads,
+        nice=0 if foreground else BACKGROUND_NICE,
     )
 
 
@@ -79,10 +81,11 @@ async def start_engine(settings: Settings, embedder: Embedder | None) -> MemoryE
 
 @asynccontextmanager
 async def open_engine(
-    settings: Settings, *, with_embedder: bool = True
+    settings: Settings, *, with_embedder: bool = True, foreground_embedding: bool = False
 ) -> AsyncIterator[MemoryEngine]:
-    """`start_engine` with the configured embedder (or none), closed on the way out."""
-    embedder = build_embedder(settings) if with_embedder else None
+    """`start_engine` with the configured embedder (or none), closed on the way out;
+    `foreground_embedding` as in `build_embedder`."""
+    embedder = build_embedder(settings, foreground=foreground_embedding) if with_embedder else None
     engine = await start_engine(settings, embedder)
     try:
         yield engine

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import numpy as np
@@ -504,11 +505,16 @@ class MemoryEngine:
         return await self.store.channels.is_private(scope)
 
     async def sync_members(
-        self, scope: Scope, listed: list[tuple[str, str | None, bool]]
+        self,
+        scope: Scope,
+        listed: list[tuple[str, str | None, bool]],
+        at: datetime | None = None,
     ) -> tuple[int, int]:
         """Make `scope`'s roster exactly `listed` (user id, display name or None, is_bot) in
-        one transaction. Returns (joined or renamed, left)."""
-        return await self.store.channels.sync_members(scope, listed)
+        one transaction, new members joined and absent ones left `at` (default now; an
+        export's snapshot gives its own date). Returns (joined or renamed, left)."""
+        when = None if at is None else at.timestamp()
+        return await self.store.channels.sync_members(scope, listed, when)
 
     async def find_user(self, platform: str, workspace: str, name_or_id: str) -> list[str]:
         """User ids whose id, display name or alias equals `name_or_id` (case-insensitive)."""

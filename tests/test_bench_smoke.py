@@ -50,3 +50,16 @@ def test_bench_community_runs_its_stages(tmp_path: Path) -> None:
         "nobody": 1,
     }
     assert result["slack"]["one_channel"]["members_synced"] == 200
+
+
+def test_bench_slack_import_writes_an_export_the_importer_reads(tmp_path: Path) -> None:
+    import bench_slack_import
+
+    from integrations.slack.export import read_slack_export
+
+    held = bench_slack_import.write_export(tmp_path / "x.zip", 30, 2, 200, seed=1)
+    export = read_slack_export(tmp_path / "x.zip")
+    events = list(export)
+    assert export.errors == [] and len(events) == held["records"] == 200
+    assert [len(r.members) for r in export.rosters()] == [30, 30]
+    assert sum(e.speaker_is_bot for e in events) == 4  # one integration post in 50

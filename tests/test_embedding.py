@@ -237,6 +237,30 @@ async def test_background_threads_run_nicer_than_questions(embedder: MiniLMEmbed
     assert question == process
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+async def test_an_import_embeds_at_the_commands_own_priority() -> None:
+    """An import's embedding is the command's whole job: its batch threads are not niced
+    (`build_embedder(foreground=True)`), else a busy machine starves the import."""
+    import os
+    import threading
+
+    from bot.settings import Settings
+    from integrations.app import build_embedder
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    loop = asyncio.get_running_loop()
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    settings = Settings(embedder="minilm", _env_file=None)  # type: ignore[call-arg]
+    for foreground, expected in ((True, process), (False, min(19, process + 10))):
+        built = build_embedder(settings, foreground=foreground)
+        assert isinstance(built, MiniLMEmbedder)
+        got = await loop.run_in_executor(built._executor, nice)
+        built._executor.shutdown()
+        assert got == expected
+
+
 @needs_model
 def test_session_keeps_no_memory_pattern_per_shape(embedder: MiniLMEmbedder) -> None:
     """Dynamic padding makes a new input shape for many batches; a memory pattern kept for

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from bot.events import MessageEvent, RosterAction, RosterEvent, Scope
-from integrations.discord.export import read_discord_export, read_discord_export_dir
+from integrations.discord.export import read_discord_export
+from integrations.discord.export_folder import read_discord_export_dir
 from integrations.payload import PayloadError
 from integrations.slack.export import read_slack_export
 
@@ -72,19 +73,18 @@ def test_slack_export_events(slack_zip):
     general = Scope(platform="slack", workspace="TFAKE001", channel="CGENERAL")
     in_general = [e for e in events if e.scope == general]
 
-    # Members from channels.json who have no join message get a JOIN at channel creation.
-    initial = [
-        e
-        for e in in_general
-        if isinstance(e, RosterEvent)
-        and e.at.year == 2024
-        and e.at == datetime.fromtimestamp(1709251200, tz=UTC)
+    # Members from channels.json who have no join message come in one snapshot per channel,
+    # dated at channel creation; they are no longer one JOIN event each.
+    rosters = {r.scope.channel: r for r in export.rosters()}
+    assert rosters["CGENERAL"].members == [
+        ("UALICE01", "ally", False),
+        ("UBOB0002", "Bob Sample", False),
     ]
-    assert {e.user_id for e in initial} == {"UALICE01", "UBOB0002"}
+    assert rosters["CGENERAL"].at == datetime.fromtimestamp(1709251200, tz=UTC)
     # Carl's join comes from his channel_join message, in ts order, before the first message.
     kinds = [(type(e).__name__, getattr(e, "action", None)) for e in in_general]
-    assert kinds[2] == ("RosterEvent", RosterAction.JOIN)
-    assert in_general[2].user_id == "UCARL003"  # type: ignore[union-attr]
+    assert kinds[0] == ("RosterEvent", RosterAction.JOIN)
+    assert in_general[0].user_id == "UCARL003"  # type: ignore[union-attr]
 
     messages = [e for e in in_general if isinstance(e, MessageEvent)]
     assert [m.ts for m in messages] == sorted(m.ts for m in messages)
@@ -102,7 +102,8 @@ def test_slack_export_events(slack_zip):
     assert last.user_id == "UBOB0002"
 
     private = [e for e in events if e.scope.channel == "GPLANS01"]
-    assert [type(e).__name__ for e in private] == ["RosterEvent", "RosterEvent", "MessageEvent"]
+    assert [type(e).__name__ for e in private] == ["MessageEvent"]
+    assert [m for m, _, _ in rosters["GPLANS01"].members] == ["UALICE01", "UBOB0002"]
 
 
 def test_slack_export_in_a_top_folder_and_without_team(tmp_path: Path):

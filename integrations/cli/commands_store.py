@@ -20,7 +20,7 @@ from memory.datasets import DATASET_READERS, Dataset, read_dataset
 
 async def import_dataset(settings: Settings, kind: str, path: Path, *, embed: bool) -> Dataset:
     dataset = read_dataset(kind, [path])
-    async with open_engine(settings, with_embedder=embed) as engine:
+    async with open_engine(settings, with_embedder=embed, foreground_embedding=True) as engine:
         outcomes = await ingest_events(engine, dataset.messages, f"importing {kind}")
         embedded = await embed_all(engine) if embed else 0
     err_console.print(

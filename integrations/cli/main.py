@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="format of PATH",
     )
     p.add_argument(
-        "path", help="file to import (JSON, a Slack export ZIP, or a SocialMemBench folder)"
+        "path",
+        help="what to import: a dataset JSON, a Slack export (ZIP or folder), a "
+        "DiscordChatExporter file or folder, or a SocialMemBench folder",
     )
     p.add_argument("--no-embed", action="store_true", help="skip embedding (lexical search only)")
     p.add_argument("--workspace", default=None, help="workspace id for exports that lack one")

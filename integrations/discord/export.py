@@ -19,6 +19,9 @@ Mapping, consistent with the live translator:
 - ``reply_to`` from ``reference.messageId`` when the reference points into the
   same channel and is not a forward; the referenced author joins the addressees
   when that message is in the same file;
+- a forward (``forwardedMessage``, written by builds from 2025 on with or without
+  ``"type": "Forward"`` on the reference) carries the forwarded words after
+  ``[forwarded]`` or ``[forwarded from NAME]`` (`forwarded_text`); the forwarder speaks;
 - "GuildMemberJoin" system messages → JOIN in the guild scope (channel "*");
   other system kinds are skipped.
 
@@ -27,12 +30,14 @@ counts the messages, and `events()` parses one message at a time, so a multi-gig
 export never sits in memory. The exporter writes messages oldest first; a small reorder
 window (`REORDER_WINDOW`) puts locally shuffled ones back in timestamp order.
 
+Files nested deeper than `MAX_JSON_DEPTH` are refused with an error naming them (the
+header pass reads basic parse events, so that costs linear time). Folders are read by
+`export_folder`, which also places thread files whose ``categoryId`` is a category.
+
 Limits: edits are not flagged (MessageEvent has no edit field; the exported
 content is the edited one); attachments, embeds and stickers are not turned into
-text; direct-message exports are not imported; a thread export from old exporter
-versions, whose ``categoryId`` is the category rather than the parent channel,
-gets the wrong parent — pass `parent_channel_id` to override. Malformed messages
-are skipped and listed in ``errors`` unless ``strict=True``.
+text (a forward's attachment names are); direct-message exports are not imported.
+Malformed messages are skipped and listed in ``errors`` unless ``strict=True``.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -61,8 +66,8 @@ from integrations.payload import (
 __all__ = [
     "DiscordExport",
     "DiscordExportChannel",
+    "forwarded_text",
     "read_discord_export",
-    "read_discord_export_dir",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,6 +78,9 @@ MESSAGE_KINDS = frozenset(
     {"Default", "Reply", "ChatInputCommand", "ContextMenuCommand", 0, 19, 20, 23}
 )
 JOIN_KINDS = frozenset({"GuildMemberJoin", 7})
+MAX_JSON_DEPTH = 64
+"""Deepest nesting read; the exporter's own files (a forward's embed's fields in a message
+in the list) stay under 10."""
 REORDER_WINDOW = 2_000
 """Messages held back to restore timestamp order when an export is locally out of order."""
 
@@ -100,7 +108,18 @@ class DiscordExport:
     count: int
     strict: bool = False
     errors: list[str] = field(default_factory=list)
+    category_id: str | None = None
+    """The file's ``channel.categoryId``: a thread's parent (current builds) or a category."""
     _direct: bool = False
+
+    def rescoped(self, parent: str | None) -> DiscordExport:
+        """This thread file scoped to `parent` (None: to a channel of its own)."""
+        channel = replace(
+            self.channel,
+            channel=parent or self.channel.id,
+            thread_id=self.channel.id if parent else None,
+        )
+        return replace(self, channel=channel, errors=self.errors)
 
     def __len__(self) -> int:
         return self.count
@@ -172,13 +191,16 @@ class DiscordExport:
         if kind not in MESSAGE_KINDS:
             return None
         text = check_text(raw.get("content") or "", where)
+        ref = raw.get("reference")
+        forwarded = forwarded_text(raw)
+        if forwarded is not None:
+            text = check_text("\n".join(t for t in (text, forwarded) if t), where)
         addressees: list[str] = []
         for mention in raw.get("mentions") or []:
             if isinstance(mention, dict) and isinstance(mention.get("id"), str):
                 addressees.append(mention["id"])
         reply_to = None
-        ref = raw.get("reference")
-        if isinstance(ref, dict) and ref.get("type", "Default") != "Forward":
+        if isinstance(ref, dict) and forwarded is None and ref.get("type", "Default") != "Forward":
             ref_channel = ref.get("channelId")
             ref_id = ref.get("messageId")
             if isinstance(ref_id, str) and ref_channel in (None, self.channel.id):
@@ -200,6 +222,43 @@ class DiscordExport:
             addressees=tuple(a for a in dict.fromkeys(addressees) if a != author_id),
             speaker_is_bot=is_bot,
         )
+
+
+def _snapshot(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The forwarded message's copy: the exporter's ``forwardedMessage`` (2026 builds and
+    the 2025 builds that wrote it without ``"type": "Forward"``), or Discord's own
+    ``message_snapshots[0].message`` as some builds pass it through."""
+    for key in ("forwardedMessage", "forwarded_message"):
+        if isinstance(raw.get(key), dict):
+            return raw[key]
+    for key in ("messageSnapshots", "message_snapshots"):
+        snaps = raw.get(key)
+        if isinstance(snaps, list) and snaps and isinstance(snaps[0], dict):
+            inner = snaps[0].get("message")
+            return inner if isinstance(inner, dict) else snaps[0]
+    return None
+
+
+def forwarded_text(raw: dict[str, Any]) -> str | None:
+    """``[forwarded from NAME]`` (or ``[forwarded]``) and the forwarded words, for a forward;
+    None for any other message. The forwarder stays the speaker: they posted it here."""
+    snap = _snapshot(raw)
+    ref = raw.get("reference")
+    if snap is None and not (isinstance(ref, dict) and ref.get("type") == "Forward"):
+        return None
+    snap = snap or {}
+    author = snap.get("author")
+    name = _name(author) if isinstance(author, dict) else None
+    label = f"[forwarded from {name}]" if name else "[forwarded]"
+    words = snap.get("content") if isinstance(snap.get("content"), str) else ""
+    files: list[str] = []
+    for a in snap.get("attachments") or []:
+        file_name = (a.get("fileName") or a.get("filename")) if isinstance(a, dict) else None
+        if isinstance(file_name, str) and file_name:
+            files.append(file_name)
+    if files:
+        words = "\n".join(w for w in (words, "[attached: " + ", ".join(files) + "]") if w)
+    return f"{label} {words}".strip()
 
 
 def _id_of(raw: Any) -> str:
@@ -254,8 +313,15 @@ def read_discord_export(
         ),
         count=0 if direct else header.count,
         strict=strict,
+        category_id=_opt_id(channel.get("categoryId")),
         _direct=direct,
     )
+
+
+def _opt_id(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value if isinstance(value, str) and value else None
 
 
 @dataclass
@@ -269,14 +335,21 @@ class _Header:
 def _read_header(path: Path, where: str) -> _Header:
     """One streaming pass: build every top-level value except ``messages``, count those.
 
+    It reads the parser's basic events (no path prefixes, so cost stays linear however
+    deep a hostile file nests before `_Depth` stops it) and tracks the level itself.
     Memory stays bounded by the largest single top-level value that is not the message list.
     """
     header = _Header()
     builder: Any = None
     key: str | None = None
+    depth = 0
     try:
-        for prefix, event, value in _parse(path):
-            if prefix == "":
+        for event, value in _parse(path, basic=True):
+            opens = event in ("start_map", "start_array")
+            closes = event in ("end_map", "end_array")
+            level = depth - 1 if closes else depth  # containers open around this event
+            depth += 1 if opens else -1 if closes else 0
+            if level == 0 or (level == 1 and event == "map_key"):
                 if event == "map_key":
                     key = value
                 elif event == "end_map":
@@ -285,16 +358,16 @@ def _read_header(path: Path, where: str) -> _Header:
                     raise PayloadError(f"{where}: expected a JSON object")
                 continue
             if key == "messages":
-                if prefix == "messages":
+                if level == 1:
                     header.messages_is_list = event in ("start_array", "end_array")
-                elif prefix == "messages.item" and event not in ("map_key", "end_map", "end_array"):
+                elif level == 2 and event not in ("map_key", "end_map", "end_array"):
                     header.count += 1
                 continue
             if builder is None:
                 builder = ijson.ObjectBuilder()
             builder.event(event, value)
-            if prefix == key and event not in ("start_map", "start_array", "map_key"):
-                header.top[key] = builder.value
+            if level == 1 and not opens:
+                header.top[key or ""] = builder.value
                 builder = None
     except ijson.JSONError as exc:
         if b"UTF8" in _raw(exc) or b"invalid char" in _raw(exc):
@@ -305,24 +378,52 @@ def _read_header(path: Path, where: str) -> _Header:
     return header
 
 
-def _parse(path: Path) -> Iterator[tuple[str, str, Any]]:
-    """ijson parse events for `path`: the C backend, and the pure-Python one from where the C
-    one fails on an escaped lone surrogate (it decodes those as UTF-8 and raises), so that one
-    odd message is skipped as malformed instead of ending the file."""
+def _parse(path: Path, *, basic: bool = False) -> Iterator[Any]:
+    """ijson parse events for `path` (``(event, value)`` pairs with `basic`, else
+    ``(prefix, event, value)``): the C backend, and the pure-Python one from where the C
+    one fails on an escaped lone surrogate (it decodes those as UTF-8 and raises), so that
+    one odd message is skipped as malformed instead of ending the file."""
     done = 0
+    depth = _Depth(path)
+    at = 0 if basic else 1
+    fast = ijson.basic_parse if basic else ijson.parse
     try:
         with path.open("rb") as fh:
-            for item in ijson.parse(fh, use_float=True):
+            for item in fast(fh, use_float=True):
+                depth.see(item[at])
                 yield item
                 done += 1
         return
     except UnicodeDecodeError:
         log.info("%s: switching to the pure-Python JSON parser at event %d", path.name, done)
     slow = ijson.get_backend("python")
+    slow_parse = slow.basic_parse if basic else slow.parse
     with path.open("rb") as fh:
-        for n, item in enumerate(slow.parse(fh, use_float=True)):
+        for n, item in enumerate(slow_parse(fh, use_float=True)):
             if n >= done:
+                depth.see(item[at])
                 yield item
+
+
+class _Depth:
+    """Refuses nesting past `MAX_JSON_DEPTH`: the parser keeps a prefix string per level, so
+    a hostile file nested a few thousand deep would otherwise cost gigabytes before any
+    error (and a recursive reader would end in RecursionError)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.level = 0
+
+    def see(self, event: str) -> None:
+        if event in ("start_map", "start_array"):
+            self.level += 1
+            if self.level > MAX_JSON_DEPTH:
+                raise PayloadError(
+                    f"discord export {self.path.name}: JSON nested deeper than "
+                    f"{MAX_JSON_DEPTH} levels; not a DiscordChatExporter file"
+                )
+        elif event in ("end_map", "end_array"):
+            self.level -= 1
 
 
 def _raw(exc: BaseException) -> bytes:
@@ -332,8 +433,3 @@ def _raw(exc: BaseException) -> bytes:
 
 def _brief(exc: BaseException) -> str:
     return _raw(exc).decode("utf-8", "replace").splitlines()[0][:120] if exc.args else repr(exc)
-
-
-def read_discord_export_dir(path: str | Path, *, strict: bool = False) -> list[DiscordExport]:
-    """Every ``*.json`` export in a folder (one per channel/thread), by file name."""
-    return [read_discord_export(p, strict=strict) for p in sorted(Path(path).glob("*.json"))]

@@ -10,6 +10,7 @@ on disk, keyed by the weights' sha256, so later starts only load the cached file
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -255,7 +256,10 @@ class MiniLMEmbedder:
         batch_size: int = 32,
         max_seq_length: int | None = None,
         model_dir: Path | None = None,
+        nice: int = BACKGROUND_NICE,
     ) -> None:
+        """`nice`: how much lower the batch threads run; 0 for a command whose whole job is
+        the embedding (an import), which would otherwise wait behind every other process."""
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         if threads < 1:
@@ -273,7 +277,9 @@ class MiniLMEmbedder:
         self._tokenizer: Any = None
         self._load_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="minilm", initializer=lower_thread_priority
+            max_workers=threads,
+            thread_name_prefix="minilm",
+            initializer=functools.partial(lower_thread_priority, nice),
         )
         # /recall questions get their own thread, at normal priority: a question never
         # queues behind a background batch.

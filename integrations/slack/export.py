@@ -1,37 +1,40 @@
-"""Slack workspace export (ZIP) → events, for backfilling history.
+"""Slack workspace export (a ZIP or the folder it unzips to) → events, for backfilling history.
 
 Slack's live history API is rate-limited for distributed apps (SPEC §6), so
-history comes from the admin's export. The ZIP holds ``users.json``,
+history comes from the admin's export. It holds ``users.json``,
 ``channels.json`` (public), optionally ``groups.json`` (private) and
 ``mpims.json``, and one folder per conversation with day files
 ``<folder>/<YYYY-MM-DD>.json``, each a list of message objects.
 
-What comes out, per conversation and in ``ts`` order (day files are read in date
-order and each is sorted, so memory stays bounded by one day):
+What comes out:
 
-1. JOIN for each member listed in the channel's ``members`` who has no
-   ``channel_join`` message in the export (they were there before it starts),
-   dated at the channel's ``created`` time;
-2. messages translated exactly as the live feed does (`translate.message_event`),
-   thread replies included, bot messages flagged; ``channel_join`` /
-   ``channel_leave`` (and the older ``group_*``) as RosterEvents; other subtypes
-   skipped.
+1. `rosters()`: one membership snapshot per conversation, the ``members`` listed for it
+   less those who join inside the export, applied in one transaction each
+   (`MemoryEngine.sync_members`), so an import's cost grows with its messages, not with
+   members × channels;
+2. `events()`, per conversation and in ``ts`` order (day files are read in date order and
+   each is sorted, so memory stays bounded by one day): messages translated as the live
+   feed does (`translate.message_event`), thread replies included, bots flagged from
+   users.json (a person posting through an app, such as ``/giphy``, stays a person);
+   ``channel_join`` / ``channel_leave`` (and the older ``group_*``) as RosterEvents;
+   other subtypes skipped. Bot posts whose words sit in blocks, attachments or files
+   keep them (`message_text`).
 
-Limits: direct messages (``dms.json``, folders named by id) are not imported;
-edits are not flagged (the export already holds the edited text and
-MessageEvent has no edit field); deleted messages are absent from exports;
-``count`` counts candidate records before validation, so it is an upper bound
-when some are malformed. Malformed records are skipped and listed in
-``errors`` unless ``strict=True``, which raises PayloadError instead; a ZIP
-without channels.json/groups.json raises PayloadError.
+Not imported, and listed so the CLI can say so: direct messages (folders without a
+conversation entry) and canvases (``FC_<id>_<name>`` folders or files: the export gives
+them no member list, so no one could be allowed to read them). Edits are not flagged
+(the export already holds the edited text); deleted messages are absent from exports;
+``count`` counts candidate records before validation, so it is an upper bound when some
+are malformed. Malformed records are skipped and listed in ``errors`` unless
+``strict=True``, which raises PayloadError instead; an export without
+channels.json/groups.json, or whose users.json or channel lists are unreadable, raises
+PayloadError naming the file.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import zipfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +44,14 @@ from typing import Any
 
 from bot.events import Event, RosterAction, RosterEvent, Scope
 from integrations.payload import PayloadError, build
+from integrations.slack.export_source import (
+    DEFAULT_LIMITS,
+    ExportSource,
+    ZipLimits,
+    check_zip_limits,
+    load_json,
+    open_source,
+)
 from integrations.slack.translate import (
     MESSAGE_SUBTYPES,
     PLATFORM,
@@ -49,30 +60,24 @@ from integrations.slack.translate import (
     parse_ts,
 )
 
-__all__ = ["DEFAULT_LIMITS", "SlackChannel", "SlackExport", "ZipLimits", "read_slack_export"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "ChannelRoster",
+    "SkippedFolder",
+    "SlackChannel",
+    "SlackExport",
+    "ZipLimits",
+    "check_zip_limits",
+    "read_slack_export",
+]
 
 log = logging.getLogger(__name__)
 
 _DAY_FILE = re.compile(r"^(?P<folder>.+)/(?P<day>\d{4}-\d{2}-\d{2})\.json$")
+_CANVAS = re.compile(r"^FC_(?P<id>[A-Z0-9]+)_(?P<name>.*?)(?:\.json)?$")
 _JOIN_SUBTYPES = {"channel_join": RosterAction.JOIN, "group_join": RosterAction.JOIN}
 _LEAVE_SUBTYPES = {"channel_leave": RosterAction.LEAVE, "group_leave": RosterAction.LEAVE}
 _ROSTER_SUBTYPES = {**_JOIN_SUBTYPES, **_LEAVE_SUBTYPES}
-
-
-@dataclass(frozen=True)
-class ZipLimits:
-    """What an export ZIP may hold before we refuse it (checked from the central directory
-    before anything is decompressed; zipfile then enforces each entry's declared size).
-
-    A real export is one small day file per channel per day: a ten-year, 1,000-channel
-    workspace is under 4 million entries of a few kB to a few MB each."""
-
-    max_entries: int = 5_000_000
-    max_entry_bytes: int = 256 * 1024 * 1024
-    max_total_bytes: int = 32 * 1024**3
-
-
-DEFAULT_LIMITS = ZipLimits()
 
 
 @dataclass(frozen=True)
@@ -86,14 +91,34 @@ class SlackChannel:
     created: datetime | None = None
 
 
+@dataclass(frozen=True)
+class ChannelRoster:
+    """Who was in a conversation before the export starts: one snapshot to apply at once."""
+
+    scope: Scope
+    members: list[tuple[str, str | None, bool]]
+    """(user id, display name or None, is_bot), as `MemoryEngine.sync_members` takes them."""
+    at: datetime | None
+
+
+@dataclass(frozen=True)
+class SkippedFolder:
+    """Part of the export that is not imported, and why (reported by the CLI)."""
+
+    name: str
+    kind: str
+    """"canvas" or "direct message"."""
+    files: int
+
+
 @dataclass
 class SlackExport:
-    """A parsed export: metadata up front, events streamed from the ZIP on demand."""
+    """A parsed export: metadata up front, events streamed from the export on demand."""
 
     path: Path
     team_id: str
     users: dict[str, str]
-    """user id → display name (bots included)."""
+    """user id → display name (bots included, also under their ``B…`` bot id)."""
     bots: frozenset[str]
     channels: list[SlackChannel]
     count: int
@@ -101,6 +126,8 @@ class SlackExport:
     strict: bool = False
     errors: list[str] = field(default_factory=list)
     """Skipped malformed records, 'file: reason', filled while iterating."""
+    skipped: list[SkippedFolder] = field(default_factory=list)
+    """Canvases and direct messages found in the export and not imported."""
     _prefix: str = ""
     _days: dict[str, list[str]] = field(default_factory=dict)
     _joined_in_export: dict[str, set[str]] = field(default_factory=dict)
@@ -112,11 +139,34 @@ class SlackExport:
     def __iter__(self) -> Iterator[Event]:
         return self.events()
 
+    def _scope(self, channel: SlackChannel) -> Scope:
+        return build(
+            Scope, "slack export", platform=PLATFORM, workspace=self.team_id, channel=channel.id
+        )
+
+    def rosters(self) -> list[ChannelRoster]:
+        """Each conversation's members from before the export (those who join inside it
+        come from their join messages), dated at the channel's creation, else its first
+        day file."""
+        out = []
+        for channel in self.channels:
+            later = self._joined_in_export.get(channel.name, set())
+            days = self._days.get(channel.name)
+            at = channel.created or (_day_start(days[0]) if days else None)
+            members = [
+                (m, self.users.get(m), m in self.bots) for m in channel.members if m not in later
+            ]
+            out.append(ChannelRoster(scope=self._scope(channel), members=members, at=at))
+        return out
+
     def events(self) -> Iterator[Event]:
-        """All events, conversation by conversation, each in ts order."""
-        with zipfile.ZipFile(self.path) as zf:
+        """Messages and in-export joins and leaves, conversation by conversation, in ts order."""
+        source = open_source(self.path, self._limits)
+        try:
             for channel in self.channels:
-                yield from self._channel_events(zf, channel)
+                yield from self._channel_events(source, channel)
+        finally:
+            source.close()
 
     def _fail(self, where: str, exc: Exception) -> None:
         message = str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
@@ -125,26 +175,12 @@ class SlackExport:
         log.warning("skipping %s", message)
         self.errors.append(message)
 
-    def _channel_events(self, zf: zipfile.ZipFile, channel: SlackChannel) -> Iterator[Event]:
-        scope = build(
-            Scope, "slack export", platform=PLATFORM, workspace=self.team_id, channel=channel.id
-        )
-        joined_later = self._joined_in_export.get(channel.name, set())
-        start = channel.created or datetime.fromtimestamp(0, tz=UTC)
-        for member in channel.members:
-            if member not in joined_later:
-                yield RosterEvent(
-                    scope=scope,
-                    action=RosterAction.JOIN,
-                    user_id=member,
-                    name=self.users.get(member),
-                    is_bot=member in self.bots,
-                    at=start,
-                )
+    def _channel_events(self, source: ExportSource, channel: SlackChannel) -> Iterator[Event]:
+        scope = self._scope(channel)
         parent_authors: dict[str, str] = {}
         for day_file in self._days.get(channel.name, []):
             try:
-                records = _load_json(zf, self._prefix + day_file, self._limits)
+                records = load_json(source, self._prefix + day_file, self._limits)
             except PayloadError as exc:
                 self._fail(day_file, exc)
                 continue
@@ -191,6 +227,7 @@ class SlackExport:
                 channel=channel.id,
                 user_names=self.users,
                 parent_authors=parent_authors,
+                user_bots=self.bots,
             )
         except (PayloadError, ValueError) as exc:
             self._fail(f"{where} ts={msg.get('ts')!r}", exc)
@@ -208,30 +245,35 @@ def _ts_key(ts: Any) -> tuple[float, str]:
         return (float("inf"), str(ts))
 
 
-def _load_json(zf: zipfile.ZipFile, name: str, limits: ZipLimits = DEFAULT_LIMITS) -> Any:
-    info = zf.getinfo(name)
-    if info.file_size > limits.max_entry_bytes:
-        raise PayloadError(
-            f"{name}: {info.file_size:,} bytes uncompressed is over the per-file limit of "
-            f"{limits.max_entry_bytes:,} (no real export file is that large)"
-        )
-    raw = zf.read(info)
+def _day_start(day_file: str) -> datetime | None:
+    m = _DAY_FILE.match(day_file)
     try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise PayloadError(f"{name}: not valid UTF-8") from exc
-    except json.JSONDecodeError as exc:
-        raise PayloadError(f"{name}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        return datetime.strptime(m["day"], "%Y-%m-%d").replace(tzinfo=UTC) if m else None
+    except ValueError:
+        return None
+
+
+def _created(value: Any) -> datetime | None:
+    """A channel's ``created``: seconds since the epoch, a number or (old exports) a string."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(value, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _optional_list(
-    zf: zipfile.ZipFile, name: str, limits: ZipLimits
+    source: ExportSource, names: set[str], name: str, limits: ZipLimits
 ) -> list[dict[str, Any]] | None:
-    try:
-        zf.getinfo(name)
-    except KeyError:
+    if name not in names:
         return None
-    data = _load_json(zf, name, limits)
+    data = load_json(source, name, limits)
     if not isinstance(data, list):
         raise PayloadError(f"{name}: expected a list")
     return [d for d in data if isinstance(d, dict)]
@@ -245,41 +287,55 @@ def _channels(entries: list[dict[str, Any]], private: bool) -> list[SlackChannel
             log.warning("skipping channel entry without id/name: %r", c.get("id"))
             continue
         members = c.get("members") or []
-        created = c.get("created")
         out.append(
             SlackChannel(
                 id=cid,
                 name=name,
                 members=tuple(dict.fromkeys(m for m in members if isinstance(m, str) and m)),
                 is_private=private,
-                created=datetime.fromtimestamp(created, tz=UTC)
-                if isinstance(created, int | float) and not isinstance(created, bool)
-                else None,
+                created=_created(c.get("created")),
             )
         )
     return out
 
 
-def check_zip_limits(path: Path, zf: zipfile.ZipFile, limits: ZipLimits) -> None:
-    """Refuse a ZIP over `limits` (entry count, any entry's size, the total), naming which."""
-    infos = zf.infolist()
-    if len(infos) > limits.max_entries:
-        raise PayloadError(
-            f"{path.name}: {len(infos):,} entries is over the limit of {limits.max_entries:,}"
-        )
-    total = 0
-    for info in infos:
-        if info.file_size > limits.max_entry_bytes:
-            raise PayloadError(
-                f"{path.name}: entry {info.filename} is {info.file_size:,} bytes uncompressed, "
-                f"over the per-file limit of {limits.max_entry_bytes:,}"
-            )
-        total += info.file_size
-    if total > limits.max_total_bytes:
-        raise PayloadError(
-            f"{path.name}: {total:,} bytes uncompressed in all, over the limit of "
-            f"{limits.max_total_bytes:,}"
-        )
+def _users(
+    users_raw: list[dict[str, Any]],
+) -> tuple[dict[str, str], set[str], Counter[str]]:
+    """Names (bots also under their bot id), the bots' ids, and the users' teams."""
+    users: dict[str, str] = {}
+    bots: set[str] = set()
+    user_teams: Counter[str] = Counter()
+    for u in users_raw:
+        uid = u.get("id")
+        if not isinstance(uid, str) or not uid:
+            continue
+        name = display_name(u)
+        if name:
+            users[uid] = name
+        if u.get("is_bot") or uid == "USLACKBOT":
+            bots.add(uid)
+            profile = u.get("profile")
+            if isinstance(profile, dict) and isinstance(profile.get("bot_id"), str):
+                bots.add(profile["bot_id"])
+                if name:
+                    users.setdefault(profile["bot_id"], name)
+        if isinstance(u.get("team_id"), str):
+            user_teams[u["team_id"]] += 1
+    return users, bots, user_teams
+
+
+def _not_imported(folders: dict[str, int], top_files: list[str]) -> list[SkippedFolder]:
+    """Canvases (``FC_…`` folders or files) and the other unlisted folders (direct
+    messages), with how many files each holds."""
+    out = [
+        SkippedFolder(name, "canvas" if _CANVAS.match(name) else "direct message", files)
+        for name, files in sorted(folders.items())
+    ]
+    out += [SkippedFolder(name, "canvas", 1) for name in sorted(top_files) if _CANVAS.match(name)]
+    for item in out:
+        log.info("export %s %s (%d files) not imported", item.kind, item.name, item.files)
+    return out
 
 
 def read_slack_export(
@@ -289,93 +345,85 @@ def read_slack_export(
     strict: bool = False,
     limits: ZipLimits = DEFAULT_LIMITS,
 ) -> SlackExport:
-    """Open an export ZIP and index it; iterate the result for events.
+    """Open an export ZIP or folder and index it; iterate the result for events.
 
     The team id comes from the messages' ``team`` field (the most common one),
     else the users' ``team_id``, else `workspace`.
     """
     path = Path(path)
+    source = open_source(path, limits)
     try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise PayloadError(f"{path}: not a readable ZIP file ({exc})") from exc
-    with zf:
-        check_zip_limits(path, zf, limits)
-        names = zf.namelist()
-        anchors = [n for n in names if n.endswith(("channels.json", "groups.json"))]
-        anchors = [n for n in anchors if n.count("/") <= 1]
-        if not anchors:
-            raise PayloadError(f"{path}: no channels.json or groups.json: not a Slack export")
-        prefix = min(anchors, key=len).rpartition("/")[0]
-        prefix = prefix + "/" if prefix else ""
+        return _index(source, path, workspace, strict, limits)
+    finally:
+        source.close()
 
-        users_raw = _optional_list(zf, prefix + "users.json", limits) or []
-        users: dict[str, str] = {}
-        bots: set[str] = set()
-        user_teams: Counter[str] = Counter()
-        for u in users_raw:
-            uid = u.get("id")
-            if not isinstance(uid, str) or not uid:
-                continue
-            name = display_name(u)
-            if name:
-                users[uid] = name
-            if u.get("is_bot") or uid == "USLACKBOT":
-                bots.add(uid)
-                profile = u.get("profile")
-                if isinstance(profile, dict) and isinstance(profile.get("bot_id"), str):
-                    bots.add(profile["bot_id"])
-            if isinstance(u.get("team_id"), str):
-                user_teams[u["team_id"]] += 1
 
-        channels = _channels(
-            _optional_list(zf, prefix + "channels.json", limits) or [], private=False
-        )
+def _index(
+    source: ExportSource, path: Path, workspace: str, strict: bool, limits: ZipLimits
+) -> SlackExport:
+    names = source.names()
+    anchors = [n for n in names if n.endswith(("channels.json", "groups.json"))]
+    anchors = [n for n in anchors if n.count("/") <= 1]
+    if not anchors:
+        raise PayloadError(f"{path}: no channels.json or groups.json: not a Slack export")
+    prefix = min(anchors, key=len).rpartition("/")[0]
+    prefix = prefix + "/" if prefix else ""
+    present = set(names)
+
+    users, bots, user_teams = _users(
+        _optional_list(source, present, prefix + "users.json", limits) or []
+    )
+    channels: list[SlackChannel] = []
+    for listing, private in (("channels.json", False), ("groups.json", True), ("mpims.json", True)):
         channels += _channels(
-            _optional_list(zf, prefix + "groups.json", limits) or [], private=True
+            _optional_list(source, present, prefix + listing, limits) or [], private=private
         )
-        channels += _channels(_optional_list(zf, prefix + "mpims.json", limits) or [], private=True)
 
-        days: dict[str, list[str]] = {}
-        for n in names:
-            m = _DAY_FILE.match(n[len(prefix) :]) if n.startswith(prefix) else None
-            if m:
-                days.setdefault(m["folder"], []).append(n[len(prefix) :])
-        for files in days.values():
-            files.sort()
+    days: dict[str, list[str]] = {}
+    top_files: list[str] = []
+    for n in names:
+        if not n.startswith(prefix):
+            continue
+        rel = n[len(prefix) :]
+        m = _DAY_FILE.match(rel)
+        if m:
+            days.setdefault(m["folder"], []).append(rel)
+        elif "/" not in rel:
+            top_files.append(rel)
+        elif _CANVAS.match(rel.partition("/")[0]):
+            days.setdefault(rel.partition("/")[0], []).append(rel)
+    for files in days.values():
+        files.sort()
 
-        known = {c.name for c in channels}
-        for folder in sorted(set(days) - known):
-            log.info("export folder %s has no channel entry (a DM?); not imported", folder)
+    known = {c.name for c in channels}
+    skipped = _not_imported(
+        {name: len(files) for name, files in days.items() if name not in known}, top_files
+    )
 
-        # Pre-pass: count candidate records, find the team, and who joins inside the export.
-        count = 0
-        teams: Counter[str] = Counter()
-        joined: dict[str, set[str]] = {}
-        for channel in channels:
-            count += len(channel.members)
-            for day_file in days.get(channel.name, []):
-                try:
-                    records = _load_json(zf, prefix + day_file, limits)
-                except PayloadError:
-                    if strict:
-                        raise
-                    continue  # reported again, with context, while iterating
-                if not isinstance(records, list):
+    # Pre-pass: count candidate records, find the team, and who joins inside the export.
+    count = 0
+    teams: Counter[str] = Counter()
+    joined: dict[str, set[str]] = {}
+    for channel in channels:
+        for day_file in days.get(channel.name, []):
+            try:
+                records = load_json(source, prefix + day_file, limits)
+            except PayloadError:
+                if strict:
+                    raise
+                continue  # reported again, with context, while iterating
+            if not isinstance(records, list):
+                continue
+            for r in records:
+                if not isinstance(r, dict):
                     continue
-                for r in records:
-                    if not isinstance(r, dict):
-                        continue
-                    subtype = r.get("subtype")
-                    if subtype in _JOIN_SUBTYPES and isinstance(r.get("user"), str):
-                        joined.setdefault(channel.name, set()).add(r["user"])
-                    if subtype in _ROSTER_SUBTYPES or subtype in MESSAGE_SUBTYPES:
-                        count += 1
-                    if isinstance(r.get("team"), str) and r["team"]:
-                        teams[r["team"]] += 1
-        # Members who join within the export get their JOIN from the message, not up front.
-        for channel in channels:
-            count -= len(set(channel.members) & joined.get(channel.name, set()))
+                subtype = r.get("subtype")
+                if subtype in _JOIN_SUBTYPES and isinstance(r.get("user"), str):
+                    joined.setdefault(channel.name, set()).add(r["user"])
+                if subtype in _ROSTER_SUBTYPES or subtype in MESSAGE_SUBTYPES:
+                    count += 1
+                if isinstance(r.get("team"), str) and r["team"]:
+                    teams[r["team"]] += 1
 
     team_id = (teams or user_teams or Counter({workspace: 1})).most_common(1)[0][0]
     log.info(
@@ -394,6 +442,7 @@ def read_slack_export(
         channels=channels,
         count=count,
         strict=strict,
+        skipped=skipped,
         _prefix=prefix,
         _days=days,
         _joined_in_export=joined,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,6 +46,7 @@ from bot.events import (
     Scope,
 )
 from integrations.payload import PayloadError, build, check_text, opt_str, req_str
+from integrations.slack.message_text import compose_text
 
 __all__ = [
     "MESSAGE_SUBTYPES",
@@ -123,41 +124,40 @@ def _scope(team: str, channel: str) -> Scope:
 
 
 def _speaker_name(
-    msg: Mapping[str, Any], speaker_id: str, user_names: Mapping[str, str], is_bot: bool
+    msg: Mapping[str, Any],
+    speaker_id: str,
+    user_names: Mapping[str, str],
+    is_bot: bool,
+    *,
+    app_post: bool = False,
 ) -> str:
-    known = user_names.get(speaker_id)
-    if isinstance(known, str) and known.strip():
-        return known.strip()[:256]
-    profile = msg.get("user_profile")
-    if isinstance(profile, Mapping):
-        name = display_name({"profile": profile, "name": profile.get("name")})
-        if name:
-            return name
+    """The name the workspace knows, else the payload's; for an app's post without a user
+    (`app_post`), the name it posted under (``username``, ``bot_profile``) comes first and
+    the workspace's name for its bot id (users.json in exports) second."""
+    posted: list[Any] = []
     if is_bot:
-        for candidate in (
+        profile = msg.get("bot_profile")
+        posted = [
             msg.get("username"),
-            (msg.get("bot_profile") or {}).get("name")
-            if isinstance(msg.get("bot_profile"), Mapping)
-            else None,
-        ):
-            if isinstance(candidate, str) and candidate.strip():
-                return candidate.strip()[:256]
+            profile.get("name") if isinstance(profile, Mapping) else None,
+        ]
+    known = user_names.get(speaker_id)
+    candidates = [*posted, known] if app_post else [known, *posted]
+    user_profile = msg.get("user_profile")
+    if isinstance(user_profile, Mapping):
+        candidates.insert(
+            1 if not app_post else len(candidates),
+            display_name({"profile": user_profile, "name": user_profile.get("name")}),
+        )
+    for candidate in candidates:
+        if isinstance(candidate, str) and candidate.strip():
+            return candidate.strip()[:256]
     return speaker_id
 
 
-def _message_text(msg: Mapping[str, Any], where: str) -> str:
+def _message_text(msg: Mapping[str, Any], where: str, *, from_app: bool = False) -> str:
     text = check_text(msg.get("text", "") if msg.get("text") is not None else "", where)
-    if not text.strip():
-        files = msg.get("files")
-        if isinstance(files, list):
-            names: list[str] = []
-            for f in files:
-                name = (f.get("title") or f.get("name")) if isinstance(f, Mapping) else None
-                if isinstance(name, str):
-                    names.append(name)
-            if names:
-                text = "[shared file: " + ", ".join(names) + "]"
-    return check_text(text, where)
+    return check_text(compose_text(msg, text, from_app=from_app), where)
 
 
 def message_event(
@@ -167,22 +167,30 @@ def message_event(
     channel: str,
     user_names: Mapping[str, str],
     parent_authors: Mapping[str, str] | None = None,
+    user_bots: Collection[str] | None = None,
 ) -> MessageEvent:
     """One Slack message object (live event or export line) → MessageEvent.
 
     `parent_authors` maps a thread's ts to its author, for payloads that lack
-    ``parent_user_id`` (older exports).
+    ``parent_user_id`` (older exports). `user_bots` (an export's users.json) says which
+    user ids are bots: then a message with a ``user`` is a bot's only when that user is
+    one, so a person posting through an app (``/giphy``: ``user`` and ``bot_id``) stays a
+    person. Without it (the live feed) any ``bot_id`` marks a bot.
     """
     where = f"slack message in {channel}"
     ts = req_str(msg, "ts", where)
     when = parse_ts(ts, where)
     subtype = msg.get("subtype")
     bot_id = opt_str(msg, "bot_id", where)
-    is_bot = subtype == "bot_message" or bot_id is not None
-    speaker_id = opt_str(msg, "user", where) or bot_id
+    user = opt_str(msg, "user", where)
+    if user and user_bots is not None:
+        is_bot = user in user_bots
+    else:
+        is_bot = subtype == "bot_message" or bot_id is not None
+    speaker_id = user or bot_id
     if not speaker_id:
         raise PayloadError(f"{where}: message {ts} has neither 'user' nor 'bot_id'")
-    text = _message_text(msg, where)
+    text = _message_text(msg, where, from_app=is_bot or bot_id is not None)
 
     thread_ts = opt_str(msg, "thread_ts", where)
     thread_id = reply_to = None
@@ -203,7 +211,9 @@ def message_event(
         scope=_scope(team, channel),
         message_id=ts,
         speaker_id=speaker_id,
-        speaker_name=_speaker_name(msg, speaker_id, user_names, is_bot),
+        speaker_name=_speaker_name(
+            msg, speaker_id, user_names, is_bot, app_post=is_bot and not user
+        ),
         text=text,
         ts=when,
         thread_id=thread_id,
