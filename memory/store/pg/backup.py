@@ -29,7 +29,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from memory.store.backup_result import BackupResult
 from memory.store.errors import StoreError
-from memory.store.pg.database import masked_url
+from memory.store.pg.database import masked_url, scrub_error, scrub_password
 
 INSTALL_HINT = (
     "install the PostgreSQL client tools of the server's major version or newer "
@@ -46,10 +46,7 @@ def split_password(url: str) -> tuple[str, str | None]:
 
 
 def _scrub(text: str, url: str, password: str | None) -> str:
-    text = text.replace(url, masked_url(url))
-    if password:
-        text = text.replace(password, "***")
-    return text.strip()
+    return scrub_password(scrub_error(text, url), password)
 
 
 def _partial_beside(dest: Path) -> Path:

@@ -1,0 +1,104 @@
+"""Passwords and keys inside URLs never reach output (issue #40, items 2 and 8).
+
+One rule (memory/url_masking.py, and the PostgreSQL key=value form in
+memory/store/pg/database.py) masks every form; the password each case must hide is the one
+libpq itself reads (`conninfo_to_dict`), so a form the rule misses fails here."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from memory.config import StoreConfig
+from memory.store import StoreError
+from memory.store.pg.database import PgDatabase, masked_url, scrub_error
+from memory.url_masking import mask_url
+
+PG_FORMS = [
+    "postgresql://bot:s3cr%21t-pw@db.example:5432/mem",
+    "postgresql://bot@db.example/mem?password=s3cr3t-pw&sslmode=require",
+    "postgres://db.example/mem?user=bot&password=s3cr3t-pw",
+    "host=db.example user=bot password=s3cr3t-pw dbname=mem",
+    "host=db.example user=bot password='s3cr 3t\\'pw' dbname=mem",
+    "postgresql://bot:s3cr3t-pw@h1:5432,h2:5433/mem?target_session_attrs=read-write",
+]
+
+
+@pytest.mark.parametrize("url", PG_FORMS)
+def test_every_libpq_password_form_is_masked(url: str) -> None:
+    password = str(conninfo_to_dict(url)["password"])
+    shown = masked_url(url)
+    assert password not in shown and "s3cr" not in shown
+    assert "***" in shown
+    assert "db.example" in shown or "h1:5432,h2:5433" in shown  # still says where
+
+
+def test_a_raw_at_sign_in_the_password_is_masked_whole() -> None:
+    # libpq reads the password as "p" and the host as "ss@db.example"; the operator meant
+    # "p@ss": neither half may show
+    shown = masked_url("postgresql://bot:p@ss-word@db.example/mem")
+    assert shown == "postgresql://bot:***@db.example/mem"
+
+
+def test_a_url_without_credentials_is_unchanged() -> None:
+    assert masked_url("postgresql:///mem?host=/tmp") == "postgresql:///mem?host=/tmp"
+    assert mask_url("http://127.0.0.1:8080/v1") == "http://127.0.0.1:8080/v1"
+
+
+def test_a_parse_error_does_not_quote_the_connection_string() -> None:
+    url = "host=db.example password=half of-secret dbname=mem"
+    with pytest.raises(Exception) as caught:
+        conninfo_to_dict(url)
+    assert "of-secret" in str(caught.value)  # libpq quotes what it choked on
+    assert "of-secret" not in scrub_error(str(caught.value), url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://user:pa55word@llm.example/v1",
+        "https://llm.example/v1?api-key=sk-abcdef123456",
+        "https://llm.example/openai/deployments/x?api-version=2024-02&api_key=sk-abcdef123456",
+        "https://llm.example/v1?access_token=sk-abcdef123456#frag",
+    ],
+)
+def test_http_urls_lose_their_credentials(url: str) -> None:
+    shown = mask_url(url)
+    assert "pa55word" not in shown and "sk-abcdef123456" not in shown
+    assert shown.startswith("https://") and "llm.example" in shown
+    assert "api-version=2024-02" in mask_url(url) or "api-version" not in url
+
+
+# ---- against PostgreSQL ------------------------------------------------------------------
+
+
+def with_password(url: str, password: str) -> str:
+    return url + ("&" if "?" in url else "?") + f"password={password}"
+
+
+async def test_store_open_log_and_location_hide_the_password(
+    pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = with_password(pg_url, "s3cr3t-in-query")  # the test server trusts local sockets
+    db = PgDatabase(StoreConfig(db_url=url, readers=1))  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="memory.store.pg.database"):
+        await db.open()
+    try:
+        opened = [r.getMessage() for r in caplog.records if "store open" in r.getMessage()]
+        assert opened and "password=***" in opened[0]
+        assert "s3cr3t-in-query" not in caplog.text
+        assert "s3cr3t-in-query" not in db.where and "s3cr3t-in-query" not in str(db.path)
+    finally:
+        await db.close()
+
+
+async def test_a_failed_open_names_the_database_without_its_password(pg_url: str) -> None:
+    url = with_password(pg_url.replace("/postgres?", "/no_such_db?"), "s3cr3t-in-query")
+    url = url if "/no_such_db" in url else with_password(pg_url + "x", "s3cr3t-in-query")
+    db = PgDatabase(StoreConfig(db_url=url, readers=1, lock_wait_s=0.5))  # type: ignore[arg-type]
+    with pytest.raises(StoreError) as caught:
+        await db.open()
+    assert "s3cr3t-in-query" not in str(caught.value)
+    assert "password=***" in str(caught.value)
