@@ -6,15 +6,26 @@ libpq itself reads (`conninfo_to_dict`), so a form the rule misses fails here.""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from bot.settings import Settings
+from integrations.doctor import llm_checks
+from integrations.llm.server_profile import detect_server
 from memory.config import StoreConfig
 from memory.store import StoreError
 from memory.store.pg.database import PgDatabase, masked_url, scrub_error
 from memory.url_masking import mask_url
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PG_FORMS = [
     "postgresql://bot:s3cr%21t-pw@db.example:5432/mem",
@@ -102,3 +113,68 @@ async def test_a_failed_open_names_the_database_without_its_password(pg_url: str
         await db.open()
     assert "s3cr3t-in-query" not in str(caught.value)
     assert "password=***" in str(caught.value)
+
+
+# ---- item 8: URL settings in `config`, `doctor` and the LLM probe ------------------------
+
+CRED_URL = "http://probe-user:pa55word-xyz@127.0.0.1:{port}/v1?api-key=sk-key-0123456789"
+SECRETS = ("pa55word-xyz", "sk-key-0123456789")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.e2e
+def test_config_masks_credentials_inside_url_settings(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPEAKERMEM_")}
+    url = CRED_URL.format(port=9)
+    env.update(
+        SPEAKERMEM_DB_PATH=str(tmp_path / "c.db"),
+        SPEAKERMEM_LLM_BASE_URL=url,
+        SPEAKERMEM_EMBEDDING_BASE_URL=url,
+        SPEAKERMEM_WEB_PUBLIC_URL="https://admin:pa55word-xyz@console.example",
+        PYTHONPATH=str(ROOT),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "integrations.cli.main", "--log-level", "DEBUG", "config"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for secret in SECRETS:
+        assert secret not in proc.stdout + proc.stderr
+    shown = json.loads(proc.stdout)
+    assert shown["llm_base_url"] == "http://probe-user:***@127.0.0.1:9/v1?api-key=***"
+    assert shown["web_public_url"] == "https://admin:***@console.example"
+
+
+async def test_doctor_llm_check_masks_credentials_in_the_url(tmp_path: Path) -> None:
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        db_path=tmp_path / "d.db",
+        embedder="none",
+        llm_base_url=CRED_URL.format(port=free_port()),
+    )
+    (check,) = await llm_checks(settings)
+    assert check.status == "fail"
+    text = f"{check.detail} {check.fix}"
+    assert "127.0.0.1" in text
+    for secret in SECRETS:
+        assert secret not in text
+
+
+async def test_llm_server_probe_log_masks_credentials(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="integrations.llm.server_profile"):
+        # (aiohttp refuses user info beside the probe's own Authorization header)
+        url = f"http://127.0.0.1:{free_port()}/v1?api-key=sk-key-0123456789"
+        found = await detect_server(url, "k", "m", timeout_s=2)
+    assert found is None
+    assert "unreachable" in caplog.text and "api-key=***" in caplog.text
+    for secret in SECRETS:
+        assert secret not in caplog.text

@@ -27,6 +27,7 @@ from integrations.web.state import STATE, ConsoleState, render
 from memory.console import ConsoleReads
 from memory.governance.service import Governance
 from memory.query.pipeline import Recaller
+from memory.url_masking import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,7 @@ class WebConsole:
             self.port = sockets[0].getsockname()[1]
         self.state.public_url = self.url
         self._warm = asyncio.create_task(self.state.reads.warm(), name="console-warm")
-        log.info("web console on %s (bound to %s:%s)", self.url, self.host, self.port)
+        log.info("web console on %s (bound to %s:%s)", mask_url(self.url), self.host, self.port)
         if self.out is not None:
             self._announce(self.out)
 
