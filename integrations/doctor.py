@@ -24,6 +24,7 @@ from integrations.doctor_llm import writer_probe_checks
 from integrations.runtime import configured_platforms
 from memory import maintenance
 from memory.admin import StoreHealth
+from memory.private_files import readable_by_others, sidecars
 from memory.url_masking import mask_url
 
 if TYPE_CHECKING:
@@ -215,8 +216,26 @@ def pg_server_checks(health: PgHealth) -> list[Check]:
     ]
 
 
+def file_mode_check(db: Path, before: list[Path]) -> Check:
+    """Warn when the SQLite file (or its -wal/-shm) was readable by group or others: they
+    hold members' text and the tombstone key. Opening the store tightens them."""
+    if not before:
+        return Check(area="db", name="file mode", status="ok", detail=f"{db}: 0600")
+    still = [p for p in before if readable_by_others(p)]
+    names = ", ".join(str(p) for p in before)
+    return Check(
+        area="db",
+        name="file mode",
+        status="warn",
+        detail=f"readable by other users: {names}" + ("" if still else " (tightened to 0600 now)"),
+        fix=f"chmod 600 {' '.join(str(p) for p in still or before)}; run the bot with umask 077 "
+        "(UMask=0077, as deploy/speakermem.service does)",
+    )
+
+
 async def store_checks(settings: Settings) -> list[Check]:
     postgres = settings.db_url is not None
+    readable = [] if postgres else [p for p in sidecars(settings.db_path) if readable_by_others(p)]
     try:
         async with open_engine(settings, with_embedder=False) as engine:
             health = await engine.admin.health()
@@ -274,6 +293,7 @@ async def store_checks(settings: Settings) -> list[Check]:
             ),
         ]
     return [
+        file_mode_check(Path(settings.db_path), readable),
         Check(
             area="db",
             name="driver",

@@ -27,6 +27,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from memory.private_files import ensure_private_file
 from memory.store.backup_result import BackupResult
 from memory.store.errors import StoreError
 from memory.store.pg.database import masked_url, scrub_error, scrub_password
@@ -53,10 +54,10 @@ def _partial_beside(dest: Path) -> Path:
     """The partial file the dump is written to (PATH must not exist yet)."""
     if dest.exists():
         raise StoreError(f"{dest} exists; choose a new file name (backups never overwrite)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
+    ensure_private_file(tmp)  # pg_dump truncates and fills it, keeping its 0600
     return tmp
 
 
