@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from integrations.web.access import Principal
-from integrations.web.guard import current_session, guard
+from integrations.web.guard import current_session, guard, read_form
 from integrations.web.oauth import OAuthError
 from integrations.web.sessions import PRE_COOKIE, PRE_TTL_S, SESSION_COOKIE, Session, same_token
 from integrations.web.state import STATE, ConsoleState, render
@@ -126,7 +126,7 @@ async def login_post(request: web.Request) -> web.StreamResponse:
     """POST /login: the operator pastes the token."""
     state = request.app[STATE]
     _limit(request)
-    form = await request.post()
+    form = await read_form(request)
     next_path = _safe_next(str(form.get("next") or "/"))
     nonce = state.sessions.pre_nonce(request.cookies.get(PRE_COOKIE))
     csrf = form.get("csrf")

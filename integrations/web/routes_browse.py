@@ -64,7 +64,7 @@ async def _channel_page(
         if searching is not None and not searching.done():
             searching.cancel()
     person = request.query.get("person")
-    offset = whole_number(request.query.get("page")) * RECORDS_PAGE
+    offset = whole_number(request.query.get("page"), per=RECORDS_PAGE) * RECORDS_PAGE
     records: list[DerivedRecord] = []
     total = 0
     if person:

@@ -53,7 +53,9 @@ ERROR_TITLES = {
     403: "Not allowed",
     404: "Not found",
     405: "Not allowed",
+    413: "Too large",
     429: "Slow down",
+    500: "Server error",
 }
 
 
@@ -62,14 +64,18 @@ async def security_headers(request: web.Request, handler: Handler) -> web.Stream
     """Headers on every answer, errors included; error pages rendered as HTML."""
     try:
         resp = await handler(request)
-    except web.HTTPException as exc:
+    except Exception as exc:
+        if not isinstance(exc, web.HTTPException):
+            # a fault of ours: logged once, answered as a page that keeps every header
+            log.exception("console: %s %s failed", request.method, request.path)
+            exc = web.HTTPInternalServerError(text="Something went wrong; it has been logged.")
         if (
             exc.status < 400
             or request.path.startswith("/api/")
             or "json" in (request.headers.get("Accept") or "")
         ):
             _secure(exc, request)
-            raise
+            raise exc from None
         resp = render(
             request,
             "error.html",

@@ -25,13 +25,21 @@ RECORDS_PAGE = 25
 """Records per page, of a channel's and of a person's."""
 
 
-def whole_number(value: object, default: int = 0) -> int:
-    """A non-negative integer from a query or path value (`?page=`, a record id); `default`
-    when it is not one."""
-    try:
-        return max(0, int(str(value)))
-    except (TypeError, ValueError):
+NOT_FOUND = "Not found, or not yours to see."
+MAX_ID = 2**63 - 1
+"""The largest id either database stores (a signed 64-bit integer)."""
+
+
+def whole_number(value: object, default: int = 0, *, per: int = 1) -> int:
+    """A non-negative integer from a query or path value (a record id, or `?page=` with
+    `per` rows a page); `default` when it is not one. One past what a 64-bit id or offset
+    can reach names nothing: 404 (the driver would raise on binding it)."""
+    text = str(value)
+    if not (text.isascii() and text.isdigit()):  # "²" is a digit to isdigit alone
         return default
+    if len(text) > 19 or int(text) > MAX_ID // per:  # int() of 4,300+ digits raises
+        raise web.HTTPNotFound(text=NOT_FOUND)
+    return int(text)
 
 
 @dataclass
