@@ -21,6 +21,7 @@ from pydantic import SecretStr
 
 from bot.settings import Settings
 from integrations.web import routes_auth, routes_browse, routes_me, routes_people
+from integrations.web.client_address import parse_networks
 from integrations.web.oauth import DiscordOAuth, Provider, SlackOIDC
 from integrations.web.sessions import LoginLimiter, Sessions, Signer
 from integrations.web.state import STATE, ConsoleState, render
@@ -172,6 +173,7 @@ class WebConsole:
             admin_token=admin_token,
             public_url="",
             providers=providers(settings),
+            trusted_proxies=parse_networks(settings.web_trusted_proxies or ()),
         )
         self.app = build_app(self.state)
         self._runner: web.AppRunner | None = None

@@ -154,22 +154,38 @@ def same_token(given: str | None, expected: str) -> bool:
 
 
 class LoginLimiter:
-    """At most `per_minute` sign-in attempts per client address in any 60 s."""
+    """At most `per_minute` failed sign-in attempts per client address in any 60 s; a
+    success costs nothing (an operator signing in often is never locked out by it)."""
 
     def __init__(self, per_minute: int, *, max_clients: int = 10_000) -> None:
         self.per_minute = per_minute
         self.max_clients = max_clients
         self._seen: OrderedDict[str, deque[float]] = OrderedDict()
 
-    def allow(self, client: str, *, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        hits = self._seen.setdefault(client, deque())
-        self._seen.move_to_end(client)
+    def _recent(self, client: str, now: float) -> deque[float] | None:
+        hits = self._seen.get(client)
+        if hits is None:
+            return None
         while hits and now - hits[0] >= 60.0:
             hits.popleft()
-        if len(hits) >= self.per_minute:
-            return False
+        if not hits:
+            del self._seen[client]
+            return None
+        return hits
+
+    def allow(self, client: str, *, now: float | None = None) -> bool:
+        """Whether `client` may try now (fewer than `per_minute` failures in 60 s)."""
+        now = time.monotonic() if now is None else now
+        hits = self._recent(client, now)
+        return hits is None or len(hits) < self.per_minute
+
+    def failed(self, client: str, *, now: float | None = None) -> None:
+        """Count one failed attempt of `client`."""
+        now = time.monotonic() if now is None else now
+        hits = self._recent(client, now)
+        if hits is None:
+            hits = self._seen[client] = deque()
         hits.append(now)
+        self._seen.move_to_end(client)
         while len(self._seen) > self.max_clients:
             self._seen.popitem(last=False)
-        return True

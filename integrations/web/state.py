@@ -13,6 +13,7 @@ import jinja2
 from aiohttp import web
 from pydantic import SecretStr
 
+from integrations.web.client_address import Network
 from integrations.web.oauth import Provider
 from integrations.web.sessions import LoginLimiter, Sessions
 from memory.console import ConsoleReads
@@ -52,6 +53,8 @@ class ConsoleState:
     admin_token: SecretStr
     public_url: str
     providers: dict[str, Provider] = field(default_factory=dict)
+    trusted_proxies: tuple[Network, ...] = ()
+    """Whose X-Forwarded-For names the client (SPEAKERMEM_WEB_TRUSTED_PROXIES)."""
     recheck_s: float = RECHECK_S
     http: aiohttp.ClientSession | None = None
     templates: jinja2.Environment = field(default_factory=lambda: templates())
