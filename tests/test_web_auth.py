@@ -105,6 +105,13 @@ async def test_the_operator_can_paste_the_token_in_the_form(
             assert resp.status == 303 and resp.headers["Location"] == "/"  # never off-site
 
 
+class Terminal(io.StringIO):
+    """Output that says it is a terminal, as an operator's shell is."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 async def test_a_generated_token_is_printed_as_a_link_and_a_set_one_never_is(
     console_store: Path,  # noqa: F811
     tmp_path: Path,
@@ -117,7 +124,7 @@ async def test_a_generated_token_is_printed_as_a_link_and_a_set_one_never_is(
     for token in (None, SecretStr(OPERATOR_TOKEN)):
         settings = settings_for(db, web_admin_token=token)
         engine = await MemoryEngine.open(settings.memory_config(), None)
-        out = io.StringIO()
+        out = Terminal()
         console = WebConsole(
             settings, ConsoleReads(engine), Governance(engine), recaller=None, port=0, out=out
         )
@@ -547,3 +554,44 @@ def test_sessions_are_signed_and_unknown_ones_refused() -> None:
     assert other.find(cookie) is None  # another process's key
     assert sessions.find(None) is None and sessions.find("garbage") is None
     assert time.time() - session.created < 5
+
+
+async def test_without_a_terminal_the_login_link_goes_to_a_private_file(
+    console_store: Path,  # noqa: F811
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """journald and `docker logs` keep stdout: there the link is written to a 0600 file and
+    only the file's path is printed and logged (issue #40, item 9)."""
+    import os
+    import stat
+
+    from integrations.web.server import WebConsole
+    from memory.console import ConsoleReads
+    from memory.governance.service import Governance
+
+    db = copy_store(console_store, tmp_path)
+    settings = settings_for(db, web_admin_token=None)
+    engine = await MemoryEngine.open(settings.memory_config(), None)
+    out = io.StringIO()  # a pipe, as under systemd or docker
+    old_umask = os.umask(0o022)
+    console = WebConsole(
+        settings, ConsoleReads(engine), Governance(engine), recaller=None, port=0, out=out
+    )
+    try:
+        with caplog.at_level(logging.INFO):
+            await console.start()
+        token = console.state.admin_token.get_secret_value()
+        path = console.login_link_path
+        assert token not in out.getvalue() and token not in caplog.text
+        assert str(path) in out.getvalue() and str(path) in caplog.text
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        link = path.read_text().strip()
+        assert link == f"http://127.0.0.1:{console.port}/login?token={token}"
+        async with aiohttp.ClientSession(cookie_jar=jar()) as http, http.get(link) as resp:
+            assert resp.status == 200 and "Overview" in await resp.text()
+    finally:
+        os.umask(old_umask)
+        await console.stop()
+        await engine.close()
+    assert not path.exists()  # the token died with the process; so does its file
