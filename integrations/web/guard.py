@@ -105,7 +105,7 @@ async def current_session(request: web.Request, state: ConsoleState) -> Session 
             principal = await provider.recheck(state.client(), session, known)
         except Exception as exc:  # a re-check that fails is no confirmation (fail closed)
             log.warning("console: re-checking a %s sign-in failed (%s)", session.provider, exc)
-    if principal is None:
+    if principal is None or not principal.memberships:  # left every known workspace
         state.sessions.drop(session)
         return None
     session.principal = principal

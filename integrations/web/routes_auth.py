@@ -232,6 +232,20 @@ async def oauth_callback(request: web.Request) -> web.StreamResponse:
         return await _login_form(
             request, "/", error=f"Could not reach {name} to finish signing in.", status=502
         )
+    if not signed.principal.memberships:
+        # an account in no guild or workspace this bot serves has nothing to see here
+        log.warning(
+            "console: %s user %s is in no known workspace; refused (from %s)",
+            name,
+            signed.principal.user_id,
+            _failed(request),
+        )
+        return await _login_form(
+            request,
+            "/",
+            error="That account is in no workspace or server this bot serves.",
+            status=403,
+        )
     session = state.sessions.create(signed.principal, provider=name, token=signed.token)
     log.info(
         "console: %s user %s signed in (%s)", name, signed.principal.user_id, signed.principal.role
