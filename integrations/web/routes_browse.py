@@ -24,7 +24,10 @@ async def overview(request: web.Request) -> web.StreamResponse:
     viewer = await guard(request)
     reads = request.app[STATE].reads
     channels = await reads.channels(viewer.can.channels)
-    health = await reads.health() if viewer.can.any_admin else None
+    health = None
+    if viewer.can.any_admin:  # the operator sees the store's; an admin their workspaces'
+        operator = viewer.session.principal.operator
+        health = await reads.health(None if operator else viewer.can.admin_of)
     totals = {
         "messages": sum(c.messages for c in channels),
         "records": sum(c.records for c in channels),
