@@ -24,6 +24,7 @@ from memory.config import StoreConfig
 from memory.store import StoreError
 from memory.store.pg.database import PgDatabase, masked_url, scrub_error
 from memory.url_masking import mask_url
+from tests.pg_fixtures import with_database
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,8 +107,7 @@ async def test_store_open_log_and_location_hide_the_password(
 
 
 async def test_a_failed_open_names_the_database_without_its_password(pg_url: str) -> None:
-    url = with_password(pg_url.replace("/postgres?", "/no_such_db?"), "s3cr3t-in-query")
-    url = url if "/no_such_db" in url else with_password(pg_url + "x", "s3cr3t-in-query")
+    url = with_password(with_database(pg_url, "no_such_db"), "s3cr3t-in-query")
     db = PgDatabase(StoreConfig(db_url=url, readers=1, lock_wait_s=0.5))  # type: ignore[arg-type]
     with pytest.raises(StoreError) as caught:
         await db.open()
