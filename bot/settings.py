@@ -5,6 +5,7 @@ Secrets are `SecretStr`: they print as '**********' in logs, reprs and `speakerm
 
 from __future__ import annotations
 
+import ipaddress
 from copy import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,6 +23,9 @@ from memory.config import (
     StoreConfig,
     WriterConfig,
 )
+
+MIN_ADMIN_TOKEN_CHARS = 24
+"""A shorter operator token is refused: the login limit slows guessing, it cannot stop it."""
 
 
 def parse_shard_ids(text: str) -> tuple[int, ...]:
@@ -254,13 +258,20 @@ class Settings(BaseSettings):
     unless given --port (else its default port, in `speakermem web --help`). Unset = no
     console inside `run`."""
     web_admin_token: SecretStr | None = None
-    """The operator's sign-in token; unset = a new random one each start, printed as a link."""
+    """The operator's sign-in token, at least 24 characters (e.g. `python -c "import secrets;
+    print(secrets.token_urlsafe(32))"`); unset = a new random one each start, shown once
+    (see `speakermem run`)."""
     web_public_url: str | None = None
     """The console's address as browsers see it (behind a proxy); https makes cookies Secure."""
     web_session_hours: float = Field(default=12.0, gt=0, le=24 * 30)
     """Hours a console sign-in lasts before it asks again."""
     web_login_attempts: int = Field(default=10, ge=1, le=10_000)
-    """Sign-in attempts allowed per client address per minute."""
+    """Failed sign-in attempts allowed per client address per minute (successes do not
+    count)."""
+    web_trusted_proxies: Annotated[tuple[str, ...] | None, NoDecode] = None
+    """Addresses or networks (comma-separated: `127.0.0.1,10.0.0.0/8`) of the reverse proxies
+    in front of the console: from them the client's address is read from X-Forwarded-For
+    (for the login limit). Unset = the connecting address, and X-Forwarded-For is ignored."""
     web_discord_client_id: str | None = None
     """Client id of the Discord application, for "Sign in with Discord" (OAuth2: identify,
     guilds); unset = no Discord sign-in."""
@@ -275,6 +286,32 @@ class Settings(BaseSettings):
     """Client secret of that Slack app."""
     web_slack_authorize_url: str = "https://slack.com/openid/connect/authorize"
     """Slack's OpenID Connect authorize page (a setting so tests run against a stand-in)."""
+
+    @field_validator("web_admin_token")
+    @classmethod
+    def _long_enough_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and 0 < len(value.get_secret_value()) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"SPEAKERMEM_WEB_ADMIN_TOKEN is {len(value.get_secret_value())} characters; "
+                f'use at least {MIN_ADMIN_TOKEN_CHARS} (python -c "import secrets; '
+                'print(secrets.token_urlsafe(32))"), or unset it for a random one'
+            )
+        return value
+
+    @field_validator("web_trusted_proxies", mode="before")
+    @classmethod
+    def _parse_proxies(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        items = value.replace(",", " ").split() if isinstance(value, str) else value
+        for item in items:
+            try:
+                ipaddress.ip_network(str(item).strip(), strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"SPEAKERMEM_WEB_TRUSTED_PROXIES: {item!r} is not an IP address or network"
+                ) from None
+        return tuple(str(item).strip() for item in items) or None
 
     @field_validator("discord_shard_ids", mode="before")
     @classmethod

@@ -24,6 +24,8 @@ from integrations.doctor_llm import writer_probe_checks
 from integrations.runtime import configured_platforms
 from memory import maintenance
 from memory.admin import StoreHealth
+from memory.private_files import readable_by_others, sidecars
+from memory.url_masking import mask_url
 
 if TYPE_CHECKING:
     from memory.admin import PgHealth
@@ -214,8 +216,26 @@ def pg_server_checks(health: PgHealth) -> list[Check]:
     ]
 
 
+def file_mode_check(db: Path, before: list[Path]) -> Check:
+    """Warn when the SQLite file (or its -wal/-shm) was readable by group or others: they
+    hold members' text and the tombstone key. Opening the store tightens them."""
+    if not before:
+        return Check(area="db", name="file mode", status="ok", detail=f"{db}: 0600")
+    still = [p for p in before if readable_by_others(p)]
+    names = ", ".join(str(p) for p in before)
+    return Check(
+        area="db",
+        name="file mode",
+        status="warn",
+        detail=f"readable by other users: {names}" + ("" if still else " (tightened to 0600 now)"),
+        fix=f"chmod 600 {' '.join(str(p) for p in still or before)}; run the bot with umask 077 "
+        "(UMask=0077, as deploy/speakermem.service does)",
+    )
+
+
 async def store_checks(settings: Settings) -> list[Check]:
     postgres = settings.db_url is not None
+    readable = [] if postgres else [p for p in sidecars(settings.db_path) if readable_by_others(p)]
     try:
         async with open_engine(settings, with_embedder=False) as engine:
             health = await engine.admin.health()
@@ -273,6 +293,7 @@ async def store_checks(settings: Settings) -> list[Check]:
             ),
         ]
     return [
+        file_mode_check(Path(settings.db_path), readable),
         Check(
             area="db",
             name="driver",
@@ -393,10 +414,10 @@ async def llm_checks(settings: Settings) -> list[Check]:
         ]
     import openai
 
-    url = settings.llm_base_url
+    shown = mask_url(settings.llm_base_url)  # credentials in the URL are never printed
     timeout = min(settings.llm_timeout_s, DOCTOR_LLM_TIMEOUT_S)
     client = openai.AsyncOpenAI(
-        base_url=url,
+        base_url=settings.llm_base_url,
         api_key=settings.llm_api_key.get_secret_value() or "none",
         timeout=timeout,
         max_retries=0,
@@ -414,8 +435,8 @@ async def llm_checks(settings: Settings) -> list[Check]:
                 area="llm",
                 name="reachable",
                 status="fail",
-                detail=f"{url}: {type(exc).__name__}",
-                fix=f"start the model server or fix SPEAKERMEM_LLM_BASE_URL ({url} does not "
+                detail=f"{shown}: {type(exc).__name__}",
+                fix=f"start the model server or fix SPEAKERMEM_LLM_BASE_URL ({shown} does not "
                 "answer); e.g. `docker compose -f deploy/compose.yml up vllm`, or unset it to run "
                 "without an LLM",
             )
@@ -427,7 +448,7 @@ async def llm_checks(settings: Settings) -> list[Check]:
                 area="llm",
                 name="reachable",
                 status="fail",
-                detail=f"{url}: HTTP {exc.status_code}",
+                detail=f"{shown}: HTTP {exc.status_code}",
                 fix="check SPEAKERMEM_LLM_API_KEY"
                 if exc.status_code in (401, 403)
                 else "check that SPEAKERMEM_LLM_BASE_URL ends in /v1",
@@ -436,7 +457,7 @@ async def llm_checks(settings: Settings) -> list[Check]:
     finally:
         list_ms = (time.perf_counter() - started) * 1000
     await client.close()
-    out = [Check(area="llm", name="reachable", status="ok", detail=f"{url} ({list_ms:.0f} ms)")]
+    out = [Check(area="llm", name="reachable", status="ok", detail=f"{shown} ({list_ms:.0f} ms)")]
     if models is not None:
         listed = settings.llm_model in models
         out.append(
@@ -478,7 +499,7 @@ async def network_token_checks(settings: Settings) -> list[Check]:
                 else f"Slack says {body.get('error')}"
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            ok, detail = False, f"cannot reach {url}: {type(exc).__name__}"
+            ok, detail = False, f"cannot reach {mask_url(url)}: {type(exc).__name__}"
         out.append(
             verdict(
                 "slack",
@@ -505,7 +526,7 @@ async def network_token_checks(settings: Settings) -> list[Check]:
                 else f"HTTP {status}"
             )
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            ok, detail = False, f"cannot reach {url}: {type(exc).__name__}"
+            ok, detail = False, f"cannot reach {mask_url(url)}: {type(exc).__name__}"
         out.append(
             verdict(
                 "discord",

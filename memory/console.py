@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -22,7 +22,8 @@ from memory.models import GROUP, DerivedRecord, Scope, SearchHit, StoredMessage
 from memory.query.links import LinkResolver, default_link
 from memory.store import Store
 from memory.store.console import PersonCounts, PersonRow
-from memory.store.diagnostics import last_writer_run
+from memory.store.diagnostics import last_writer_run, status_counts
+from memory.store.usage import writer_status
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,8 @@ class Health:
     writer_oldest_age_s: float | None
     rederive: int
     embed_pending: int
-    db_bytes: int
+    db_bytes: int | None
+    """None for a workspace admin: the file holds every workspace's data."""
     driver: str
     llm_configured: bool
     llm_reachable: bool | None
@@ -443,8 +445,12 @@ class ConsoleReads:
 
     # ---- health -------------------------------------------------------------------------
 
-    async def health(self) -> Health:
-        """The Writer's queue, the embedding backlog, the database and the LLM."""
+    async def health(self, workspaces: Collection[tuple[str, str]] | None = None) -> Health:
+        """The Writer's queue, the embedding backlog, the database and the LLM: of the whole
+        store for the operator (None), else of `workspaces` alone (a workspace admin's), as
+        `/memory status` scopes them; the database's size is then not theirs to see."""
+        if workspaces is not None:
+            return await self._scoped_health(workspaces)
         store = self._store
         backlog = await store.segments.backlog()
         last_run, outcome = await last_writer_run(store)
@@ -461,6 +467,40 @@ class ConsoleReads:
             llm_reachable=await self._llm_reachable(),
             writer_last_run=last_run,
             writer_last_outcome=outcome,
+        )
+
+    async def _scoped_health(self, workspaces: Collection[tuple[str, str]]) -> Health:
+        store = self._store
+        pending = deferred = rederive = unembedded = 0
+        oldest_age: float | None = None
+        last: tuple[float, str | None] | None = None
+        for platform, workspace in sorted(set(workspaces)):
+            counts = await status_counts(store, platform, workspace)
+            queue = (await writer_status(store, self.engine.config.writer, platform, workspace))[
+                "queue"
+            ]
+            pending += int(counts["pending_segments"])  # type: ignore[call-overload]
+            unembedded += int(counts["unembedded"])  # type: ignore[call-overload]
+            deferred += int(queue["deferred_segments"])
+            rederive += await store.governance.rederive_depth(platform, workspace)
+            age = queue["oldest_pending_age_s"]
+            if age is not None:
+                oldest_age = max(oldest_age or 0.0, float(age))
+            run, outcome = counts["writer_last_run"], counts["writer_last_outcome"]
+            if isinstance(run, int | float) and (last is None or run > last[0]):
+                last = (float(run), None if outcome is None else str(outcome))
+        return Health(
+            writer_pending=pending,
+            writer_deferred=deferred,
+            writer_oldest_age_s=oldest_age,
+            rederive=rederive,
+            embed_pending=unembedded,
+            db_bytes=None,
+            driver=store.driver_name,
+            llm_configured=self.llm_probe is not None,
+            llm_reachable=await self._llm_reachable(),
+            writer_last_run=None if last is None else last[0],
+            writer_last_outcome=None if last is None else last[1],
         )
 
     async def _llm_reachable(self) -> bool | None:

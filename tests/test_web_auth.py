@@ -105,6 +105,13 @@ async def test_the_operator_can_paste_the_token_in_the_form(
             assert resp.status == 303 and resp.headers["Location"] == "/"  # never off-site
 
 
+class Terminal(io.StringIO):
+    """Output that says it is a terminal, as an operator's shell is."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 async def test_a_generated_token_is_printed_as_a_link_and_a_set_one_never_is(
     console_store: Path,  # noqa: F811
     tmp_path: Path,
@@ -117,7 +124,7 @@ async def test_a_generated_token_is_printed_as_a_link_and_a_set_one_never_is(
     for token in (None, SecretStr(OPERATOR_TOKEN)):
         settings = settings_for(db, web_admin_token=token)
         engine = await MemoryEngine.open(settings.memory_config(), None)
-        out = io.StringIO()
+        out = Terminal()
         console = WebConsole(
             settings, ConsoleReads(engine), Governance(engine), recaller=None, port=0, out=out
         )

@@ -65,12 +65,17 @@ async def test_demo_then_web_serves_the_demo_behind_the_printed_login_link(
     assert await asyncio.to_thread(demo.wait, 180) == 0
     web = _speakermem("web", "--port", "0", cwd=tmp_path, stdout=subprocess.PIPE)
     try:
-        lines = await asyncio.to_thread(_read_until, web, r"/login\?token=")
+        # stdout is a pipe, not a terminal: the link is in a private file, stdout names it
+        lines = await asyncio.to_thread(_read_until, web, r"with the link in \S+")
         text = "\n".join(lines)
-        assert "serving the demo's speakermem-demo.db" in text
+        assert "serving the demo's speakermem-demo.db" in text and "token=" not in text
         address = re.search(r"SpeakerMem web console: (http://127\.0\.0\.1:\d+)", text)
         assert address, text  # 127.0.0.1 unless told otherwise
-        link = re.search(r"(http://127\.0\.0\.1:\d+/login\?token=\S+)", text)
+        where = re.search(r"with the link in (\S+\.txt)", text)
+        assert where, text
+        link = re.search(
+            r"(http://127\.0\.0\.1:\d+/login\?token=\S+)", (tmp_path / where.group(1)).read_text()
+        )
         assert link
         jar = aiohttp.CookieJar(unsafe=True)
         async with aiohttp.ClientSession(cookie_jar=jar) as http:

@@ -18,6 +18,7 @@ from integrations.shell.render import render_answer
 from integrations.shell.session import LocalBot, local_bot, local_settings
 from integrations.shell.translate import DEFAULT_CHANNEL, DEFAULT_SPEAKER, DEFAULT_WORKSPACE
 from memory.query.pipeline import RecallResult
+from memory.url_masking import mask_url
 
 NO_LLM_HINT = (
     "No LLM is configured, so the Writer does not run on new messages: they are kept "
@@ -138,8 +139,9 @@ async def run_demo(bot: LocalBot, out: TextIO) -> list[tuple[demo.DemoExample, R
             )
         say(NO_LLM_HINT)
     else:
+        where = mask_url(bot.settings.llm_base_url or "")
         say(
-            f"Writer: {built.writer} at {bot.settings.llm_base_url} wrote {built.records} "
+            f"Writer: {built.writer} at {where} wrote {built.records} "
             f"records from {built.segments} segments ({dict(built.outcomes)})."
         )
     answers = await demo.ask(bot, conv)

@@ -29,6 +29,7 @@ from memory.engine import MemoryEngine
 from memory.governance.policy import Forgotten, Receipt
 from memory.governance.service import ForgetIncomplete, Governance, GovernanceError
 from memory.models import Scope
+from memory.private_files import write_private_text
 
 ACTOR = "cli"
 
@@ -431,7 +432,8 @@ async def cmd_export_user(settings: Settings, args: argparse.Namespace) -> int:
             target=uid,
             args={"out": str(args.out)},
         )
-    args.out.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    # members' text: 0600 (its directory 0700 when made here), whatever the umask
+    write_private_text(args.out, json.dumps(data, indent=2, ensure_ascii=False))
     err_console.print(
         f"wrote {args.out}: {len(data['messages'])} messages, {len(data['records'])} records"
     )

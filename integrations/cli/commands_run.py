@@ -9,6 +9,7 @@ from typing import Any
 from bot.settings import Settings
 from integrations.cli.errors import CliError
 from integrations.runtime import NothingToRun, configured_platforms, run
+from memory.url_masking import mask_url
 
 
 def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ignore[type-arg]
@@ -38,6 +39,9 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 
 async def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
     data = json.loads(settings.model_dump_json())
+    for name, value in data.items():  # a URL setting may carry user:pass@ or ?api-key=
+        if name.endswith("_url") and isinstance(value, str):
+            data[name] = mask_url(value)
     data["platforms"] = configured_platforms(settings)
     data["llm_configured"] = settings.llm_configured
     print(json.dumps(data, indent=2, default=str))

@@ -68,6 +68,7 @@ from memory.ports import (
     LLMUnavailable,
     LLMUsage,
 )
+from memory.url_masking import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ class OpenAICompatLLM:
         self._parse_errors: dict[str, int] = {}
 
     def __repr__(self) -> str:  # keep the key out of any accidental repr
-        return f"OpenAICompatLLM(base_url={self.base_url!r}, model={self.model!r})"
+        return f"OpenAICompatLLM(base_url={mask_url(self.base_url)!r}, model={self.model!r})"
 
     @property
     def structured_mode(self) -> StructuredMode:

@@ -35,6 +35,8 @@ from typing import Any, Literal
 import aiohttp
 from yarl import URL
 
+from memory.url_masking import mask_url
+
 log = logging.getLogger(__name__)
 
 StructuredMode = Literal["json_schema", "json_object", "none"]
@@ -273,7 +275,9 @@ async def detect_server(
                 status = resp.status
                 models = await resp.json(content_type=None) if status == 200 else None
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.info("llm server detection: %s unreachable (%s)", base_url, type(exc).__name__)
+            log.info(
+                "llm server detection: %s unreachable (%s)", mask_url(base_url), type(exc).__name__
+            )
             return None
         except ValueError:
             status, models = 200, None

@@ -21,7 +21,7 @@ from multidict import MultiDict, MultiDictProxy
 
 from integrations.web.access import Visibility, visibility
 from integrations.web.sessions import SESSION_COOKIE, Session, same_token
-from integrations.web.state import STATE, ConsoleState
+from integrations.web.state import NOT_FOUND, STATE, ConsoleState
 from memory.models import Scope
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,19 @@ def wants_html(request: web.Request) -> bool:
 
 
 def not_found() -> web.HTTPNotFound:
-    return web.HTTPNotFound(text="Not found, or not yours to see.")
+    return web.HTTPNotFound(text=NOT_FOUND)
+
+
+async def read_form(request: web.Request) -> MultiDictProxy[Any]:
+    """The POST body's fields; 400 for a body that does not parse (a broken multipart
+    boundary, bytes that are not the declared charset), not an exception in the handler."""
+    try:
+        return await request.post()
+    except web.HTTPException:
+        raise
+    except (ValueError, LookupError, AssertionError, TypeError) as exc:
+        log.info("console: unparsable form body refused (%s)", type(exc).__name__)
+        raise web.HTTPBadRequest(text="The form could not be read; reload the page.") from None
 
 
 async def current_session(request: web.Request, state: ConsoleState) -> Session | None:
@@ -93,7 +105,7 @@ async def current_session(request: web.Request, state: ConsoleState) -> Session 
             principal = await provider.recheck(state.client(), session, known)
         except Exception as exc:  # a re-check that fails is no confirmation (fail closed)
             log.warning("console: re-checking a %s sign-in failed (%s)", session.provider, exc)
-    if principal is None:
+    if principal is None or not principal.memberships:  # left every known workspace
         state.sessions.drop(session)
         return None
     session.principal = principal
@@ -118,7 +130,7 @@ async def guard(
         raise web.HTTPUnauthorized(text="Sign in first.")
     form: MultiDictProxy[Any] = MultiDictProxy(MultiDict(request.query))
     if request.method == "POST":
-        form = await request.post()
+        form = await read_form(request)
         if not same_token(_text(form.get("csrf")), session.csrf):
             raise web.HTTPForbidden(text="The form was stale or not from this console; reload it.")
     can = await visibility(state.reads, state.governance, session.principal)

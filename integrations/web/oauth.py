@@ -279,7 +279,9 @@ class SlackOIDC:
         if admin is None:
             raise OAuthError("Slack says this account is deactivated")
         name = str(info.get("name") or info.get("given_name") or user_id)
-        memberships = (Membership("slack", team, user_id, admin=admin),)
+        memberships = (
+            (Membership("slack", team, user_id, admin=admin),) if ("slack", team) in known else ()
+        )
         principal = Principal(name=name, platform="slack", user_id=user_id, memberships=memberships)
         return SignIn(principal=principal, token=None)
 

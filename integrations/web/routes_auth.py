@@ -1,6 +1,6 @@
 """Signing in and out: the operator's token (a login link or the form) and the platforms'
 OAuth flows. The only routes that run before `guard`, since they create the session; every
-attempt counts against the per-address login limit."""
+failed attempt counts against the per-address login limit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from urllib.parse import urlparse
 from aiohttp import web
 
 from integrations.web.access import Principal
-from integrations.web.guard import current_session, guard
+from integrations.web.client_address import client_address
+from integrations.web.guard import current_session, guard, read_form
 from integrations.web.oauth import OAuthError
 from integrations.web.sessions import PRE_COOKIE, PRE_TTL_S, SESSION_COOKIE, Session, same_token
 from integrations.web.state import STATE, ConsoleState, render
@@ -19,15 +20,29 @@ log = logging.getLogger(__name__)
 
 
 def _client(request: web.Request) -> str:
-    return request.remote or "unknown"
+    """The client's address, through trusted proxies only (integrations.web.client_address)."""
+    return client_address(
+        request.remote,
+        request.headers.getall("X-Forwarded-For", []),
+        request.app[STATE].trusted_proxies,
+    )
 
 
 def _limit(request: web.Request) -> None:
+    """429 while this client has used up its failed attempts (checked before any token is,
+    so a blocked client learns nothing)."""
     if not request.app[STATE].limiter.allow(_client(request)):
         raise web.HTTPTooManyRequests(
-            text="Too many sign-in attempts from this address; wait a minute and try again.",
+            text="Too many failed sign-in attempts from this address; wait a minute and try again.",
             headers={"Retry-After": "60"},
         )
+
+
+def _failed(request: web.Request) -> str:
+    """Count a failed attempt against the client; its address, for the log."""
+    client = _client(request)
+    request.app[STATE].limiter.failed(client)
+    return client
 
 
 def _safe_next(value: str | None) -> str:
@@ -92,7 +107,7 @@ async def login_page(request: web.Request) -> web.StreamResponse:
             )
             log.info("console: the operator signed in with the login link")
             raise _signed_in(request, session, next_path)
-        log.warning("console: a login link with a wrong token from %s", _client(request))
+        log.warning("console: a login link with a wrong token from %s", _failed(request))
         return await _login_form(
             request, next_path, error="That login link is not valid.", status=403
         )
@@ -126,7 +141,7 @@ async def login_post(request: web.Request) -> web.StreamResponse:
     """POST /login: the operator pastes the token."""
     state = request.app[STATE]
     _limit(request)
-    form = await request.post()
+    form = await read_form(request)
     next_path = _safe_next(str(form.get("next") or "/"))
     nonce = state.sessions.pre_nonce(request.cookies.get(PRE_COOKIE))
     csrf = form.get("csrf")
@@ -141,7 +156,7 @@ async def login_post(request: web.Request) -> web.StreamResponse:
         session = state.sessions.create(Principal(name="operator", operator=True), provider=None)
         log.info("console: the operator signed in with the token")
         raise _signed_in(request, session, next_path)
-    log.warning("console: a wrong operator token from %s", _client(request))
+    log.warning("console: a wrong operator token from %s", _failed(request))
     return await _login_form(request, next_path, error="That token is not valid.", status=403)
 
 
@@ -187,6 +202,7 @@ async def oauth_callback(request: web.Request) -> web.StreamResponse:
     nonce = state.sessions.pre_nonce(request.cookies.get(PRE_COOKIE))
     given = request.query.get("state")
     if nonce is None or not same_token(given, state.sessions.oauth_state(nonce, name)):
+        _failed(request)
         return await _login_form(
             request,
             "/",
@@ -209,12 +225,26 @@ async def oauth_callback(request: web.Request) -> web.StreamResponse:
             known=set(await state.reads.workspaces()),
         )
     except OAuthError as exc:
-        log.warning("console: %s sign-in failed: %s", name, exc)
+        log.warning("console: %s sign-in failed from %s: %s", name, _failed(request), exc)
         return await _login_form(request, "/", error=f"Sign-in failed: {exc}.", status=403)
     except Exception as exc:
         log.warning("console: %s sign-in failed (%s)", name, type(exc).__name__)
         return await _login_form(
             request, "/", error=f"Could not reach {name} to finish signing in.", status=502
+        )
+    if not signed.principal.memberships:
+        # an account in no guild or workspace this bot serves has nothing to see here
+        log.warning(
+            "console: %s user %s is in no known workspace; refused (from %s)",
+            name,
+            signed.principal.user_id,
+            _failed(request),
+        )
+        return await _login_form(
+            request,
+            "/",
+            error="That account is in no workspace or server this bot serves.",
+            status=403,
         )
     session = state.sessions.create(signed.principal, provider=name, token=signed.token)
     log.info(

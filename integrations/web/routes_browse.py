@@ -24,7 +24,10 @@ async def overview(request: web.Request) -> web.StreamResponse:
     viewer = await guard(request)
     reads = request.app[STATE].reads
     channels = await reads.channels(viewer.can.channels)
-    health = await reads.health() if viewer.can.any_admin else None
+    health = None
+    if viewer.can.any_admin:  # the operator sees the store's; an admin their workspaces'
+        operator = viewer.session.principal.operator
+        health = await reads.health(None if operator else viewer.can.admin_of)
     totals = {
         "messages": sum(c.messages for c in channels),
         "records": sum(c.records for c in channels),
@@ -64,7 +67,7 @@ async def _channel_page(
         if searching is not None and not searching.done():
             searching.cancel()
     person = request.query.get("person")
-    offset = whole_number(request.query.get("page")) * RECORDS_PAGE
+    offset = whole_number(request.query.get("page"), per=RECORDS_PAGE) * RECORDS_PAGE
     records: list[DerivedRecord] = []
     total = 0
     if person:

@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from integrations.web.guard import Viewer, guard, not_found, page
+from integrations.web.guard import Viewer, guard, not_found, page, read_form
 from integrations.web.state import STATE, render
 from memory.models import Scope
 from memory.query.answer import RecallAnswer
@@ -169,7 +169,7 @@ async def ask(request: web.Request) -> web.StreamResponse:
 async def ask_post(request: web.Request) -> web.StreamResponse:
     """Answer as `/recall` would for this person in that channel: the pipeline decides which
     channels it may draw on (the asker's roster), and refuses where they cannot read."""
-    chosen = str((await request.post()).get("channel") or "")
+    chosen = str((await read_form(request)).get("channel") or "")
     scope = _channel_arg(chosen)
     if scope is None:
         raise not_found()

@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from integrations.web.guard import Viewer, guard, not_found, page
+from integrations.web.guard import Viewer, guard, not_found, page, read_form
 from integrations.web.state import RECORDS_PAGE, STATE, render, whole_number
 from memory.governance.service import GovernanceError
 from memory.models import Scope
@@ -39,7 +39,7 @@ async def people(request: web.Request) -> web.StreamResponse:
         return render(request, "people.html", page(viewer, ws=None, rows=[], total=0, q=""))
     platform, workspace = _workspace_arg(viewer, request.query.get("w"))
     q = (request.query.get("q") or "").strip()[:100]
-    offset = whole_number(request.query.get("page")) * PEOPLE_PAGE
+    offset = whole_number(request.query.get("page"), per=PEOPLE_PAGE) * PEOPLE_PAGE
     admin = viewer.can.is_admin(platform, workspace)
     within = None if admin else viewer.can.channels_in(platform, workspace)
     rows, total = await request.app[STATE].reads.people(
@@ -91,7 +91,7 @@ async def person(request: web.Request) -> web.StreamResponse:
     reads = request.app[STATE].reads
     found = await reads.person(platform, workspace, user_id)
     visible = viewer.can.channels_in(platform, workspace)
-    offset = whole_number(request.query.get("page")) * RECORDS_PAGE
+    offset = whole_number(request.query.get("page"), per=RECORDS_PAGE) * RECORDS_PAGE
     records, total = await reads.person_records(visible, user_id, limit=RECORDS_PAGE, offset=offset)
     messages, message_total = await reads.speaker_messages(visible, user_id, limit=MESSAGES_SHOWN)
     names: dict[str, str] = {}
@@ -157,7 +157,7 @@ async def forget_person_confirm(request: web.Request) -> web.StreamResponse:
 
 
 async def _message_target(request: web.Request) -> tuple[Viewer, Scope, str]:
-    form = await request.post()
+    form = await read_form(request)
     try:
         scope = Scope(
             platform=str(form.get("platform") or ""),

@@ -14,6 +14,7 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from importlib import resources
+from pathlib import Path
 from typing import TextIO
 
 from aiohttp import web
@@ -21,14 +22,20 @@ from pydantic import SecretStr
 
 from bot.settings import Settings
 from integrations.web import routes_auth, routes_browse, routes_me, routes_people
+from integrations.web.client_address import parse_networks
 from integrations.web.oauth import DiscordOAuth, Provider, SlackOIDC
 from integrations.web.sessions import LoginLimiter, Sessions, Signer
 from integrations.web.state import STATE, ConsoleState, render
 from memory.console import ConsoleReads
 from memory.governance.service import Governance
+from memory.private_files import write_private_text
 from memory.query.pipeline import Recaller
+from memory.url_masking import mask_url
 
 log = logging.getLogger(__name__)
+
+LOGIN_LINK_FILE = "speakermem-login-link.txt"
+"""The file a generated operator login link is written to when stdout is not a terminal."""
 
 DEFAULT_PORT = 8780
 """`speakermem web`'s port when neither --port nor SPEAKERMEM_WEB_PORT says."""
@@ -52,7 +59,9 @@ ERROR_TITLES = {
     403: "Not allowed",
     404: "Not found",
     405: "Not allowed",
+    413: "Too large",
     429: "Slow down",
+    500: "Server error",
 }
 
 
@@ -61,14 +70,18 @@ async def security_headers(request: web.Request, handler: Handler) -> web.Stream
     """Headers on every answer, errors included; error pages rendered as HTML."""
     try:
         resp = await handler(request)
-    except web.HTTPException as exc:
+    except Exception as exc:
+        if not isinstance(exc, web.HTTPException):
+            # a fault of ours: logged once, answered as a page that keeps every header
+            log.exception("console: %s %s failed", request.method, request.path)
+            exc = web.HTTPInternalServerError(text="Something went wrong; it has been logged.")
         if (
             exc.status < 400
             or request.path.startswith("/api/")
             or "json" in (request.headers.get("Accept") or "")
         ):
             _secure(exc, request)
-            raise
+            raise exc from None
         resp = render(
             request,
             "error.html",
@@ -86,6 +99,13 @@ async def security_headers(request: web.Request, handler: Handler) -> web.Stream
                 resp.headers[name] = exc.headers[name]
     _secure(resp, request)
     return resp
+
+
+def _is_tty(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # a closed or file-less stream is no terminal
+        return False
 
 
 def _secure(resp: web.StreamResponse, request: web.Request) -> None:
@@ -165,10 +185,12 @@ class WebConsole:
             admin_token=admin_token,
             public_url="",
             providers=providers(settings),
+            trusted_proxies=parse_networks(settings.web_trusted_proxies or ()),
         )
         self.app = build_app(self.state)
         self._runner: web.AppRunner | None = None
         self._warm: asyncio.Task[None] | None = None
+        self._link_written: Path | None = None
 
     @property
     def url(self) -> str:
@@ -193,7 +215,7 @@ class WebConsole:
             self.port = sockets[0].getsockname()[1]
         self.state.public_url = self.url
         self._warm = asyncio.create_task(self.state.reads.warm(), name="console-warm")
-        log.info("web console on %s (bound to %s:%s)", self.url, self.host, self.port)
+        log.info("web console on %s (bound to %s:%s)", mask_url(self.url), self.host, self.port)
         if self.out is not None:
             self._announce(self.out)
 
@@ -201,19 +223,37 @@ class WebConsole:
         """Tell the operator where the console is; print the login link only for a token
         generated now (a token the operator set is theirs, never echoed)."""
         out.write(f"SpeakerMem web console: {self.url}\n")
-        if self.generated_token:
+        if self.generated_token and _is_tty(out):
             out.write(
                 "Sign in as the operator with this link (a new one each start; set "
                 "SPEAKERMEM_WEB_ADMIN_TOKEN to keep one):\n"
                 f"    {self.login_url()}\n"
             )
+        elif self.generated_token:
+            # journald and `docker logs` keep stdout: the link goes to a file only the bot's
+            # user can read, and the log says where
+            path = self.login_link_path
+            write_private_text(path, self.login_url() + "\n")
+            self._link_written = path
+            log.info("web console: the operator's login link is in %s (mode 0600)", path)
+            out.write(f"Sign in as the operator with the link in {path} (readable by you only).\n")
         else:
             out.write("Sign in as the operator with SPEAKERMEM_WEB_ADMIN_TOKEN at /login.\n")
         for provider in self.state.providers.values():
             out.write(f"{provider.label}: {self.url}/auth/{provider.name}\n")
         out.flush()
 
+    @property
+    def login_link_path(self) -> Path:
+        """Where a generated login link goes when stdout is no terminal: beside the
+        database file (the bot's own directory)."""
+        return Path(self.settings.db_path).absolute().parent / LOGIN_LINK_FILE
+
     async def stop(self) -> None:
+        if self._link_written is not None:  # its token dies with this process
+            with contextlib.suppress(OSError):
+                self._link_written.unlink()
+            self._link_written = None
         if self._warm is not None:
             self._warm.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

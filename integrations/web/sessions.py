@@ -24,7 +24,11 @@ SESSION_COOKIE = "speakermem_session"
 PRE_COOKIE = "speakermem_pre"
 """A signed random nonce for a visitor not signed in: their CSRF token and OAuth state."""
 MAX_SESSIONS = 10_000
-"""Sessions kept at once; the least recently used goes first beyond."""
+"""Sessions kept at once; beyond, the least recently used platform user's goes first (never
+the operator's)."""
+MAX_PER_IDENTITY = 8
+"""Sessions one identity (the operator, or one platform account) keeps at once; a new
+sign-in beyond ends that identity's oldest, so one account cannot crowd out the rest."""
 PRE_TTL_S = 3_600.0
 
 
@@ -44,6 +48,13 @@ class Session:
     csrf: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     token: SecretStr | None = None
     """The user's platform access token, for re-checking (never sent to the browser)."""
+
+
+def identity(principal: Principal, provider: str | None = None) -> tuple[str, str]:
+    """Whose a session is: ("operator", "") or (platform, account id)."""
+    if principal.operator:
+        return ("operator", "")
+    return (principal.platform or provider or "", principal.user_id or principal.name)
 
 
 class Signer:
@@ -93,9 +104,20 @@ class Sessions:
             checked=now,
             token=token,
         )
+        who = identity(principal, provider)
+        mine = [
+            sid
+            for sid, other in self._sessions.items()
+            if identity(other.principal, other.provider) == who
+        ]
+        for sid in mine[: max(0, len(mine) - MAX_PER_IDENTITY + 1)]:  # oldest use first
+            del self._sessions[sid]
         self._sessions[session.sid] = session
-        while len(self._sessions) > self.max_sessions:
-            self._sessions.popitem(last=False)
+        if len(self._sessions) > self.max_sessions:
+            for sid in [sid for sid, s in self._sessions.items() if not s.principal.operator][
+                : len(self._sessions) - self.max_sessions
+            ]:
+                del self._sessions[sid]
         return session
 
     def cookie(self, session: Session) -> str:
@@ -155,7 +177,17 @@ def same_token(given: str | None, expected: str) -> bool:
 
 
 class LoginLimiter(PerMinuteLimiter):
-    """At most `per_minute` sign-in attempts per client address in any 60 s."""
+    """At most `per_minute` failed sign-in attempts per client address in any 60 s; a
+    success costs nothing (an operator signing in often is never locked out by it)."""
 
     def __init__(self, per_minute: int, *, max_clients: int = 10_000) -> None:
         super().__init__(per_minute, max_keys=max_clients)
+
+    def allow(self, client: str, *, now: float | None = None) -> bool:
+        """Whether `client` may try now (fewer than `per_minute` failures in 60 s); counts
+        nothing."""
+        return self.would_allow(client, now=now)
+
+    def failed(self, client: str, *, now: float | None = None) -> None:
+        """Count one failed attempt of `client`."""
+        super().allow(client, now=now)

@@ -13,6 +13,7 @@ import jinja2
 from aiohttp import web
 from pydantic import SecretStr
 
+from integrations.web.client_address import Network
 from integrations.web.oauth import Provider
 from integrations.web.sessions import LoginLimiter, Sessions
 from memory.console import ConsoleReads
@@ -25,13 +26,21 @@ RECORDS_PAGE = 25
 """Records per page, of a channel's and of a person's."""
 
 
-def whole_number(value: object, default: int = 0) -> int:
-    """A non-negative integer from a query or path value (`?page=`, a record id); `default`
-    when it is not one."""
-    try:
-        return max(0, int(str(value)))
-    except (TypeError, ValueError):
+NOT_FOUND = "Not found, or not yours to see."
+MAX_ID = 2**63 - 1
+"""The largest id either database stores (a signed 64-bit integer)."""
+
+
+def whole_number(value: object, default: int = 0, *, per: int = 1) -> int:
+    """A non-negative integer from a query or path value (a record id, or `?page=` with
+    `per` rows a page); `default` when it is not one. One past what a 64-bit id or offset
+    can reach names nothing: 404 (the driver would raise on binding it)."""
+    text = str(value)
+    if not (text.isascii() and text.isdigit()):  # "²" is a digit to isdigit alone
         return default
+    if len(text) > 19 or int(text) > MAX_ID // per:  # int() of 4,300+ digits raises
+        raise web.HTTPNotFound(text=NOT_FOUND)
+    return int(text)
 
 
 @dataclass
@@ -44,6 +53,8 @@ class ConsoleState:
     admin_token: SecretStr
     public_url: str
     providers: dict[str, Provider] = field(default_factory=dict)
+    trusted_proxies: tuple[Network, ...] = ()
+    """Whose X-Forwarded-For names the client (SPEAKERMEM_WEB_TRUSTED_PROXIES)."""
     recheck_s: float = RECHECK_S
     http: aiohttp.ClientSession | None = None
     templates: jinja2.Environment = field(default_factory=lambda: templates())

@@ -124,6 +124,7 @@ class Governance(GovernanceReports):
         """Forget every message older than its channel's (or workspace's) limit."""
         now = time.time() if now is None else now
         receipt = Receipt(action="retention-apply")
+        per_workspace: dict[tuple[str, str], Receipt] = {}
         policies = {p.scope: p for p in await self.repo.channel_policies()}
         workspaces = await self.repo.workspace_retention()
         for channel_pk, scope in await self.repo.channels_with_pk():
@@ -136,10 +137,16 @@ class Governance(GovernanceReports):
                 continue
             pks = await self.repo.expired_message_pks(channel_pk, retention_cutoff(now, days))
             if pks:
+                key = (scope.platform, scope.workspace)
+                part = per_workspace.setdefault(key, Receipt(action="retention-apply"))
                 await self.repo.forget_messages(
-                    pks, receipt, reason="retention", batch=self.cfg.forget_batch
+                    pks, part, reason="retention", batch=self.cfg.forget_batch
                 )
-        if receipt.counts or actor != "scheduler":
+        # each workspace's counts under its own name, so its admins read only theirs
+        for (platform, workspace), part in sorted(per_workspace.items()):
+            receipt.merge(part)
+            await self.audit_log.record(platform, workspace, actor, part, {"now": now})
+        if not per_workspace and actor != "scheduler":  # a run that changed nothing
             await self.audit_log.record("*", "*", actor, receipt, {"now": now})
         return receipt
 

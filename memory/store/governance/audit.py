@@ -74,8 +74,10 @@ class AuditLog:
     ) -> list[AuditEntry]:
         rows = await self.db.read(
             "SELECT id, at, platform, workspace, actor, action, target, args, receipt"
-            " FROM audit_log WHERE (? IS NULL OR platform IN (?, '*'))"
-            " AND (? IS NULL OR workspace IN (?, '*'))"
+            # one workspace's entries only: a ('*','*') entry (retention runs before each
+            # workspace got its own receipt) carries counts from every workspace
+            " FROM audit_log WHERE (? IS NULL OR platform = ?)"
+            " AND (? IS NULL OR workspace = ?)"
             " ORDER BY id DESC LIMIT ?",
             (platform, platform, workspace, workspace, limit),
         )

@@ -27,9 +27,10 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from memory.private_files import ensure_private_file
 from memory.store.backup_result import BackupResult
 from memory.store.errors import StoreError
-from memory.store.pg.database import masked_url
+from memory.store.pg.database import masked_url, scrub_error, scrub_password
 
 INSTALL_HINT = (
     "install the PostgreSQL client tools of the server's major version or newer "
@@ -46,20 +47,17 @@ def split_password(url: str) -> tuple[str, str | None]:
 
 
 def _scrub(text: str, url: str, password: str | None) -> str:
-    text = text.replace(url, masked_url(url))
-    if password:
-        text = text.replace(password, "***")
-    return text.strip()
+    return scrub_password(scrub_error(text, url), password)
 
 
 def _partial_beside(dest: Path) -> Path:
     """The partial file the dump is written to (PATH must not exist yet)."""
     if dest.exists():
         raise StoreError(f"{dest} exists; choose a new file name (backups never overwrite)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
+    ensure_private_file(tmp)  # pg_dump truncates and fills it, keeping its 0600
     return tmp
 
 

@@ -32,11 +32,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import PosixPath
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 import psycopg.errors
 from psycopg import AsyncClientCursor, AsyncConnection, AsyncCursor
 from psycopg.adapt import Loader
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from memory.config import StoreConfig
@@ -45,6 +47,7 @@ from memory.store.errors import StoreBusy, StoreError, StoreFull
 from memory.store.pg import schema
 from memory.store.pg.dialect import POSTGRES, translate
 from memory.store.schema import Migration
+from memory.url_masking import MASK, mask_url
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +83,48 @@ class PgDriver:
 DRIVER = PgDriver()
 
 
+_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)", re.IGNORECASE)
+
+
+def _parsed(url: str) -> dict[str, Any] | None:
+    """`url` as libpq reads it (URL, ?password=, key=value form), None when it does not parse."""
+    try:
+        return conninfo_to_dict(url)
+    except psycopg.Error:
+        return None
+
+
+def _password(url: str) -> str | None:
+    """The password `url` carries, or None when it has none or does not parse."""
+    password = (_parsed(url) or {}).get("password")
+    return None if password in (None, "") else str(password)
+
+
 def masked_url(url: str) -> str:
-    """The URL with any password replaced by '***' (for logs and `stats`)."""
-    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    """The connection string with its password as '***', in every form libpq accepts: the
+    URL's user info (a raw `@` or several hosts included), `?password=`, and key=value
+    DSNs (for logs, `stats`, errors and /healthz). Text rules (memory/url_masking.py and
+    the key=value `password`), so a string libpq would reject is masked as well; tests hold
+    them to what `conninfo_to_dict` reads as the password."""
+    return _KEYWORD_PASSWORD.sub(lambda m: m.group(1) + MASK, mask_url(url))
+
+
+def scrub_password(text: str, password: str | None) -> str:
+    """`text` with `password`, as typed or percent-encoded, replaced by '***'."""
+    if password:
+        for form in {password, quote(password, safe=""), quote(password)}:
+            text = text.replace(form, MASK)
+    return text
+
+
+def scrub_error(text: str, url: str) -> str:
+    """A driver's message about `url`, safe to show: the URL masked, the password gone, and
+    the quoted fragments of a parse error (libpq quotes the text it choked on, which may be
+    the password) withheld."""
+    text = scrub_password(text.replace(url, masked_url(url)), _password(url))
+    if _parsed(url) is None:
+        text = re.sub(r'"[^"]*"', '"…"', text)
+    return text.strip()
 
 
 class UrlPath(PosixPath):
@@ -232,7 +274,9 @@ class PgDatabase:
             await pool.open(wait=True, timeout=max(5.0, self.config.lock_wait_s))
         except (PoolTimeout, psycopg.Error) as exc:
             await pool.close()
-            raise StoreError(f"cannot open database {self.where}: {exc}") from exc
+            raise StoreError(
+                f"cannot open database {self.where}: {scrub_error(str(exc), self.url)}"
+            ) from exc
         self._pool = pool
         try:
             await self._migrate()

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from memory.config import StoreConfig
+from memory.private_files import ensure_private_file
 from memory.store.backup_result import BackupResult
 from memory.store.errors import StoreError
 from memory.store.sqlite.driver import Driver, connect_sync
@@ -33,10 +34,10 @@ def _backup(source: Path, dest: Path, driver: Driver, busy_timeout_ms: int) -> B
         raise StoreError(f"no database at {source}")
     if dest.exists():
         raise StoreError(f"{dest} exists; choose a new file name (backups never overwrite)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.partial")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()
+    ensure_private_file(tmp)  # VACUUM INTO fills an empty file, keeping its 0600
     src = connect_sync(source, driver)
     try:
         src.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")

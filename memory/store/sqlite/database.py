@@ -20,6 +20,7 @@ from typing import Any
 import aiosqlite
 
 from memory.config import StoreConfig
+from memory.private_files import ensure_private_file, sidecars, tighten
 from memory.store.database import IN_CHUNK, Params, read_in_chunks
 from memory.store.errors import StoreBusy, StoreError, StoreFull
 from memory.store.sqlite.dialect import SQLITE
@@ -44,8 +45,13 @@ class SqliteDatabase:
         self._write_lock = asyncio.Lock()
 
     async def open(self) -> None:
-        if self.path.parent and not self.path.parent.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        # 0600 before SQLite opens it: the -wal and -shm files take the database's mode
+        try:
+            ensure_private_file(self.path)
+            for sidecar in sidecars(self.path)[1:]:
+                tighten(sidecar)
+        except OSError as exc:
+            raise StoreError(f"cannot open database {self.path}: {exc}") from exc
         try:
             self._writer = await open_async(
                 self.path,
