@@ -4,7 +4,7 @@ databases made by the old code in tests/test_upgrade_matrix.py."""
 
 from __future__ import annotations
 
-from memory.store.tombstone_backfill import Forgotten, still_forgotten
+from memory.store.tombstone_backfill import ForgottenPerson, still_forgotten
 
 
 def test_a_forget_receipt_stands_for_a_forgotten_person() -> None:
@@ -16,9 +16,9 @@ def test_a_forget_receipt_stands_for_a_forgotten_person() -> None:
         (5, "discord", "g1", "forget-message", "discord/g1/c/m1", 14.0),
     ]
     assert still_forgotten(events) == [
-        Forgotten("discord", "g1", "u1", 11.0),
-        Forgotten("discord", "g1", "u2", 12.0),
-        Forgotten("discord", "g1", "u3", 13.0),
+        ForgottenPerson("discord", "g1", "u1", 11.0),
+        ForgottenPerson("discord", "g1", "u2", 12.0),
+        ForgottenPerson("discord", "g1", "u3", 13.0),
     ]
 
 
@@ -33,4 +33,4 @@ def test_an_opt_in_or_lift_after_the_forget_leaves_no_tombstone() -> None:
         (7, "slack", "T1", "forget-me", "u2", 7.0),
     ]
     # the same id in another workspace is another person; a forget after the lift counts
-    assert still_forgotten(events) == [Forgotten("slack", "T1", "u2", 7.0)]
+    assert still_forgotten(events) == [ForgottenPerson("slack", "T1", "u2", 7.0)]

@@ -12,6 +12,9 @@ Their names can only come from what is left of them (a forget that stopped part-
 its users, aliases or message rows); a completed old forget deleted them, so its person
 has a tombstone without name tombstones, as today's forget of a person the store knew by
 no name. Running it again changes nothing (`ON CONFLICT DO NOTHING`).
+
+Forgotten messages need nothing: every earlier forget already kept the row as a tombstone
+(channel and message id, no text), which is what keeps a re-import from adding it again.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ LIFTS = ("opt-in", "forget-lift")
 
 
 @dataclass(frozen=True)
-class Forgotten:
+class ForgottenPerson:
+    """Who a forget receipt names, and when (the tombstone's `forgotten_at`)."""
+
     platform: str
     workspace: str
     user_id: str
     at: float
 
 
-def still_forgotten(events: list[tuple[int, str, str, str, str, float]]) -> list[Forgotten]:
+def still_forgotten(events: list[tuple[int, str, str, str, str, float]]) -> list[ForgottenPerson]:
     """The people whose latest forget or lift (by audit id) is a forget.
 
     `events` are audit rows (id, platform, workspace, action, target, at)."""
@@ -47,7 +52,7 @@ def still_forgotten(events: list[tuple[int, str, str, str, str, float]]) -> list
         if who not in latest or audit_id > latest[who][0]:
             latest[who] = (audit_id, action, at)
     return [
-        Forgotten(platform, workspace, user_id, at)
+        ForgottenPerson(platform, workspace, user_id, at)
         for (platform, workspace, user_id), (_, action, at) in sorted(latest.items())
         if action in FORGETS
     ]
