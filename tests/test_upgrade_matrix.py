@@ -76,20 +76,20 @@ def today(backend: str) -> list[int]:
     return [m.version for m in pg_migrations(StoreConfig())]
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_every_migration_has_a_fixture_of_the_schema_before_it(backend: str) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_every_migration_has_a_fixture_of_the_schema_before_it(kind: str) -> None:
     """For every migration N > 1 a fixture holds exactly the migrations before N."""
-    versions = today(backend)
-    have = {tuple(m["migrations"]) for m in manifests(backend)}
+    versions = today(kind)
+    have = {tuple(m["migrations"]) for m in manifests(kind)}
     missing = [
         n
         for n in versions[1:]
-        if tuple(v for v in versions if v < n) not in have and n not in HISTORY_GAPS[backend]
+        if tuple(v for v in versions if v < n) not in have and n not in HISTORY_GAPS[kind]
     ]
     assert not missing, (
-        f"{backend} migration(s) {missing} have no fixture of the schema before them: run "
+        f"{kind} migration(s) {missing} have no fixture of the schema before them: run "
         "python tests/fixtures/upgrade/make_fixture.py <last commit at that schema>"
-        f"{' --backend postgres' if backend == 'postgres' else ''} (CONTRIBUTING.md)"
+        f"{' --backend postgres' if kind == 'postgres' else ''} (CONTRIBUTING.md)"
     )
 
 
@@ -282,10 +282,32 @@ def write_exports(where: Path) -> None:
         (where / f"{name}.json").write_text(json.dumps(scenario.export(channel, name, lines)))
 
 
+def check_exports(m: dict[str, Any], cli: Cli, where: Path) -> None:
+    """`export user` of a forgotten person (after their refused new message) writes nothing;
+    a remembered member's export still holds their live messages."""
+    for platform, workspace, user_id in sorted(person_forgets(m)):
+        out = where / f"export-{user_id}.json"
+        argv = ["export", "user", user_id, "--platform", platform, "--workspace", workspace]
+        assert main([*argv, "--out", str(out)]) != 0
+        assert not out.exists()
+    alice = scenario.PEOPLE["alice"][0]
+    out = where / "export-alice.json"
+    cli("export", "user", alice, "--platform", "discord", "--out", str(out))
+    exported = {x["message_id"] for x in json.loads(out.read_text())["messages"]}
+    live = {
+        mid
+        for key, speaker in m["speakers"].items()
+        if speaker == alice
+        for mid in [key.rsplit("/", 1)[1]]
+    }
+    assert live <= exported
+
+
 def check_all(m: dict[str, Any], config: MemoryConfig, cli: Cli, where: Path) -> None:
     write_exports(where)
     check_reports(m, cli, reimport=m["steps"]["import_general"] == "ok")
     asyncio.run(check_store(m, config))
+    check_exports(m, cli, where)
 
 
 def ids(ms: list[dict[str, Any]]) -> list[str]:
