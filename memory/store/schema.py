@@ -7,7 +7,14 @@ Never edit a released migration: append a new one.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from memory.store.tombstone_backfill import backfill_person_tombstones
+
+if TYPE_CHECKING:
+    from memory.store.database import Transaction
 
 EMBED_DIM = 384
 
@@ -17,6 +24,9 @@ class Migration:
     version: int
     name: str
     sql: str
+    backfill: Callable[[Transaction], Awaitable[object]] | None = None
+    """Runs after `sql` in the same transaction: a migration that brings in an invariant
+    also derives it from the rows that exist (SQL alone cannot compute a keyed hash)."""
 
 
 PENDING_SEGMENT_INDEXES = """
@@ -33,3 +43,15 @@ RECONCILE_DETAIL = """
 -- 'reconcile': the windows still to check, newest first, and what it found, as JSON.
 ALTER TABLE catchup_cursors ADD COLUMN detail TEXT;
 """
+
+
+def tombstone_backfill(version: int) -> Migration:
+    """SQLite migration 11 / PostgreSQL 15: tombstones for the people forgotten before SQLite
+    9 / PostgreSQL 11 brought them in (their forgets' receipts are in the audit log). No
+    schema change: rows only, written by memory.store.tombstone_backfill."""
+    return Migration(
+        version,
+        "governance: tombstones of people forgotten before tombstones existed",
+        "",
+        backfill_person_tombstones,
+    )

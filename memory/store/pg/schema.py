@@ -29,7 +29,13 @@ from memory.store.pg.messages_schema import (
     messages_unembedded_sql,
 )
 from memory.store.pg.records_schema import records_search_sql, segment_claims_sql
-from memory.store.schema import EMBED_DIM, PENDING_SEGMENT_INDEXES, RECONCILE_DETAIL, Migration
+from memory.store.schema import (
+    EMBED_DIM,
+    PENDING_SEGMENT_INDEXES,
+    RECONCILE_DETAIL,
+    Migration,
+    tombstone_backfill,
+)
 
 T = 'TEXT COLLATE "C"'
 """Text compared bytewise, as SQLite does."""
@@ -504,6 +510,7 @@ def migrations(config: StoreConfig) -> list[Migration]:
             "messages: speaker-name words as lexemes of their own in full text",
             messages_speaker_lexemes_sql(),
         ),
+        tombstone_backfill(15),
     ]
 
 

@@ -111,7 +111,10 @@ class SqliteDatabase:
             if migration.version in done:
                 continue
             async with self.transaction() as tx:
-                await tx.executescript_in_tx(migration.sql)
+                if migration.sql:
+                    await tx.executescript_in_tx(migration.sql)
+                if migration.backfill is not None:
+                    await migration.backfill(tx)
                 await tx.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     (migration.version, migration.name, time.time()),

@@ -11,6 +11,7 @@ from memory.store.schema import (
     PENDING_SEGMENT_INDEXES,
     RECONCILE_DETAIL,
     Migration,
+    tombstone_backfill,
 )
 
 
@@ -494,4 +495,5 @@ def migrations(chunk_size: int) -> list[Migration]:
         ),
         Migration(9, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
         Migration(10, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
+        tombstone_backfill(11),
     ]
