@@ -80,6 +80,13 @@ BACKGROUND_EMBED_BATCH = 16
 at most one short batch for the embedder's thread and the cores."""
 
 
+BULK_SETTLE_ROWS = 5_000
+"""A write of at least this many rows in one call (an import, a backlog of vectors, a graph
+catch-up) is followed by `Store.settle`: on a fresh database the planner would otherwise
+meet the new rows without statistics until autovacuum comes. Live traffic writes far less
+per call and never pays for the check."""
+
+
 class UnknownChannel(LookupError):
     """A channel the store has never seen."""
 
@@ -180,6 +187,8 @@ class MemoryEngine:
             )
             if on_progress:
                 on_progress(len(batch))
+        if len(outcomes) >= BULK_SETTLE_ROWS:
+            await self.store.settle()
         self._embedding.wake()
         self._graph_changed(scopes)
         return outcomes
@@ -277,14 +286,17 @@ class MemoryEngine:
                 await before_batch()
             items = await self.store.messages.pending_embeddings(batch_size)
             if not items:
-                return done
+                break
             vectors = await self.embedder.embed([text for _, _, text in items])
             stored = await self.store.messages.store_vectors(items, vectors)
             done += stored
             if on_progress:
                 on_progress(len(items))
             if stored == 0 and len(items) < batch_size:
-                return done
+                break
+        if done >= BULK_SETTLE_ROWS:
+            await self.store.settle()
+        return done
 
     async def embed_backlog(self) -> None:
         """The periodic safety net: embed what the live path left without a vector, through
@@ -336,6 +348,8 @@ class MemoryEngine:
             names = interaction_names(await self.members(scope))
             while n := await self.store.interactions.update(pk, names, limit=batch):
                 total += n
+        if total >= BULK_SETTLE_ROWS:
+            await self.store.settle()
         return total
 
     def _graph_changed(self, scopes: Iterable[Scope]) -> None:
