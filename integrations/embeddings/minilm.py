@@ -237,8 +237,9 @@ class MiniLMEmbedder:
 
     Every model run is single-threaded on the thread that calls it (ONNX Runtime sessions
     accept concurrent runs): a question's vector on a thread of its own at normal priority,
-    background batches split over `threads` worker threads at a lower priority
-    (`BACKGROUND_NICE`). Two single-threaded runs side by side embed a batch faster than one
+    background batches split over `threads` worker threads, at a lower priority
+    (`BACKGROUND_NICE`) while a /recall waits and at the process's own while none does
+    (`embed_background`). Two single-threaded runs side by side embed a batch faster than one
     run on two intra-op threads (3.3 against 3.6 ms a message on two cores), a question costs
     4.8 ms of CPU instead of 7.0, and the event loop never blocks on the model.
     """
@@ -274,6 +275,12 @@ class MiniLMEmbedder:
         self._load_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="minilm", initializer=lower_thread_priority
+        )
+        # The same number of threads at the process's priority, for background batches
+        # while no /recall waits (`embed_background`): a thread's nice value cannot be
+        # lowered again without privileges, so each priority keeps threads of its own.
+        self._drain_executor = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="minilm-drain"
         )
         # /recall questions get their own thread, at normal priority: a question never
         # queues behind a background batch.
@@ -415,16 +422,22 @@ class MiniLMEmbedder:
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed on the background threads, one slice of `texts` each; returns
         (len(texts), 384) float32 in the order of `texts`."""
+        return await self.embed_background(texts, yield_cpu=True)
+
+    async def embed_background(self, texts: Sequence[str], *, yield_cpu: bool) -> np.ndarray:
+        """`embed` on the nicer threads (`yield_cpu`) or on threads at the process's own
+        priority (a backlog drained while no /recall waits)."""
         if isinstance(texts, str):
             raise TypeError("embed() takes a sequence of strings, not a single string")
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         texts = list(texts)
         size = math.ceil(len(texts) / self.threads)
+        executor = self._executor if yield_cpu else self._drain_executor
         loop = asyncio.get_running_loop()
         parts = await asyncio.gather(
             *(
-                loop.run_in_executor(self._executor, self.embed_sync, texts[i : i + size])
+                loop.run_in_executor(executor, self.embed_sync, texts[i : i + size])
                 for i in range(0, len(texts), size)
             )
         )
@@ -439,4 +452,5 @@ class MiniLMEmbedder:
     def close(self) -> None:
         """Stop the worker threads; pending calls finish first."""
         self._executor.shutdown(wait=True)
+        self._drain_executor.shutdown(wait=True)
         self._query_executor.shutdown(wait=True)
