@@ -256,6 +256,7 @@ class MiniLMEmbedder:
         batch_size: int = 32,
         max_seq_length: int | None = None,
         model_dir: Path | None = None,
+        intra_op_threads: int = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -266,6 +267,9 @@ class MiniLMEmbedder:
         self.fused = fused
         self.threads = threads
         self.batch_size = batch_size
+        self.intra_op_threads = intra_op_threads
+        """ONNX Runtime threads per model run: 1 (the bot's) keeps each run on its caller's
+        thread and priority; more only for bench/bench_embed.py's comparison."""
         self._max_seq_length = max_seq_length
         self._model_dir = model_dir
         self.name = MODEL_NAME + (":int8" if quantize else "")
@@ -318,7 +322,7 @@ class MiniLMEmbedder:
             # One intra-op thread: each run stays on its caller's thread, and so at that
             # thread's priority (no shared pool of ONNX Runtime threads to spin or to
             # serve a background batch at a question's priority).
-            opts.intra_op_num_threads = 1
+            opts.intra_op_num_threads = self.intra_op_threads
             opts.inter_op_num_threads = 1
             opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
