@@ -47,7 +47,11 @@ Usage (from the repository root):
 
 --doc-row FILE writes this run's p50/p95 (first query embedder) as its backend's side of the
 /recall row of a benchmark page's JSON (docs/benchmarks/postgresql.json), with the command,
-date, commit and machine of that side, so the page shows measured figures, never typed ones.
+date, commit, machine, state measured and load average of that side, so the page shows
+measured figures, never typed ones. --doc-what TEXT names a row of its own
+('<row>, TEXT'), so two runs on fresh builds are recorded side by side:
+    python bench/bench_recall.py --query-embedder fake --rebuild --doc-row F \\
+        --doc-what "fresh build, run 1"
     python bench/bench_recall.py --help
 """
 
@@ -282,10 +286,12 @@ def update_doc_row(
     page's JSON, rows of {what, command, postgres, sqlite, unit}); the other side stays."""
     doc = json.loads(path.read_text())
     rows: list[dict[str, Any]] = doc.setdefault("rows", [])
-    row = next((r for r in rows if r.get("what") == DOC_ROW), None)
+    what = f"{DOC_ROW}, {args.doc_what}" if args.doc_what else DOC_ROW
+    row = next((r for r in rows if r.get("what") == what), None)
     if row is None:
-        row = {"what": DOC_ROW, "unit": "ms"}
+        row = {"what": what, "unit": "ms"}
         rows.append(row)
+    state = run.get("state", {})
     row[args.backend] = {
         "p50": run["p50_ms"],
         "p95": run["p95_ms"],
@@ -295,6 +301,15 @@ def update_doc_row(
         "commit": commit(short=True),
         "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['ram_gb']} GB RAM",
         "database": machine.get("database", ""),
+        "state": f"{state.get('build', '?')} build"
+        + (
+            "; every table analysed and vacuumed (by the store or autovacuum)"
+            if state.get("all_analyzed") and state.get("all_vacuumed")
+            else "; some tables never analysed or vacuumed"
+            if "tables" in state
+            else ""
+        ),
+        "loadavg_1m": [run.get("loadavg_1m_start"), run.get("loadavg_1m")],
     }
     row["command"] = "python bench/bench_recall.py --query-embedder fake [--backend postgres]"
     path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
@@ -348,6 +363,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--doc-row",
         metavar="FILE",
         help="write this run (first embedder) as its backend's side of FILE's /recall row",
+    )
+    p.add_argument(
+        "--doc-what",
+        metavar="TEXT",
+        help="with --doc-row: the row is the one named '<the /recall row>, TEXT' (e.g."
+        " 'fresh build, run 1'), so several recorded runs stand side by side",
     )
     return p.parse_args(argv)
 
