@@ -84,7 +84,7 @@ def load_row(run: dict[str, Any], label: str, command: str) -> dict[str, Any]:
         "bot_exit": run["bot_exit"],
         "writer_backlog": run["writer_backlog"],
         "segments": run["segments"],
-        "rate": run["rate"],
+        "rate": run.get("rate"),
         "embed_backlog": run.get("embed_backlog"),
         "loadavg_1m": run.get("loadavg_1m"),
     }
