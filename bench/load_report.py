@@ -57,21 +57,25 @@ def embed_backlog(timeline: list[dict[str, Any]], traffic_s: float) -> dict[str,
     it grew from the first sample to the last (messages/s; the embedder then kept up with
     the rate sent less that)."""
     rows = [
-        (float(row["t_s"]), int(row["embed_queue"]))
+        (float(row["t_s"]), int(row["embed_queue"]), int(row.get("stored", 0)))
         for row in timeline
         if row.get("embed_queue", -1) >= 0 and float(row["t_s"]) <= traffic_s
     ]
-    middle = [q for t, q in rows if traffic_s / 3 <= t < 2 * traffic_s / 3]
-    last = [q for t, q in rows if t >= 2 * traffic_s / 3]
-    if len(rows) < 2 or not middle or not last:
+    middle = [q for t, q, _ in rows if traffic_s / 3 <= t < 2 * traffic_s / 3]
+    last = [q for t, q, _ in rows if t >= 2 * traffic_s / 3]
+    if len(rows) < 2 or not middle or not last or rows[-1][0] <= rows[0][0]:
         return {"samples": len(rows), "bounded": None}
-    (t0, q0), (t1, q1) = rows[0], rows[-1]
+    (t0, q0, s0), (t1, q1, s1) = rows[0], rows[-1]
+    span = t1 - t0
     return {
         "samples": len(rows),
         "first": q0,
         "last": q1,
-        "span_s": round(t1 - t0),
-        "growth_per_s": round((q1 - q0) / (t1 - t0), 1) if t1 > t0 else None,
+        "span_s": round(span),
+        "growth_per_s": round((q1 - q0) / span, 1),
+        # what the bot stored and embedded meanwhile (stored less still without a vector)
+        "stored_per_s": round((s1 - s0) / span, 1),
+        "embedded_per_s": round(((s1 - q1) - (s0 - q0)) / span, 1),
         "middle_third_peak": max(middle),
         "last_third_peak": max(last),
         "bounded": max(last) <= max(middle),

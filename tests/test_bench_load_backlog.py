@@ -78,8 +78,10 @@ def test_metric_names_with_digits_are_read() -> None:
     }
 
 
-def embed_timeline(queue: list[int], step: int = 15) -> list[dict[str, float]]:
-    return [{"t_s": i * step, "embed_queue": q} for i, q in enumerate(queue)]
+def embed_timeline(queue: list[int], step: int = 15, rate: int = 100) -> list[dict[str, float]]:
+    return [
+        {"t_s": i * step, "embed_queue": q, "stored": rate * i * step} for i, q in enumerate(queue)
+    ]
 
 
 def test_an_embedding_backlog_that_keeps_growing_is_not_bounded() -> None:
@@ -96,3 +98,6 @@ def test_an_embedding_backlog_that_drains_in_the_last_third_is_bounded() -> None
     verdict = bench_load.embed_backlog(sawtooth, traffic_s=120)
     assert verdict["bounded"] is True
     assert (verdict["middle_third_peak"], verdict["last_third_peak"]) == (1600, 1100)
+    # stored 100 a second; embedded that less the backlog's growth (0 -> 1000 in 120 s)
+    assert verdict["stored_per_s"] == 100.0
+    assert verdict["embedded_per_s"] == round(100 - 1000 / 120, 1)
