@@ -67,6 +67,8 @@ def embed_backlog(timeline: list[dict[str, Any]], traffic_s: float) -> dict[str,
         return {"samples": len(rows), "bounded": None}
     (t0, q0, s0), (t1, q1, s1) = rows[0], rows[-1]
     span = t1 - t0
+    if s1 <= s0:  # nothing stored during the traffic (a starved bot): no verdict
+        return {"samples": len(rows), "stored_per_s": 0.0, "bounded": None}
     return {
         "samples": len(rows),
         "first": q0,

@@ -101,3 +101,8 @@ def test_an_embedding_backlog_that_drains_in_the_last_third_is_bounded() -> None
     # stored 100 a second; embedded that less the backlog's growth (0 -> 1000 in 120 s)
     assert verdict["stored_per_s"] == 100.0
     assert verdict["embedded_per_s"] == round(100 - 1000 / 120, 1)
+
+
+def test_a_bot_that_stored_nothing_during_the_traffic_has_no_embedding_verdict() -> None:
+    idle = embed_timeline([0, 0, 0, 0, 0, 0, 0, 0, 0], rate=0)
+    assert bench_load.embed_backlog(idle, traffic_s=120)["bounded"] is None
