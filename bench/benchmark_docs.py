@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib.host import cpu_model
+from load_report import embed_backlog
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCS = REPO_ROOT / "docs" / "benchmarks"
@@ -84,6 +85,11 @@ def load_row(run: dict[str, Any], label: str, command: str) -> dict[str, Any]:
         "bot_exit": run["bot_exit"],
         "writer_backlog": run["writer_backlog"],
         "segments": run["segments"],
+        "rate": run.get("rate"),
+        "embed_backlog": embed_backlog(run["timeline"], run["warmup_s"] + run["seconds"])
+        if "warmup_s" in run
+        else run.get("embed_backlog"),
+        "loadavg_1m": run.get("loadavg_1m"),
     }
 
 

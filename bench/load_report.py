@@ -51,6 +51,39 @@ def writer_backlog(timeline: list[dict[str, Any]], traffic_s: float) -> dict[str
     }
 
 
+def embed_backlog(timeline: list[dict[str, Any]], traffic_s: float) -> dict[str, Any]:
+    """The embedding backlog (messages without a vector) during the traffic: its peak in
+    the middle and in the last third (bounded: the last third's is no higher), and how fast
+    it grew from the first sample to the last (messages/s; the embedder then kept up with
+    the rate sent less that)."""
+    rows = [
+        (float(row["t_s"]), int(row["embed_queue"]), int(row.get("stored", 0)))
+        for row in timeline
+        if row.get("embed_queue", -1) >= 0 and float(row["t_s"]) <= traffic_s
+    ]
+    middle = [q for t, q, _ in rows if traffic_s / 3 <= t < 2 * traffic_s / 3]
+    last = [q for t, q, _ in rows if t >= 2 * traffic_s / 3]
+    if len(rows) < 2 or not middle or not last or rows[-1][0] <= rows[0][0]:
+        return {"samples": len(rows), "bounded": None}
+    (t0, q0, s0), (t1, q1, s1) = rows[0], rows[-1]
+    span = t1 - t0
+    if s1 <= s0:  # nothing stored during the traffic (a starved bot): no verdict
+        return {"samples": len(rows), "stored_per_s": 0.0, "bounded": None}
+    return {
+        "samples": len(rows),
+        "first": q0,
+        "last": q1,
+        "span_s": round(span),
+        "growth_per_s": round((q1 - q0) / span, 1),
+        # what the bot stored and embedded meanwhile (stored less still without a vector)
+        "stored_per_s": round((s1 - s0) / span, 1),
+        "embedded_per_s": round(((s1 - q1) - (s0 - q0)) / span, 1),
+        "middle_third_peak": max(middle),
+        "last_third_peak": max(last),
+        "bounded": max(last) <= max(middle),
+    }
+
+
 def report(r: dict[str, Any]) -> str:
     ok, bad = "✅", "❌"
     rec, lag = r["recall_ms"], r["lag_ms"]
@@ -100,6 +133,19 @@ def report(r: dict[str, Any]) -> str:
                 )
             ]
             if r.get("rss_slope_mb_min_cold") is not None
+            else []
+        ),
+        *(
+            [
+                (
+                    "embedding backlog (messages without a vector)",
+                    f"{eb['first']} -> {eb['last']} in {eb['span_s']} s"
+                    f" ({eb['growth_per_s']:+.1f}/s); peak in the middle / last third"
+                    f" {eb['middle_third_peak']} / {eb['last_third_peak']}",
+                    ok if eb["bounded"] else bad,
+                )
+            ]
+            if (eb := r.get("embed_backlog") or {}).get("bounded") is not None
             else []
         ),
         (

@@ -188,7 +188,7 @@ async def build(args: argparse.Namespace, target: Target) -> dict[str, Any]:
         stats["records_s"] = round(time.perf_counter() - t0, 1)
         stats["records"] = len(ids)
         t0 = time.perf_counter()
-        await settle(engine, target)
+        stats["settled_tables"] = await settle(engine)
         stats["settle_s"] = round(time.perf_counter() - t0, 1)
         stats["db_bytes"] = await engine.store.db_size_bytes()
         stats["build_s"] = round(time.perf_counter() - t_build, 1)

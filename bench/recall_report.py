@@ -151,7 +151,7 @@ def report(machine: dict[str, Any], build_stats: dict[str, Any], runs: list[dict
         lines.append(
             f"Build (once, reused by later runs): ingest {b['ingest_s']} s, message vectors"
             f" {b.get('vectors_s', '?')} s, records {b.get('records_s', '?')} s,"
-            f" {'VACUUM ANALYZE' if m['driver'] == 'postgres' else 'WAL checkpoint'}"
+            f" {'the store settling' if m['driver'] == 'postgres' else 'WAL checkpoint'}"
             f" {b.get('settle_s', '?')} s; total {b.get('build_s', '?')} s"
         )
     lines += [
@@ -184,6 +184,24 @@ def report(machine: dict[str, Any], build_stats: dict[str, Any], runs: list[dict
             )
         lines.append(
             f"- {r['embedder']}: mean {r['rows_mean']} rows and {r['excerpts_mean']} excerpts"
-            f" per pack; 1-min load average at the end {r['loadavg_1m']}"
+            f" per pack; 1-min load average at the start {r.get('loadavg_1m_start', '?')},"
+            f" at the end {r['loadavg_1m']}"
         )
+        if r.get("server_cpu_ms_per_q"):
+            lines.append(
+                f"- {r['embedder']}: server CPU per question (ms): "
+                + ", ".join(f"{k} {v}" for k, v in r["server_cpu_ms_per_q"].items())
+            )
+        st = r.get("state")
+        if st:
+            tables = st.get("tables", {})
+            lagging = [k for k, t in tables.items() if t["analyzed"] == "never"]
+            lines.append(
+                f"- state measured: {st['build']} build, cache {st['cache']}"
+                + (
+                    f"; tables analysed: {'all' if not lagging else 'not ' + ', '.join(lagging)}"
+                    if tables
+                    else ""
+                )
+            )
     return "\n".join(lines)

@@ -118,11 +118,13 @@ class Settings(BaseSettings):
     """minilm: all-MiniLM-L6-v2 run locally with ONNX Runtime (no download); openai: an OpenAI-
     compatible /v1/embeddings endpoint; none: lexical search only."""
     embed_quantize: bool = False
-    """Dynamic int8 quantisation of MiniLM (faster, but cosine to the reference drops to about
-    0.96)."""
+    """Dynamic int8 quantisation of MiniLM (less CPU per message, but cosine to the reference
+    drops to about 0.96, and evidence recall on SocialMemBench with it; docs/benchmarks/
+    embed.json)."""
     embed_threads: int = Field(default=2, ge=1, le=64)
-    """MiniLM threads for background embedding (each runs the model on one core, at a lower
-    priority than /recall and ingestion); a question is embedded on a thread of its own."""
+    """MiniLM threads for background embedding (each runs the model on one core: at the
+    process's priority while no /recall is in flight, at a lower one while one waits); a
+    question is embedded on a thread of its own."""
     model_cache_dir: Path = Path.home() / ".cache" / "speakermem" / "models"
     """Where the ONNX graph built from the MiniLM weights is cached."""
     embedding_base_url: str | None = None

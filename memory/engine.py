@@ -39,7 +39,7 @@ from memory.models import (
     SearchHit,
     StoredMessage,
 )
-from memory.ports import Embedder, QueryEmbedder
+from memory.ports import BackgroundEmbedder, Embedder, QueryEmbedder
 from memory.search.fts_query import build_match
 from memory.search.fusion import rrf
 from memory.segment_queue import SegmentQueue
@@ -79,6 +79,13 @@ Progress = Callable[[int], None]
 BACKGROUND_EMBED_BATCH = 16
 """Messages per background embedding batch: small, so a /recall arriving mid-batch waits
 at most one short batch for the embedder's thread and the cores."""
+
+
+BULK_SETTLE_ROWS = 5_000
+"""A write of at least this many rows in one call (an import, a backlog of vectors, a graph
+catch-up) is followed by `Store.settle`: on a fresh database the planner would otherwise
+meet the new rows without statistics until autovacuum comes. Live traffic writes far less
+per call and never pays for the check."""
 
 
 class UnknownChannel(LookupError):
@@ -181,6 +188,8 @@ class MemoryEngine:
             )
             if on_progress:
                 on_progress(len(batch))
+        if len(outcomes) >= BULK_SETTLE_ROWS:
+            await self.store.settle()
         self._embedding.wake()
         self._graph_changed(scopes)
         return outcomes
@@ -275,25 +284,31 @@ class MemoryEngine:
         batch_size: int = 256,
         on_progress: Progress | None = None,
         before_batch: Callable[[], Awaitable[None]] | None = None,
+        embed: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
     ) -> int:
         """Embed every message that has no vector yet; returns how many were stored.
-        `before_batch` runs before each batch (the background worker gives way to /recall)."""
+        `before_batch` runs before each batch (the background worker gives way to /recall);
+        `embed` replaces the embedder's `embed` (the worker's choice of priority)."""
         if self.embedder is None:
             return 0
+        embed = embed or self.embedder.embed
         done = 0
         while True:
             if before_batch is not None:
                 await before_batch()
             items = await self.store.messages.pending_embeddings(batch_size)
             if not items:
-                return done
-            vectors = await self.embedder.embed([text for _, _, text in items])
+                break
+            vectors = await embed([text for _, _, text in items])
             stored = await self.store.messages.store_vectors(items, vectors)
             done += stored
             if on_progress:
                 on_progress(len(items))
             if stored == 0 and len(items) < batch_size:
-                return done
+                break
+        if done >= BULK_SETTLE_ROWS:
+            await self.store.settle()
+        return done
 
     async def embed_backlog(self) -> None:
         """The periodic safety net: embed what the live path left without a vector, through
@@ -308,8 +323,21 @@ class MemoryEngine:
     async def _embed_batches(self) -> None:
         """One gated pass in small batches: the background worker's work."""
         await self.embed_pending(
-            batch_size=self._embed_batch, before_batch=self.foreground.yield_to
+            batch_size=self._embed_batch,
+            before_batch=self.foreground.yield_to,
+            embed=self._background_vectors,
         )
+
+    async def _background_vectors(self, texts: list[str]) -> np.ndarray:
+        """One background batch: at the process's own priority while no /recall is in
+        flight, so the backlog drains whenever /recall is idle (at a lower one it got only
+        what ingestion and the Writer left, and under steady traffic grew without end);
+        below it while a /recall waits (the gate let the batch through after
+        `max_defer_s`)."""
+        assert self.embedder is not None
+        if isinstance(self.embedder, BackgroundEmbedder):
+            return await self.embedder.embed_background(texts, yield_cpu=self.foreground.active > 0)
+        return await self.embedder.embed(texts)
 
     def start_background_embedding(self, *, batch_size: int = BACKGROUND_EMBED_BATCH) -> None:
         """Embed new messages shortly after they arrive, without blocking ingestion."""
@@ -345,6 +373,8 @@ class MemoryEngine:
             names = interaction_names(await self.members(scope))
             while n := await self.store.interactions.update(pk, names, limit=batch):
                 total += n
+        if total >= BULK_SETTLE_ROWS:
+            await self.store.settle()
         return total
 
     def _graph_changed(self, scopes: Iterable[Scope]) -> None:

@@ -33,6 +33,16 @@ class QueryEmbedder(Embedder, Protocol):
         ...
 
 
+@runtime_checkable
+class BackgroundEmbedder(Embedder, Protocol):
+    """An embedder whose background batches run either at the process's priority (the
+    backlog drains while no /recall waits) or below it (while one does)."""
+
+    async def embed_background(self, texts: Sequence[str], *, yield_cpu: bool) -> np.ndarray:
+        """`embed`, at a lower CPU priority when `yield_cpu`, else at the process's own."""
+        ...
+
+
 class ChatMessage(BaseModel):
     role: str
     content: str

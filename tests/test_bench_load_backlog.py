@@ -76,3 +76,33 @@ def test_metric_names_with_digits_are_read() -> None:
         "speakermem_writer_tokens_per_1k_messages": 91940.0,
         'speakermem_events_handled_total{outcome="message_stored"}': 15000.0,
     }
+
+
+def embed_timeline(queue: list[int], step: int = 15, rate: int = 100) -> list[dict[str, float]]:
+    return [
+        {"t_s": i * step, "embed_queue": q, "stored": rate * i * step} for i, q in enumerate(queue)
+    ]
+
+
+def test_an_embedding_backlog_that_keeps_growing_is_not_bounded() -> None:
+    growing = embed_timeline([0, 2514, 4600, 7000, 9400, 11800, 14200, 16600, 17198])
+    verdict = bench_load.embed_backlog(growing, traffic_s=120)
+    assert verdict["bounded"] is False
+    assert verdict["growth_per_s"] == round(17198 / 120, 1)
+    assert verdict["middle_third_peak"] == 11800 and verdict["last_third_peak"] == 17198
+
+
+def test_an_embedding_backlog_that_drains_in_the_last_third_is_bounded() -> None:
+    # samples after the traffic (t > 120 s) are not counted
+    sawtooth = embed_timeline([0, 900, 1500, 1200, 1600, 800, 1100, 600, 1000, 99_999])
+    verdict = bench_load.embed_backlog(sawtooth, traffic_s=120)
+    assert verdict["bounded"] is True
+    assert (verdict["middle_third_peak"], verdict["last_third_peak"]) == (1600, 1100)
+    # stored 100 a second; embedded that less the backlog's growth (0 -> 1000 in 120 s)
+    assert verdict["stored_per_s"] == 100.0
+    assert verdict["embedded_per_s"] == round(100 - 1000 / 120, 1)
+
+
+def test_a_bot_that_stored_nothing_during_the_traffic_has_no_embedding_verdict() -> None:
+    idle = embed_timeline([0, 0, 0, 0, 0, 0, 0, 0, 0], rate=0)
+    assert bench_load.embed_backlog(idle, traffic_s=120)["bounded"] is None

@@ -80,10 +80,18 @@ def test_builds_on_postgres_then_reuses_and_cleans_up(
     comment = _database_comment(pg_server, dbname)
     assert comment and json.loads(comment)["ingest_s"] == first["build"]["ingest_s"]
     assert not list(tmp_path.glob("*.db*"))
+    # the JSON says what state it measured: a fresh build, warm; the store's statistics
+    state = first["runs"][0]["state"]
+    assert state["build"] == "fresh" and state["cache"].startswith("warm")
+    assert "tables" in state and state["graph_inferred_now"] == MESSAGES
+    # and the server's own CPU time per question (a local server)
+    assert set(first["runs"][0]["server_cpu_ms_per_q"]) >= {"backends", "autovacuum"}
 
     second = _run(tmp_path, pg_server, tmp_path / "second.json", "--cleanup")
     assert "Reusing PostgreSQL database " + dbname in capsys.readouterr().out
     assert second["build"] == first["build"]
     assert second["machine"]["messages"] == MESSAGES  # not ingested a second time
     assert len(second["runs"]) == 1 and second["runs"][0]["questions"] == 3
+    assert second["runs"][0]["state"]["build"] == "reused"
+    assert second["runs"][0]["state"]["graph_inferred_now"] == 0
     assert _database_comment(pg_server, dbname) is None  # --cleanup dropped it

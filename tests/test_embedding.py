@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +259,35 @@ async def test_an_import_embeds_at_the_commands_own_priority() -> None:
         got = await loop.run_in_executor(built._executor, nice)
         built._executor.shutdown()
         assert got == expected
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+async def test_a_drained_backlog_runs_at_the_process_priority(cache_dir: Path) -> None:
+    """`embed_background(yield_cpu=False)` (no /recall waiting) runs its slices on threads
+    at the process's priority, `yield_cpu=True` on the nicer ones, each over `threads`
+    threads. (Needs no model: the thread's nice value is read where the model would run.)"""
+    import os
+    import threading
+
+    emb = MiniLMEmbedder(cache_dir=cache_dir, threads=2)
+    seen: dict[int, int] = {}
+
+    def record(texts: Sequence[str]) -> np.ndarray:
+        tid = threading.get_native_id()
+        seen[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+        return np.zeros((len(texts), emb.dim), dtype=np.float32)
+
+    emb.embed_sync = record  # type: ignore[method-assign]
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        out = await emb.embed_background([f"line {i}" for i in range(8)], yield_cpu=False)
+        assert out.shape == (8, emb.dim)
+        assert set(seen.values()) == {process}
+        seen.clear()
+        await emb.embed_background([f"line {i}" for i in range(8)], yield_cpu=True)
+        assert set(seen.values()) == {min(19, process + minilm.BACKGROUND_NICE)}
+    finally:
+        emb.close()
 
 
 @needs_model

@@ -1,7 +1,8 @@
 """What the benchmark scripts share: argument parsing and JSON output (`cli`), percentiles
 (`stats`), the machine and its processes (`host`), a local PostgreSQL (`pg`), building and
-reusing a benchmark database (`build`), vectors and embedders (`vectors`), synthetic chat
-words (`words`), event-loop lag (`ticker`) and Slack message events (`slack_events`).
+reusing a benchmark database (`build`) and the state it was measured in (`dbstate`),
+vectors and embedders (`vectors`), synthetic chat words (`words`), event-loop lag
+(`ticker`) and Slack message events (`slack_events`).
 
 The scripts run as `python bench/<script>.py`, so `bench/` is on the path and this package
 is imported as `benchlib`; importing it puts the repository root on the path too, so a

@@ -94,6 +94,52 @@ def stop_local_server(url: str) -> bool:
     return _local_pg_ctl(url, "stop")
 
 
+_AUXILIARY = (
+    "checkpointer",
+    "background writer",
+    "walwriter",
+    "io worker",
+    "logical replication",
+    "archiver",
+    "walsummarizer",
+)
+"""The titles of PostgreSQL's own processes (every other child serves a connection)."""
+
+
+def server_cpu_seconds(url: str) -> dict[str, float] | None:
+    """CPU seconds the PostgreSQL of `url` has used, when it runs on this machine, by kind
+    of process: `backends` (the queries), `autovacuum`, `other` (checkpointer, writers),
+    `exited` (children already gone: finished autovacuum workers, closed connections).
+    None when the server is not local. Taken before and after a timed stretch, the
+    difference is the server's own work in it, whatever else loads the machine."""
+    from benchlib.host import CLK_TCK, process_tree
+
+    with connect(url) as conn:
+        row = conn.execute("SELECT current_setting('data_directory')").fetchone()
+    pid_file = Path(str(row[0])) / "postmaster.pid" if row else None
+    if pid_file is None or not pid_file.exists():
+        return None
+    postmaster = int(pid_file.read_text().split()[0])
+    out = {"backends": 0.0, "autovacuum": 0.0, "other": 0.0, "exited": 0.0}
+    for pid in process_tree(postmaster):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        own = (int(stat[11]) + int(stat[12])) / CLK_TCK
+        if pid == postmaster:
+            out["exited"] += (int(stat[13]) + int(stat[14])) / CLK_TCK
+            out["other"] += own
+        elif "autovacuum" in title:
+            out["autovacuum"] += own
+        elif any(title.startswith(f"postgres: {aux}") for aux in _AUXILIARY):
+            out["other"] += own
+        else:
+            out["backends"] += own
+    return out
+
+
 def _local_pg_ctl(url: str, action: str) -> bool:
     """`pg_ctl <action>` on the server of `url` when its data directory and postmaster are
     on this machine: the server's own binaries, run as the data directory's owner."""

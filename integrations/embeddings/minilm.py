@@ -238,8 +238,9 @@ class MiniLMEmbedder:
 
     Every model run is single-threaded on the thread that calls it (ONNX Runtime sessions
     accept concurrent runs): a question's vector on a thread of its own at normal priority,
-    background batches split over `threads` worker threads at a lower priority
-    (`BACKGROUND_NICE`). Two single-threaded runs side by side embed a batch faster than one
+    background batches split over `threads` worker threads, at a lower priority
+    (`BACKGROUND_NICE`) while a /recall waits and at the process's own while none does
+    (`embed_background`). Two single-threaded runs side by side embed a batch faster than one
     run on two intra-op threads (3.3 against 3.6 ms a message on two cores), a question costs
     4.8 ms of CPU instead of 7.0, and the event loop never blocks on the model.
     """
@@ -257,6 +258,7 @@ class MiniLMEmbedder:
         max_seq_length: int | None = None,
         model_dir: Path | None = None,
         nice: int = BACKGROUND_NICE,
+        intra_op_threads: int = 1,
     ) -> None:
         """`nice`: how much lower the batch threads run; 0 for a command whose whole job is
         the embedding (an import), which would otherwise wait behind every other process."""
@@ -269,6 +271,9 @@ class MiniLMEmbedder:
         self.fused = fused
         self.threads = threads
         self.batch_size = batch_size
+        self.intra_op_threads = intra_op_threads
+        """ONNX Runtime threads per model run: 1 (the bot's) keeps each run on its caller's
+        thread and priority; more only for bench/bench_embed.py's comparison."""
         self._max_seq_length = max_seq_length
         self._model_dir = model_dir
         self.name = MODEL_NAME + (":int8" if quantize else "")
@@ -280,6 +285,12 @@ class MiniLMEmbedder:
             max_workers=threads,
             thread_name_prefix="minilm",
             initializer=functools.partial(lower_thread_priority, nice),
+        )
+        # The same number of threads at the process's priority, for background batches
+        # while no /recall waits (`embed_background`): a thread's nice value cannot be
+        # lowered again without privileges, so each priority keeps threads of its own.
+        self._drain_executor = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="minilm-drain"
         )
         # /recall questions get their own thread, at normal priority: a question never
         # queues behind a background batch.
@@ -317,7 +328,7 @@ class MiniLMEmbedder:
             # One intra-op thread: each run stays on its caller's thread, and so at that
             # thread's priority (no shared pool of ONNX Runtime threads to spin or to
             # serve a background batch at a question's priority).
-            opts.intra_op_num_threads = 1
+            opts.intra_op_num_threads = self.intra_op_threads
             opts.inter_op_num_threads = 1
             opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -421,16 +432,22 @@ class MiniLMEmbedder:
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed on the background threads, one slice of `texts` each; returns
         (len(texts), 384) float32 in the order of `texts`."""
+        return await self.embed_background(texts, yield_cpu=True)
+
+    async def embed_background(self, texts: Sequence[str], *, yield_cpu: bool) -> np.ndarray:
+        """`embed` on the nicer threads (`yield_cpu`) or on threads at the process's own
+        priority (a backlog drained while no /recall waits)."""
         if isinstance(texts, str):
             raise TypeError("embed() takes a sequence of strings, not a single string")
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         texts = list(texts)
         size = math.ceil(len(texts) / self.threads)
+        executor = self._executor if yield_cpu else self._drain_executor
         loop = asyncio.get_running_loop()
         parts = await asyncio.gather(
             *(
-                loop.run_in_executor(self._executor, self.embed_sync, texts[i : i + size])
+                loop.run_in_executor(executor, self.embed_sync, texts[i : i + size])
                 for i in range(0, len(texts), size)
             )
         )
@@ -445,4 +462,5 @@ class MiniLMEmbedder:
     def close(self) -> None:
         """Stop the worker threads; pending calls finish first."""
         self._executor.shutdown(wait=True)
+        self._drain_executor.shutdown(wait=True)
         self._query_executor.shutdown(wait=True)

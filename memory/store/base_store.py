@@ -73,3 +73,8 @@ class BaseStore(ABC):
     @abstractmethod
     async def db_size_bytes(self) -> int:
         """The database's size on disk."""
+
+    @abstractmethod
+    async def settle(self) -> list[str]:
+        """After a bulk write (an import, a backlog of vectors, a graph catch-up): what a
+        fresh database needs before it is queried; returns the tables it settled."""

@@ -247,6 +247,8 @@ class PgDatabase:
         self.driver = DRIVER
         self._pool: AsyncConnectionPool[AsyncConnection[PgRow]] | None = None
         self._write_lock = asyncio.Lock()
+        self.migrated: list[int] = []
+        """The migrations this process applied when it opened the database."""
 
     # open / close ---------------------------------------------------------------------
 
@@ -307,6 +309,7 @@ class PgDatabase:
 
     async def _migrate(self) -> None:
         applied = [m.version for m in schema.migrations(self.config) if await self._apply(m)]
+        self.migrated = applied
         # A rewritten table starts with an empty visibility map: until VACUUM sets it, an
         # index-only scan reads the heap for every row (counting a question's sessions on
         # the index took 4x as long), and autovacuum need not come, the rewrite having left

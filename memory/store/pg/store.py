@@ -9,6 +9,7 @@ from memory.store.pg.database import DRIVER, PgDatabase
 from memory.store.pg.locks import PgJobLocks
 from memory.store.pg.messages import PgMessageRepo
 from memory.store.pg.records import PgRecordRepo
+from memory.store.pg.upkeep import settle
 
 
 class PgStore(BaseStore):
@@ -43,3 +44,15 @@ class PgStore(BaseStore):
     async def db_size_bytes(self) -> int:
         rows = await self.db.read("SELECT pg_database_size(current_database())")
         return int(rows[0][0])
+
+    async def open(self) -> None:
+        """Open, migrate, and settle what the migrations changed on an existing database
+        (a new one, created now, is empty)."""
+        await super().open()
+        if self.db.migrated and self.db.migrated[0] != 1:
+            await self.settle()
+
+    async def settle(self) -> list[str]:
+        """VACUUM (ANALYZE) the tables a bulk write outgrew (memory/store/pg/upkeep.py), so
+        the next questions neither plan without statistics nor wait on autovacuum."""
+        return await settle(self.db)

@@ -45,3 +45,8 @@ class SqliteStore(BaseStore):
             if path.exists():
                 size += path.stat().st_size
         return size
+
+    async def settle(self) -> list[str]:
+        """Nothing to do: SQLite's planner keeps no statistics here (no ANALYZE is run, so
+        none go stale), and its WAL checkpoints itself."""
+        return []
