@@ -132,7 +132,7 @@ def _settings(standin: DiscordStandIn | None, tmp_path: Path, token: str | None 
 async def test_sync_commands_registers_recall_globally_and_per_guild(tmp_path: Path):
     standin = await DiscordStandIn().start()
     try:
-        names = ["recall", "memory", "memory-admin"]
+        names = ["recall", "memory", "memory-admin", "Ask SpeakerMem about this"]
         assert await sync_commands(_settings(standin, tmp_path), GUILD_ID) == names
         synced = {
             c["name"]: c for c in standin.commands[f"applications/{APP_ID}/guilds/{GUILD_ID}"]
@@ -163,7 +163,10 @@ async def test_discord_sync_command(tmp_path: Path, capsys: pytest.CaptureFixtur
     standin = await DiscordStandIn().start()
     try:
         assert await commands_platform.cmd_discord_sync(_settings(standin, tmp_path), args) == 0
-        assert "registered /recall, /memory, /memory-admin in guild" in stderr(capsys)
+        assert (
+            'registered /recall, /memory, /memory-admin, "Ask SpeakerMem about this" (message'
+            " menu) in guild" in stderr(capsys)
+        )
     finally:
         await standin.close()
     with pytest.raises(CliError, match="cannot reach Discord"):

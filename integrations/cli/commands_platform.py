@@ -57,7 +57,9 @@ async def cmd_discord_sync(settings: Settings, args: argparse.Namespace) -> int:
     except OSError as exc:  # aiohttp.ClientConnectorError is one
         raise CliError(f"cannot reach Discord at {settings.discord_api_url}: {exc}") from exc
     where = f"guild {guild}" if guild else "all guilds (may take a while to appear)"
-    err_console.print(f"registered {', '.join('/' + n for n in names) or 'no commands'} in {where}")
+    # a slash command's name has no spaces; a message menu command's is shown quoted
+    shown = [f'"{n}" (message menu)' if " " in n else "/" + n for n in names]
+    err_console.print(f"registered {', '.join(shown) or 'no commands'} in {where}")
     return 0
 
 

@@ -434,6 +434,8 @@ class DiscordStandIn:
             if method == "PUT":
                 echoed = [
                     {
+                        # Discord answers "" for a context menu command, which sends none
+                        "description": "",
                         **c,
                         "id": c.get("id") or self.next_id(),
                         "application_id": APP_ID,
