@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from bot.settings import Settings
+from integrations.cli.render import MigrationBars
 from memory.engine import MemoryEngine
 from memory.ports import LLM, Embedder
 
@@ -74,7 +75,11 @@ async def start_engine(settings: Settings, embedder: Embedder | None) -> MemoryE
     """The engine over the store the settings select (PostgreSQL when SPEAKERMEM_DB_URL is
     set, else the SQLite file), open; the caller closes it. Every process opens its engine
     here: nothing else in integrations/ or bot/ builds a store."""
-    return await MemoryEngine.open(settings.memory_config(), embedder)
+    bars = MigrationBars()  # an upgrade that re-indexes the store shows its progress
+    try:
+        return await MemoryEngine.open(settings.memory_config(), embedder, progress=bars)
+    finally:
+        bars.close()
 
 
 @asynccontextmanager

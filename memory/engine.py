@@ -54,6 +54,7 @@ from memory.store import (
 from memory.store.database import StoreFull
 from memory.store.diagnostics import location, schema_version
 from memory.store.reconcile import StoredRow
+from memory.store.schema import MigrationProgress
 
 __all__ = [
     "ChangeStatus",
@@ -112,11 +113,19 @@ class MemoryEngine:
         """Operators' reads: names, records, counts, usage, audit, store health (memory.admin)."""
 
     @classmethod
-    async def open(cls, config: MemoryConfig, embedder: Embedder | None = None) -> MemoryEngine:
+    async def open(
+        cls,
+        config: MemoryConfig,
+        embedder: Embedder | None = None,
+        *,
+        progress: MigrationProgress | None = None,
+    ) -> MemoryEngine:
+        """The engine over an open store; `progress` hears of migrations' re-indexing."""
         store = make_store(
             config.store,
             gap_seconds=config.ingest.session_gap_minutes * 60.0,
             window=config.ingest.segment_window,
+            progress=progress,
         )
         await store.open()
         return cls(config, store, embedder)

@@ -20,6 +20,7 @@ from functools import lru_cache
 from memory.models import RosterMember
 from memory.query.project_words import ISSUE_STOPWORDS, NAME_LIKE_WORDS, name_key
 from memory.roster_cache import derived
+from memory.search.cjk import LATIN_WORD_CHAR
 from memory.search.name_match import NameAlternation
 
 
@@ -121,7 +122,10 @@ def build_index(
     if keys:
         name_re = NameAlternation(
             keys,
-            r"(?<![\w'@])(?P<at>@)?(?P<name>{alt})(?P<poss>'s|s'|')?(?!\w)",
+            # a word character next to the name makes it part of a longer word, unless it
+            # is CJK (names sit inside CJK runs: "李伟说")
+            rf"(?<!{LATIN_WORD_CHAR})(?<!['@])(?P<at>@)?(?P<name>{{alt}})(?P<poss>'s|s'|')?"
+            rf"(?!{LATIN_WORD_CHAR})",
             key_pattern,
             flags=re.IGNORECASE,
         )

@@ -7,9 +7,32 @@ Never edit a released migration: append a new one.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memory.store.database import Transaction
 
 EMBED_DIM = 384
+
+MigrationProgress = Callable[[str, int, int], None]
+"""Called with (what, rows done, rows in all) while a migration re-indexes rows: the CLI
+draws a progress bar from it (integrations/app.py), a service logs it."""
+
+_log = logging.getLogger(__name__)
+
+
+def log_progress(what: str, done: int, total: int) -> None:
+    """The progress of a migration where no bar is drawn: its start and end in the log."""
+    if done == 0 or done >= total:
+        _log.info("migration: %s %d/%d", what, done, total)
+
+
+MigrationStep = Callable[["Transaction", MigrationProgress], Awaitable[None]]
+"""Work of a migration after its SQL, in the same transaction: a re-index in batches that
+reports its progress."""
 
 
 @dataclass(frozen=True)
@@ -17,6 +40,7 @@ class Migration:
     version: int
     name: str
     sql: str
+    step: MigrationStep | None = None
 
 
 PENDING_SEGMENT_INDEXES = """

@@ -19,6 +19,7 @@ below as later migrations.
 from __future__ import annotations
 
 from memory.config import StoreConfig
+from memory.store.pg.cjk_index import CJK_INDEX, reindex_cjk
 from memory.store.pg.messages_schema import (
     message_vectors_cascade_sql,
     messages_bits_sql,
@@ -465,6 +466,7 @@ REWRITES: dict[int, tuple[str, ...]] = {
     3: ("records",),
     8: ("messages",),
     14: ("messages",),
+    16: ("messages", "records"),
 }
 """The tables each migration rewrites (a stored generated column added or changed): the
 process that applies one vacuums them afterwards (`PgDatabase._migrate`)."""
@@ -504,6 +506,7 @@ def migrations(config: StoreConfig) -> list[Migration]:
             "messages: speaker-name words as lexemes of their own in full text",
             messages_speaker_lexemes_sql(),
         ),
+        Migration(16, "search: CJK text indexed as character n-grams", CJK_INDEX, reindex_cjk),
     ]
 
 

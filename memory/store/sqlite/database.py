@@ -22,6 +22,7 @@ import aiosqlite
 from memory.config import StoreConfig
 from memory.store.database import IN_CHUNK, Params, read_in_chunks
 from memory.store.errors import StoreBusy, StoreError, StoreFull
+from memory.store.schema import MigrationProgress, log_progress
 from memory.store.sqlite.dialect import SQLITE
 from memory.store.sqlite.driver import Driver, open_async, pick_driver
 from memory.store.sqlite.schema import migrations
@@ -34,8 +35,9 @@ class SqliteDatabase:
 
     dialect = SQLITE
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, progress: MigrationProgress | None = None) -> None:
         self.config = config
+        self.progress = progress or log_progress
         self.path = Path(config.db_path)
         self.driver: Driver = pick_driver(config.sqlite_driver)
         self._writer: aiosqlite.Connection | None = None
@@ -106,6 +108,8 @@ class SqliteDatabase:
                 continue
             async with self.transaction() as tx:
                 await tx.executescript_in_tx(migration.sql)
+                if migration.step is not None:
+                    await migration.step(tx, self.progress)
                 await tx.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     (migration.version, migration.name, time.time()),

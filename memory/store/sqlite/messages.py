@@ -316,7 +316,8 @@ class SqliteMessageRepo(MessageRepo):
             return 0, 0.0
         tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
         rows = await self.db.read(
-            "SELECT text FROM messages_fts WHERE messages_fts MATCH ? LIMIT ?",
+            "SELECT m.text FROM messages_fts f JOIN messages m ON m.id = f.rowid"
+            " WHERE messages_fts MATCH ? LIMIT ?",
             (f"{{text}} : ({phrase}) AND channel_tag : ({tags})", sample),
         )
         return count_lowercase(word, [r[0] for r in rows])

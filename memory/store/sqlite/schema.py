@@ -12,6 +12,7 @@ from memory.store.schema import (
     RECONCILE_DETAIL,
     Migration,
 )
+from memory.store.sqlite.cjk_index import CJK_INDEX, reindex_cjk
 
 
 def _initial(chunk_size: int) -> str:
@@ -494,4 +495,5 @@ def migrations(chunk_size: int) -> list[Migration]:
         ),
         Migration(9, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
         Migration(10, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
+        Migration(12, "search: CJK text indexed as character n-grams", CJK_INDEX, reindex_cjk),
     ]
