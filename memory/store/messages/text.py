@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from memory.search.cjk import phrase_form
+from memory.search.cjk import has_cjk, phrase_form
 from memory.search.fts_query import quote
 
 _NAME_TOKEN = re.compile(r"[^\W_]", re.UNICODE)
@@ -39,7 +39,7 @@ def count_lowercase(word: str, texts: list[str]) -> tuple[int, float]:
     """(occurrences of `word` in `texts`, the share of them written in lower case).
 
     A word without case (李伟, リナ) is never seen written in lower case: (0, 0.0)."""
-    if word.lower() == word.upper():
+    if has_cjk(word) and word.lower() == word.upper():
         return 0, 0.0
     pattern = name_pattern(word)
     seen = lower = 0
