@@ -371,7 +371,9 @@ class Dispatcher:
                 text="Memory is off in this channel, so I have nothing to recall here.",
                 refused=True,
             )
-        request = RecallRequest(question, inv.scope, asker=inv.user_id, readable=readable)
+        request = RecallRequest(
+            question, inv.scope, asker=inv.user_id, readable=readable, locale=inv.locale
+        )
         try:
             result = await self.pipeline.run(request)
         except AccessDenied as exc:

@@ -49,6 +49,8 @@ class CommandInvocation(BaseModel):
     """Set by the adapter from server-side facts at every call (roles, workspace admin flags,
     the admin list setting); the default denies admin commands."""
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    locale: str | None = Field(default=None, max_length=35)
+    """The invoker's language as the platform tells it ("zh-CN", "ja-JP"); None: unknown."""
 
 
 Event = MessageEvent | EditEvent | DeleteEvent | RosterEvent | CommandInvocation

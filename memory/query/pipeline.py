@@ -85,6 +85,8 @@ class RecallRequest:
     """Channels the platform says the asker can read; None = derive from rosters."""
     answer_note: str | None = None
     """Shown to the answerer after the question, never searched (an evaluation's options)."""
+    locale: str | None = None
+    """The asker's platform locale ("zh-CN", "ja"): the extractive answer's language."""
 
 
 @dataclass
@@ -365,7 +367,9 @@ class RecallPipeline:
         }
         with stage("answer"):
             result = (
-                await answer_pack(self.llm, self.cfg, self.link, pack, trace, req.answer_note)
+                await answer_pack(
+                    self.llm, self.cfg, self.link, pack, trace, req.answer_note, req.locale
+                )
                 if answer
                 else RecallAnswer(text="")
             )
