@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import re
 
+from anyascii import anyascii
+
 CJK_RANGES = (
     "\u1100-\u11ff"  # Hangul Jamo
     "\u3005"  # 々, the ideographic iteration mark (人々)
@@ -113,6 +115,23 @@ def ngram_tokens(run: str) -> list[str]:
     if len(run) < 2:
         return [run] if run else []
     return bigrams(run) + list(run)
+
+
+_SYLLABLE = re.compile(
+    "[\u1100-\u11ff\u3131-\u318e\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7a3\uf900-\ufaff]"
+)
+"""Han and Hangul: one character, one romanised syllable."""
+
+
+def romanised(name: str) -> str | None:
+    """A CJK name in Latin letters, syllables apart ("李伟" -> "Li Wei", "민준" -> "Min Jun",
+    "さくら" -> "sakura"), so people who type it that way name the same member; None for a
+    name without CJK. Han characters are read in Mandarin (a Japanese name in kanji gets its
+    Chinese reading, which nobody types: harmless, but no help)."""
+    if not has_cjk(name):
+        return None
+    out = "".join(f" {anyascii(c)} " if _SYLLABLE.match(c) else anyascii(c) for c in name)
+    return " ".join(out.split()) or None
 
 
 # PostgreSQL's copy of `index_text`: the text split into characters (with their position),
