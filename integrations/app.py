@@ -32,6 +32,15 @@ def build_embedder(settings: Settings) -> Embedder | None:
             model=settings.embedding_model,
             dim=settings.embedding_dim,
         )
+    if settings.embedder.startswith("onnx:"):
+        from integrations.embeddings.local_model import LocalModelEmbedder, model_dir_of
+
+        return LocalModelEmbedder(
+            model_dir_of(settings.embedder),
+            cache_dir=settings.model_cache_dir,
+            quantize=settings.embed_quantize,
+            threads=settings.embed_threads,
+        )
     from integrations.embeddings.minilm import MiniLMEmbedder
 
     return MiniLMEmbedder(
