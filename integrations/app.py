@@ -80,24 +80,28 @@ def llm_probe(llm: LLM) -> Callable[[], Awaitable[bool]]:
     return probe
 
 
-async def start_engine(settings: Settings, embedder: Embedder | None) -> MemoryEngine:
+async def start_engine(
+    settings: Settings, embedder: Embedder | None, *, check_embedder: bool = True
+) -> MemoryEngine:
     """The engine over the store the settings select (PostgreSQL when SPEAKERMEM_DB_URL is
     set, else the SQLite file), open; the caller closes it. Every process opens its engine
     here: nothing else in integrations/ or bot/ builds a store."""
     bars = MigrationBars()  # an upgrade that re-indexes the store shows its progress
     try:
-        return await MemoryEngine.open(settings.memory_config(), embedder, progress=bars)
+        return await MemoryEngine.open(
+            settings.memory_config(), embedder, progress=bars, check_embedder=check_embedder
+        )
     finally:
         bars.close()
 
 
 @asynccontextmanager
 async def open_engine(
-    settings: Settings, *, with_embedder: bool = True
+    settings: Settings, *, with_embedder: bool = True, check_embedder: bool = True
 ) -> AsyncIterator[MemoryEngine]:
     """`start_engine` with the configured embedder (or none), closed on the way out."""
     embedder = build_embedder(settings) if with_embedder else None
-    engine = await start_engine(settings, embedder)
+    engine = await start_engine(settings, embedder, check_embedder=check_embedder)
     try:
         yield engine
     finally:

@@ -57,3 +57,13 @@ RECONCILE_DETAIL = """
 -- 'reconcile': the windows still to check, newest first, and what it found, as JSON.
 ALTER TABLE catchup_cursors ADD COLUMN detail TEXT;
 """
+
+
+STORE_META = """
+-- Facts about the store itself, by name: `embedder` names the model that wrote its vectors
+-- (a process embedding with another model is refused at start, memory/engine.py).
+CREATE TABLE store_meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""

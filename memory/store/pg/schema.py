@@ -30,7 +30,13 @@ from memory.store.pg.messages_schema import (
     messages_unembedded_sql,
 )
 from memory.store.pg.records_schema import records_search_sql, segment_claims_sql
-from memory.store.schema import EMBED_DIM, PENDING_SEGMENT_INDEXES, RECONCILE_DETAIL, Migration
+from memory.store.schema import (
+    EMBED_DIM,
+    PENDING_SEGMENT_INDEXES,
+    RECONCILE_DETAIL,
+    STORE_META,
+    Migration,
+)
 
 T = 'TEXT COLLATE "C"'
 """Text compared bytewise, as SQLite does."""
@@ -507,6 +513,7 @@ def migrations(config: StoreConfig) -> list[Migration]:
             messages_speaker_lexemes_sql(),
         ),
         Migration(16, "search: CJK text indexed as character n-grams", CJK_INDEX, reindex_cjk),
+        Migration(18, "embeddings: the model that wrote the store's vectors", STORE_META),
     ]
 
 

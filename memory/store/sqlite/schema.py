@@ -10,6 +10,7 @@ from memory.store.schema import (
     EMBED_DIM,
     PENDING_SEGMENT_INDEXES,
     RECONCILE_DETAIL,
+    STORE_META,
     Migration,
 )
 from memory.store.sqlite.cjk_index import CJK_INDEX, reindex_cjk
@@ -496,4 +497,5 @@ def migrations(chunk_size: int) -> list[Migration]:
         Migration(9, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
         Migration(10, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
         Migration(12, "search: CJK text indexed as character n-grams", CJK_INDEX, reindex_cjk),
+        Migration(14, "embeddings: the model that wrote the store's vectors", STORE_META),
     ]
