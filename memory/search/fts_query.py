@@ -44,6 +44,8 @@ def query_terms(text: str, *, max_terms: int = MAX_TERMS, unigrams: bool = True)
         if len(token) == 1 and not token.isdigit():
             continue
         seen[token] = None
+        if len(seen) >= max_terms:
+            break  # the characters come after every word and bigram: none would be kept
     terms = list(seen) + [c for c in chars if c not in seen]
     return terms[:max_terms]
 
