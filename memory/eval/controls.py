@@ -10,25 +10,19 @@ dense cosine on "speaker: text", and hybrid RRF (k0=60) of the better BM25 and d
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from rank_bm25 import BM25Okapi
 
-from memory.search.cjk import CJK_RANGES, is_cjk_run, ngram_tokens
+from memory.search.cjk import words_and_ngrams
 from memory.search.fusion import rrf
-
-_TOKEN = re.compile(f"[a-z0-9]+|[{CJK_RANGES}]+")
 
 
 def bm25_tokens(text: str) -> list[str]:
     """Lowercased alphanumeric words; a CJK run as its bigrams and characters."""
-    out: list[str] = []
-    for token in _TOKEN.findall(text.lower()):
-        out.extend(ngram_tokens(token) if is_cjk_run(token) else (token,))
-    return out
+    return words_and_ngrams(text)
 
 
 @dataclass

@@ -109,6 +109,28 @@ def is_cjk_run(token: str) -> bool:
     return _RUN.fullmatch(token) is not None
 
 
+_WORD_OR_RUN = re.compile(f"[a-z0-9]+|[{CJK_RANGES}]+")
+
+
+def words_and_runs(text: str) -> list[str]:
+    """Lowercased ASCII alphanumeric words and whole CJK runs, in order: the comparison
+    tokens of the Writer and the evaluation, which knew only `[a-z0-9]+` (and so saw nothing
+    in a Chinese message)."""
+    return _WORD_OR_RUN.findall(text.lower())
+
+
+def words_and_ngrams(text: str, *, unigrams: bool = True) -> list[str]:
+    """`words_and_runs` with each CJK run as its bigrams (and, with `unigrams`, then its
+    characters): BM25's and the evidence gate's terms."""
+    out: list[str] = []
+    for token in words_and_runs(text):
+        if is_cjk_run(token):
+            out.extend(ngram_tokens(token) if unigrams else bigrams(token))
+        else:
+            out.append(token)
+    return out
+
+
 def ngram_tokens(run: str) -> list[str]:
     """A CJK run's bigrams then its unigrams (the BM25 terms of the run: the standard CJK
     baseline's unigrams and bigrams)."""
