@@ -17,6 +17,7 @@ from pathlib import Path
 
 from integrations.embeddings.minilm import (
     DIM,
+    THREADS,
     EmbedderUnavailable,
     MiniLMEmbedder,
     ModelFiles,
@@ -56,9 +57,16 @@ def check_folder(folder: Path) -> ModelFiles:
 class LocalModelEmbedder(MiniLMEmbedder):
     """A local folder's sentence-embedding model via ONNX Runtime; loads lazily."""
 
-    def __init__(self, folder: Path, **kwargs: object) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        cache_dir: Path | None = None,
+        quantize: bool = False,
+        threads: int = THREADS,
+    ) -> None:
         self.files = check_folder(folder)
-        super().__init__(model_dir=folder, **kwargs)  # type: ignore[arg-type]
+        super().__init__(model_dir=folder, cache_dir=cache_dir, quantize=quantize, threads=threads)
         weights = folder / "model.onnx"
         if not weights.is_file():
             weights = self.files.safetensors

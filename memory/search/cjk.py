@@ -10,8 +10,9 @@ its bigrams (`phrase_form`), and words outside CJK keep their positions' order. 
 punctuation becomes a space (unicode61 drops it; PostgreSQL's parser would keep it).
 
 SQLite indexes `index_text(...)` through the function `speakermem_segment` registered on each
-connection; PostgreSQL through the SQL function of the same name (`SEGMENT_SQL_FUNCTION`),
-which computes the same text (a parity test holds them together). Text without CJK is
+connection; PostgreSQL through the SQL function of the same name
+(memory/store/pg/cjk_index.py), which computes the same text (a parity test holds them
+together). Text without CJK is
 returned unchanged, so English indexes and rankings do not move.
 
 Thai, Lao, Khmer and Burmese also write without spaces but are not segmented here: a run is
@@ -154,30 +155,3 @@ def romanised(name: str) -> str | None:
         return None
     out = "".join(f" {anyascii(c)} " if _SYLLABLE.match(c) else anyascii(c) for c in name)
     return " ".join(out.split()) or None
-
-
-# PostgreSQL's copy of `index_text`: the text split into characters (with their position),
-# each CJK character followed by another CJK character gives the pair, one alone gives itself,
-# the last of a run nothing; CJK punctuation a space; the characters of runs longer than one
-# follow at the end. The same tokens in the same order as `index_text` (spaces may differ,
-# which no tokenizer sees).
-SEGMENT_SQL_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION speakermem_segment(t text) RETURNS text
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN t IS NULL OR t !~ '[{CJK_RANGES}{CJK_PUNCT_RANGES}]' THEN t ELSE (
-    SELECT coalesce(string_agg(
-               CASE WHEN x.p THEN ' '
-                    WHEN NOT x.k THEN x.c
-                    WHEN x.nk THEN ' ' || x.c || x.n || ' '
-                    WHEN NOT x.pk THEN ' ' || x.c || ' '
-                    ELSE ' ' END, '' ORDER BY x.i), '')
-           || coalesce(' ' || string_agg(x.c, ' ' ORDER BY x.i)
-                                FILTER (WHERE x.k AND (x.nk OR x.pk)), '')
-    FROM (SELECT s.i, s.c, s.c ~ '[{CJK_PUNCT_RANGES}]' AS p, s.c ~ '[{CJK_RANGES}]' AS k,
-                 lead(s.c) OVER w AS n,
-                 coalesce(lead(s.c) OVER w ~ '[{CJK_RANGES}]', false) AS nk,
-                 coalesce(lag(s.c) OVER w ~ '[{CJK_RANGES}]', false) AS pk
-          FROM regexp_split_to_table(t, '') WITH ORDINALITY AS s(c, i)
-          WINDOW w AS (ORDER BY s.i)) x
-) END;
-"""

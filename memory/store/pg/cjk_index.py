@@ -13,10 +13,36 @@ per table.
 
 from __future__ import annotations
 
-from memory.search.cjk import SEGMENT_SQL_FUNCTION
+from memory.search.cjk import CJK_PUNCT_RANGES, CJK_RANGES
 from memory.store.database import Transaction
 from memory.store.pg.messages_schema import TS_CONFIG, channel_tag, fts_input
 from memory.store.schema import MigrationProgress
+
+# PostgreSQL's copy of `index_text`: the text split into characters (with their position),
+# each CJK character followed by another CJK character gives the pair, one alone gives itself,
+# the last of a run nothing; CJK punctuation a space; the characters of runs longer than one
+# follow at the end. The same tokens in the same order as `index_text` (spaces may differ,
+# which no tokenizer sees).
+SEGMENT_SQL_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION speakermem_segment(t text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN t IS NULL OR t !~ '[{CJK_RANGES}{CJK_PUNCT_RANGES}]' THEN t ELSE (
+    SELECT coalesce(string_agg(
+               CASE WHEN x.p THEN ' '
+                    WHEN NOT x.k THEN x.c
+                    WHEN x.nk THEN ' ' || x.c || x.n || ' '
+                    WHEN NOT x.pk THEN ' ' || x.c || ' '
+                    ELSE ' ' END, '' ORDER BY x.i), '')
+           || coalesce(' ' || string_agg(x.c, ' ' ORDER BY x.i)
+                                FILTER (WHERE x.k AND (x.nk OR x.pk)), '')
+    FROM (SELECT s.i, s.c, s.c ~ '[{CJK_PUNCT_RANGES}]' AS p, s.c ~ '[{CJK_RANGES}]' AS k,
+                 lead(s.c) OVER w AS n,
+                 coalesce(lead(s.c) OVER w ~ '[{CJK_RANGES}]', false) AS nk,
+                 coalesce(lag(s.c) OVER w ~ '[{CJK_RANGES}]', false) AS pk
+          FROM regexp_split_to_table(t, '') WITH ORDINALITY AS s(c, i)
+          WINDOW w AS (ORDER BY s.i)) x
+) END;
+"""
 
 
 def _vector(expr: str, weight: str) -> str:
