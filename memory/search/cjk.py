@@ -12,8 +12,8 @@ punctuation becomes a space (unicode61 drops it; PostgreSQL's parser would keep 
 SQLite indexes `index_text(...)` through the function `speakermem_segment` registered on each
 connection; PostgreSQL through the SQL function of the same name
 (memory/store/pg/cjk_index.py), which computes the same text (a parity test holds them
-together). Text without CJK is
-returned unchanged, so English indexes and rankings do not move.
+together). Text without CJK is returned unchanged, so English indexes and rankings do not
+move.
 
 Thai, Lao, Khmer and Burmese also write without spaces but are not segmented here: a run is
 one token, found only when the query holds the same whole run.
