@@ -409,6 +409,7 @@ class Dispatcher:
             thread=inv.options.get("thread_id") or None,
             asked_in=inv.options.get("message_id") or None,
             direct=direct,
+            locale=inv.locale,
         )
         try:
             result = await self.pipeline.run(request)

@@ -56,6 +56,8 @@ class CommandInvocation(BaseModel):
     readable_scopes: tuple[Scope, ...] | None = None
     """For a direct message on a platform with several workspaces (Discord guilds): every
     channel the invoker may read, across them; wins over `readable_channels`."""
+    locale: str | None = Field(default=None, max_length=35)
+    """The invoker's language as the platform tells it ("zh-CN", "ja-JP"); None: unknown."""
 
 
 Event = MessageEvent | EditEvent | DeleteEvent | RosterEvent | CommandInvocation

@@ -114,9 +114,11 @@ class Settings(BaseSettings):
     gate_dense_threshold: float = inherit(WriterConfig, "gate_dense_threshold")
 
     # embeddings
-    embedder: Literal["minilm", "openai", "none"] = "minilm"
-    """minilm: all-MiniLM-L6-v2 run locally with ONNX Runtime (no download); openai: an OpenAI-
-    compatible /v1/embeddings endpoint; none: lexical search only."""
+    embedder: str = Field(default="minilm", pattern=r"^(minilm|openai|none|onnx:.+)$")
+    """minilm: all-MiniLM-L6-v2 run locally with ONNX Runtime (no download); onnx:<folder>: a
+    sentence-embedding model in a local folder (tokenizer.json with model.onnx, or with a
+    BERT-family model.safetensors and config.json; 384-dimensional, e.g. a multilingual
+    MiniLM); openai: an OpenAI-compatible /v1/embeddings endpoint; none: lexical search only."""
     embed_quantize: bool = False
     """Dynamic int8 quantisation of MiniLM (less CPU per message, but cosine to the reference
     drops to about 0.96, and evidence recall on SocialMemBench with it; docs/benchmarks/

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from bot.settings import Settings
+from integrations.cli.render import MigrationBars
 from memory.engine import MemoryEngine
 from memory.ports import LLM, Embedder
 
@@ -31,6 +32,15 @@ def build_embedder(settings: Settings, *, foreground: bool = False) -> Embedder 
             api_key=settings.embedding_api_key.get_secret_value() or "not-needed",
             model=settings.embedding_model,
             dim=settings.embedding_dim,
+        )
+    if settings.embedder.startswith("onnx:"):
+        from integrations.embeddings.local_model import LocalModelEmbedder, model_dir_of
+
+        return LocalModelEmbedder(
+            model_dir_of(settings.embedder),
+            cache_dir=settings.model_cache_dir,
+            quantize=settings.embed_quantize,
+            threads=settings.embed_threads,
         )
     from integrations.embeddings.minilm import BACKGROUND_NICE, MiniLMEmbedder
 
@@ -72,21 +82,33 @@ def llm_probe(llm: LLM) -> Callable[[], Awaitable[bool]]:
     return probe
 
 
-async def start_engine(settings: Settings, embedder: Embedder | None) -> MemoryEngine:
+async def start_engine(
+    settings: Settings, embedder: Embedder | None, *, check_embedder: bool = True
+) -> MemoryEngine:
     """The engine over the store the settings select (PostgreSQL when SPEAKERMEM_DB_URL is
     set, else the SQLite file), open; the caller closes it. Every process opens its engine
     here: nothing else in integrations/ or bot/ builds a store."""
-    return await MemoryEngine.open(settings.memory_config(), embedder)
+    bars = MigrationBars()  # an upgrade that re-indexes the store shows its progress
+    try:
+        return await MemoryEngine.open(
+            settings.memory_config(), embedder, progress=bars, check_embedder=check_embedder
+        )
+    finally:
+        bars.close()
 
 
 @asynccontextmanager
 async def open_engine(
-    settings: Settings, *, with_embedder: bool = True, foreground_embedding: bool = False
+    settings: Settings,
+    *,
+    with_embedder: bool = True,
+    foreground_embedding: bool = False,
+    check_embedder: bool = True,
 ) -> AsyncIterator[MemoryEngine]:
     """`start_engine` with the configured embedder (or none), closed on the way out;
     `foreground_embedding` as in `build_embedder`."""
     embedder = build_embedder(settings, foreground=foreground_embedding) if with_embedder else None
-    engine = await start_engine(settings, embedder)
+    engine = await start_engine(settings, embedder, check_embedder=check_embedder)
     try:
         yield engine
     finally:

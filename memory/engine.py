@@ -54,7 +54,9 @@ from memory.store import (
 )
 from memory.store.database import StoreFull
 from memory.store.diagnostics import location, schema_version
+from memory.store.errors import EmbedderMismatch
 from memory.store.reconcile import StoredRow
+from memory.store.schema import MigrationProgress
 
 __all__ = [
     "ChangeStatus",
@@ -100,6 +102,12 @@ class RankedLists:
     dense: list[tuple[int, float]]
 
 
+def _model(embedder_name: str) -> str:
+    """The model an embedder's name names: int8 quantisation of the same weights
+    (`SPEAKERMEM_EMBED_QUANTIZE`) gives vectors close enough to mix with the float ones."""
+    return embedder_name.removesuffix(":int8")
+
+
 class MemoryEngine:
     def __init__(self, config: MemoryConfig, store: Store, embedder: Embedder | None) -> None:
         self.config = config
@@ -120,14 +128,70 @@ class MemoryEngine:
         """Operators' reads: names, records, counts, usage, audit, store health (memory.admin)."""
 
     @classmethod
-    async def open(cls, config: MemoryConfig, embedder: Embedder | None = None) -> MemoryEngine:
+    async def open(
+        cls,
+        config: MemoryConfig,
+        embedder: Embedder | None = None,
+        *,
+        progress: MigrationProgress | None = None,
+        check_embedder: bool = True,
+    ) -> MemoryEngine:
+        """The engine over an open store; `progress` hears of migrations' re-indexing.
+        With an embedder, a store whose vectors another model wrote is refused
+        (`check_embedder`; off only for `reembed`)."""
         store = make_store(
             config.store,
             gap_seconds=config.ingest.session_gap_minutes * 60.0,
             window=config.ingest.segment_window,
+            progress=progress,
         )
         await store.open()
-        return cls(config, store, embedder)
+        engine = cls(config, store, embedder)
+        if embedder is not None and check_embedder:
+            try:
+                await engine.check_embedder()
+            except BaseException:
+                await store.close()
+                raise
+        return engine
+
+    async def check_embedder(self) -> None:
+        """Refuse to mix vectors of two models: the store records which embedder wrote its
+        vectors, and a process embedding with another one stops here (its question vectors
+        would be compared with the other model's). A store without vectors takes this one's
+        name; one from before the record existed is taken to be this model's."""
+        if self.embedder is None:
+            return
+        name = self.embedder.name
+        written = await self.store.messages.vectors_written_by()
+        if written is not None and _model(written) == _model(name):
+            return
+        if written is not None and await self.store.messages.has_vectors():
+            raise EmbedderMismatch(
+                f"this store's vectors were written by {written!r}, but SPEAKERMEM_EMBEDDER now "
+                f"embeds with {name!r}. Set SPEAKERMEM_EMBEDDER back, or embed everything again "
+                "with the new model: speakermem reembed"
+            )
+        await self.store.messages.set_vectors_written_by(name)
+
+    async def reembed(self, *, on_progress: Progress | None = None, batch_size: int = 256) -> int:
+        """Embed every message and record again with this engine's embedder and record it
+        as the store's: the way from one embedding model to another. Returns the vectors
+        written."""
+        if self.embedder is None:
+            raise ValueError("re-embedding needs an embedder (SPEAKERMEM_EMBEDDER is none)")
+        await self.store.messages.drop_vectors()
+        await self.store.messages.set_vectors_written_by(self.embedder.name)
+        done = await self.embed_pending(batch_size=batch_size, on_progress=on_progress)
+        after = 0
+        while rows := await self.store.records.vector_texts(after, batch_size):
+            vectors = await self.embedder.embed([text for _, _, text in rows])
+            await self.store.records.replace_vectors(rows, vectors)
+            after = rows[-1][0]
+            done += len(rows)
+            if on_progress:
+                on_progress(len(rows))
+        return done
 
     async def close(self) -> None:
         await self.stop_background_embedding()

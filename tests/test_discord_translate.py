@@ -455,3 +455,9 @@ def test_perms_from_guild_create_malformed():
         perms_from_guild_create(payload)
     with pytest.raises(PayloadError, match="owner_id"):
         perms_from_guild_create({"id": G})
+
+
+def test_interaction_recall_carries_the_users_locale():
+    inv = interaction_recall(interaction(locale="zh-CN", guild_locale="en-US"))
+    assert inv is not None and inv.locale == "zh-CN"
+    assert interaction_recall(interaction()).locale is None  # type: ignore[union-attr]

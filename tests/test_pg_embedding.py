@@ -187,7 +187,12 @@ async def test_a_database_made_before_the_table_is_converted(
         return [m for m in every(config) if m.version < 7]
 
     monkeypatch.setattr(pg_schema, "migrations", before_7)
-    old = await open_engine(tmp_path / "x.db", pg_url, embedder)
+    # that release kept no record of its embedder (a later migration's table)
+    old = await MemoryEngine.open(
+        MemoryConfig(store=StoreConfig(db_path=tmp_path / "x.db", db_url=pg_url)),
+        embedder,
+        check_embedder=False,
+    )
     # that release ingested without the admission gate (its tables come in a later migration)
     monkeypatch.setattr(old.store.channels.policy, "refusals", _no_gate)
     try:

@@ -20,6 +20,7 @@ import pytest
 from integrations.discord.export import read_discord_export
 from integrations.payload import PayloadError
 from integrations.slack.export import ZipLimits, read_slack_export
+from memory.search.cjk import index_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SLACK_DIR = ROOT / "tests" / "fixtures" / "slack_export_small"
@@ -176,6 +177,9 @@ def run_import(db: Path, path: Path) -> subprocess.CompletedProcess[str]:
 
 def db_state(db: Path) -> dict[str, Any]:
     conn = sqlite3.connect(db)
+    # the full-text index's content view segments CJK text with the store's own function
+    # (memory/store/sqlite/cjk_index.py); reading its rows needs it, as every store connection has
+    conn.create_function("speakermem_segment", 1, index_text, deterministic=True)
     try:
         ids = [r[0] for r in conn.execute("SELECT message_id FROM messages")]
         fts = conn.execute("SELECT count(*) FROM messages_fts").fetchone()[0]

@@ -27,6 +27,7 @@ from memory.config import MemoryConfig, StoreConfig
 from memory.engine import MemoryEngine
 from memory.models import Scope
 from memory.ports import ChatMessage, LLMUnavailable
+from memory.search.cjk import index_text
 from memory.store.sqlite.backup import backup_database
 from memory.store.sqlite.driver import pick_driver
 from tests.conftest import msg
@@ -358,6 +359,8 @@ async def test_online_backup_while_another_process_writes_then_restore_answers_t
         await asyncio.to_thread(writer.wait, 30)
     assert 500 <= result.messages <= 800
     conn = sqlite3.connect(tmp_path / "copy.db")
+    # the full-text view segments CJK text with the store's own function (cjk_index.py)
+    conn.create_function("speakermem_segment", 1, index_text, deterministic=True)
     try:
         n_msgs = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
         n_fts = conn.execute("SELECT count(*) FROM messages_fts").fetchone()[0]

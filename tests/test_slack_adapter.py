@@ -682,3 +682,20 @@ def test_render_refusal_and_empty() -> None:
     assert blocks[0]["text"]["text"] == "_(no answer)_"
     one_long_word = RecallAnswer(text="y" * 7000)
     assert [len(b["text"]["text"]) for b in render_blocks(one_long_word, {})] == [3000, 3000, 1000]
+
+
+@pytest.mark.e2e
+async def test_recall_frames_the_extractive_answer_in_the_askers_slack_locale(rig: Rig) -> None:
+    await seed(rig)
+    rig.standin.users["U3"]["locale"] = "ja-JP"
+    _, _, posted = await rig.recall("U3", GENERAL, "when is the trip to Lisbon?")
+    body = section_text(posted["blocks"])
+    assert body.startswith("見つかった内容です：") and "Here is what I found" not in body
+    assert "The team trip to Lisbon is booked for May 3rd" in body  # the quote stays verbatim
+    context = [e["text"] for b in posted["blocks"] if b["type"] == "context" for e in b["elements"]]
+    assert any("抜粋による回答" in t for t in context)
+    calls = [c for c in rig.standin.method_calls("users.info") if c.get("user") == "U3"]
+    assert any(str(c.get("include_locale")).lower() in {"1", "true"} for c in calls)
+    # a user without a locale keeps English
+    _, _, posted = await rig.recall("U1", GENERAL, "when is the trip to Lisbon?")
+    assert section_text(posted["blocks"]).startswith("Here is what I found:")

@@ -12,7 +12,7 @@ from rich.table import Table
 from bot.settings import Settings
 from integrations.app import open_engine
 from integrations.cli.ingest import embed_all, ingest_events, outcomes_line
-from integrations.cli.render import console, err_console, fmt_time
+from integrations.cli.render import advance, console, err_console, fmt_time, progress_bar
 from integrations.cli.targets import require_store, resolve_channel
 from memory import maintenance
 from memory.datasets import DATASET_READERS, Dataset, read_dataset
@@ -40,6 +40,18 @@ async def cmd_import(settings: Settings, args: argparse.Namespace) -> int:
     from integrations.cli.commands_platform import import_platform_export
 
     return await import_platform_export(settings, args.kind, path, args, embed=embed)
+
+
+async def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
+    if settings.embedder == "none":
+        err_console.print("SPEAKERMEM_EMBEDDER is none: there is nothing to embed with")
+        return 2
+    async with open_engine(settings, check_embedder=False) as engine:
+        name = engine.embedder.name if engine.embedder else settings.embedder
+        with progress_bar(f"re-embedding with {name}", None) as bar:
+            done = await engine.reembed(on_progress=lambda n: advance(bar, n))
+    err_console.print(f"re-embedded {done} messages and records with {name}")
+    return 0
 
 
 async def cmd_search(settings: Settings, args: argparse.Namespace) -> int:

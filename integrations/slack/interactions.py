@@ -87,6 +87,9 @@ class SlackInteractions:
             return
         try:
             refusal = await self.check_access(inv.scope)
+            if refusal is None:
+                locale = await self.roster.user_locale(inv.scope.workspace, inv.user_id)
+                inv = inv.model_copy(update={"locale": locale})
             answer = refusal or await self.dispatcher.recall(inv)
             links = {} if answer.refused else await self.permalinks(answer)
         except Exception:

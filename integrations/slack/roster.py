@@ -90,6 +90,8 @@ class SlackRoster:
         self.directory = SlackDirectory(client, ttl_s=roster_ttl_s, retry_s=roster_retry_s)
         """The workspace's users from paged users.list (integrations.slack.roster_sync)."""
         self._users_missing = TTLCache(roster_retry_s)
+        self._locales = TTLCache(user_ttl_s)
+        """A user's locale ("ja-JP") from users.info, or "" when Slack gave none."""
         self._user_lookups: dict[tuple[str, str], asyncio.Future[tuple[str, bool] | None]] = {}
         self._privacy: dict[tuple[str, str], bool] = {}
         """Channel privacy as last written to the store (from events' channel_type)."""
@@ -196,6 +198,26 @@ class SlackRoster:
             self._user_lookups.pop(key, None)
             future.set_result(result)
         return result
+
+    async def user_locale(self, team: str, user_id: str) -> str | None:
+        """The user's Slack locale ("ja-JP"), for the extractive answer's language: slash
+        commands do not carry it, so ``users.info`` is asked with ``include_locale`` once per
+        user (cached). None when Slack does not say or cannot be asked."""
+        key = (team, user_id)
+        cached = self._locales.get(key)
+        if cached is not None:
+            return cached or None
+        locale = ""
+        try:
+            async with self.lookups:
+                resp = await self.client.users_info(user=user_id, include_locale=True)
+            user = resp.get("user")
+            if isinstance(user, Mapping) and isinstance(user.get("locale"), str):
+                locale = user["locale"][:35]
+        except LOOKUP_ERRORS as exc:
+            log.debug("users.info (locale) failed for a slack user (%s)", brief(exc))
+        self._locales.put(key, locale)
+        return locale or None
 
     def known_names(self, body: Mapping[str, Any]) -> dict[str, str]:
         """Cached display names for the user ids a body mentions (no API calls)."""

@@ -1,27 +1,28 @@
 """One-shot retrieval controls for the evaluation (SPEC §8, shared/data/README.md).
 
 Each returns the top-k message ids for a question over one channel's verbatim messages:
-BM25 (rank-bm25 BM25Okapi on lowercased alphanumeric tokens) of the text and of
-"speaker text", dense cosine on "speaker: text", and hybrid RRF (k0=60) of the better
-BM25 and dense with 100 candidates each.
+BM25 (rank-bm25 BM25Okapi on lowercased alphanumeric tokens, and Chinese, Japanese and
+Korean runs as their character bigrams and unigrams: the standard CJK baseline, with the
+n-grams the store indexes, memory/search/cjk.py) of the text and of "speaker text",
+dense cosine on "speaker: text", and hybrid RRF (k0=60) of the better BM25 and dense with
+100 candidates each.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from rank_bm25 import BM25Okapi
 
+from memory.search.cjk import words_and_ngrams
 from memory.search.fusion import rrf
-
-_ALNUM = re.compile(r"[a-z0-9]+")
 
 
 def bm25_tokens(text: str) -> list[str]:
-    return _ALNUM.findall(text.lower())
+    """Lowercased alphanumeric words; a CJK run as its bigrams and characters."""
+    return words_and_ngrams(text)
 
 
 @dataclass

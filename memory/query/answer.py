@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from memory.models import Scope
+from memory.query.answer_locale import ENGLISH, phrases_for
 from memory.query.compose import EvidencePack, render_pack
 
 ANSWER_PROMPT_VERSION = "answer-v1"
@@ -43,12 +44,8 @@ class Citation(BaseModel):
 
 
 ExtractiveReason = Literal["no_llm", "llm_failed", "llm_empty", "uncited"]
-EXTRACTIVE_WHY: dict[str, str] = {
-    "no_llm": "",
-    "llm_failed": " (the language model is not answering right now)",
-    "llm_empty": " (the language model gave an empty reply)",
-    "uncited": " (the language model's reply cited none of them)",
-}
+EXTRACTIVE_WHY: dict[str, str] = ENGLISH.why
+"""Why an answer is extractive, in English (memory/query/answer_locale.py has the others)."""
 
 
 class RecallAnswer(BaseModel):
@@ -66,13 +63,15 @@ class RecallAnswer(BaseModel):
     that are not recall answers (refusals, errors)."""
     searched: list[Scope] = Field(default_factory=list)
     """The channels the answer drew on (a direct message's answer names them)."""
+    locale: str | None = None
+    """The asker's platform locale: the language of the extractive framing and notice."""
 
     def notice(self) -> str | None:
         """The line every surface shows with an extractive answer (None: not one)."""
         if self.used_llm or self.refused or self.extractive_reason is None:
             return None
-        why = EXTRACTIVE_WHY[self.extractive_reason]
-        return f"Extractive answer: quoted from the cited messages{why}."
+        phrases = phrases_for(self.locale)
+        return phrases.notice.format(why=phrases.why[self.extractive_reason])
 
 
 def render_answer_messages(pack: EvidencePack, note: str | None = None) -> list[dict[str, str]]:
@@ -130,8 +129,16 @@ def citations_for(pack: EvidencePack, numbers: list[int]) -> list[Citation]:
     return out
 
 
-def extractive_answer(pack: EvidencePack, *, max_records: int = 4, max_excerpts: int = 4) -> str:
-    """A reply without an LLM: the best records per row, then the best excerpts, each cited."""
+def extractive_answer(
+    pack: EvidencePack,
+    *,
+    max_records: int = 4,
+    max_excerpts: int = 4,
+    locale: str | None = None,
+) -> str:
+    """A reply without an LLM: the best records per row, then the best excerpts, each cited,
+    framed in the asker's language (`locale`) and quoted verbatim."""
+    phrases = phrases_for(locale)
     lines: list[str] = []
     shown = 0
     for row in pack.rows:
@@ -149,5 +156,5 @@ def extractive_answer(pack: EvidencePack, *, max_records: int = 4, max_excerpts:
         text = e.text if len(e.text) <= 200 else e.text[:199] + "…"
         lines.append(f"• {e.speaker} ({e.time.strftime('%Y-%m-%d')}): “{text}” [{e.n}]")
     if not lines:
-        return "I have no record of that in the channels you can read."
-    return "Here is what I found:\n" + "\n".join(lines)
+        return phrases.none_found
+    return phrases.lead_in + "\n" + "\n".join(lines)

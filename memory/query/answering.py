@@ -52,8 +52,10 @@ async def answer_pack(
     pack: EvidencePack,
     trace: RecallTrace,
     note: str | None = None,
+    locale: str | None = None,
 ) -> RecallAnswer:
-    """The LLM's cited answer to the pack, or the extractive one; citations linked."""
+    """The LLM's cited answer to the pack, or the extractive one (framed in the asker's
+    `locale`); citations linked."""
     text: str | None = None
     used_llm = False
     reason: ExtractiveReason | None = "no_llm" if llm is None else "llm_empty"
@@ -71,12 +73,12 @@ async def answer_pack(
             trace.llm_errors.append(f"answer: {exc}")
             reason = "llm_failed"
     if text is None:
-        text = extractive_answer(pack)
+        text = extractive_answer(pack, locale=locale)
     cleaned, used, stripped = check_citations(text, pack)
     if used_llm and not used and pack.excerpts:
         # an uncited LLM reply cannot be checked: fall back to the extractive one
         trace.llm_errors.append("answer: reply had no valid citations")
-        cleaned, used, stripped2 = check_citations(extractive_answer(pack), pack)
+        cleaned, used, stripped2 = check_citations(extractive_answer(pack, locale=locale), pack)
         stripped += stripped2
         used_llm, reason = False, "uncited"
     if used_llm and cfg.check_claims:
@@ -99,4 +101,5 @@ async def answer_pack(
         used_llm=used_llm,
         stripped_citations=stripped,
         extractive_reason=reason,
+        locale=locale,
     )

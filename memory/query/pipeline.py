@@ -96,6 +96,8 @@ class RecallRequest:
     every channel in `readable` (or the asker's rosters in `scope`'s workspace) where memory
     is on, private ones included, whatever `recall.scope` says; `scope` itself is not
     searched unless it is one of them."""
+    locale: str | None = None
+    """The asker's platform locale ("zh-CN", "ja"): the extractive answer's language."""
 
 
 @dataclass
@@ -418,7 +420,9 @@ class RecallPipeline:
         }
         with stage("answer"):
             result = (
-                await answer_pack(self.llm, self.cfg, self.link, pack, trace, req.answer_note)
+                await answer_pack(
+                    self.llm, self.cfg, self.link, pack, trace, req.answer_note, req.locale
+                )
                 if answer
                 else RecallAnswer(text="")
             )

@@ -20,6 +20,7 @@ from functools import lru_cache
 from memory.models import RosterMember
 from memory.query.project_words import ISSUE_STOPWORDS, NAME_LIKE_WORDS, name_key
 from memory.roster_cache import derived
+from memory.search.cjk import LATIN_WORD_CHAR, romanised
 from memory.search.name_match import NameAlternation
 
 
@@ -93,6 +94,10 @@ def build_index(
         for n in (display, *aliases):
             for v in name_variants(n):
                 strong.setdefault(v, set()).add(uid)
+            # a CJK name also goes by its romanised form ("李伟" ~ "Li Wei", "LiWei")
+            if (latin := romanised(n)) is not None:
+                for v in name_variants(latin):
+                    strong.setdefault(v, set()).add(uid)
         # A remark in brackets ("Carl (Dana's date)") describes the person; it is not
         # their name, so only the part before it gives name tokens (and a name by itself).
         bare = _BRACKETS.sub(" ", display).strip()
@@ -121,7 +126,10 @@ def build_index(
     if keys:
         name_re = NameAlternation(
             keys,
-            r"(?<![\w'@])(?P<at>@)?(?P<name>{alt})(?P<poss>'s|s'|')?(?!\w)",
+            # a word character next to the name makes it part of a longer word, unless it
+            # is CJK (names sit inside CJK runs: "李伟说")
+            rf"(?<!{LATIN_WORD_CHAR})(?<!['@])(?P<at>@)?(?P<name>{{alt}})(?P<poss>'s|s'|')?"
+            rf"(?!{LATIN_WORD_CHAR})",
             key_pattern,
             flags=re.IGNORECASE,
         )

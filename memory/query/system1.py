@@ -80,8 +80,9 @@ def name_terms(names: Iterable[str]) -> frozenset[str]:
 
 
 def phrase_match(question: str) -> str:
-    """Adjacent content-word pairs as FTS5 phrases ("count faster" OR "faster dana")."""
-    terms = query_terms(question)
+    """Adjacent content-word pairs as FTS5 phrases ("count faster" OR "faster dana"); a CJK
+    run gives its adjacent bigrams (a phrase of three characters), not its characters."""
+    terms = query_terms(question, unigrams=False)
     return " OR ".join(quote(f"{a} {b}") for a, b in pairwise(terms))
 
 

@@ -20,7 +20,6 @@ Conventions (documented because every choice here is a guess about intent):
 
 from __future__ import annotations
 
-import calendar
 import re
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
@@ -28,6 +27,16 @@ from datetime import UTC, date, datetime, timedelta
 from pydantic import BaseModel, ConfigDict
 
 from memory.models import utc
+from memory.query.calendar_spans import Span
+from memory.query.calendar_spans import add_months as _add_months
+from memory.query.calendar_spans import day as _day
+from memory.query.calendar_spans import month as _month
+from memory.query.calendar_spans import safe_date as _safe_date
+from memory.query.calendar_spans import shift as _shift
+from memory.query.calendar_spans import unit_window as _unit_window
+from memory.query.calendar_spans import week_of as _week_of
+from memory.query.calendar_spans import year as _year
+from memory.query.timewords_cjk import CJK_ASKS_WHEN, CJK_RULES
 
 OPEN_START = datetime(1970, 1, 1, tzinfo=UTC)
 """Start of open-ended windows ("before May")."""
@@ -61,62 +70,6 @@ class TimeWindow(BaseModel):
         if idx < 0:
             return " ".join(text.split())
         return " ".join((text[:idx] + " " + text[idx + len(self.phrase) :]).split())
-
-
-# --------------------------------------------------------------------------------------------
-# calendar helpers
-
-
-def _day(d: date) -> datetime:
-    return datetime(d.year, d.month, d.day, tzinfo=UTC)
-
-
-def _add_months(year: int, month: int, n: int) -> tuple[int, int]:
-    idx = year * 12 + (month - 1) + n
-    return idx // 12, idx % 12 + 1
-
-
-def _month(year: int, month: int) -> tuple[datetime, datetime]:
-    ny, nm = _add_months(year, month, 1)
-    return datetime(year, month, 1, tzinfo=UTC), datetime(ny, nm, 1, tzinfo=UTC)
-
-
-def _year(year: int) -> tuple[datetime, datetime]:
-    return datetime(year, 1, 1, tzinfo=UTC), datetime(year + 1, 1, 1, tzinfo=UTC)
-
-
-def _week_of(d: date) -> tuple[datetime, datetime]:
-    monday = d - timedelta(days=d.weekday())
-    return _day(monday), _day(monday + timedelta(days=7))
-
-
-def _shift(dt: datetime, unit: str, n: int) -> datetime:
-    """`dt` moved by n units (negative = back); months clamp the day of month."""
-    if unit == "day":
-        return dt + timedelta(days=n)
-    if unit == "week":
-        return dt + timedelta(weeks=n)
-    months = n if unit == "month" else 12 * n
-    y, m = _add_months(dt.year, dt.month, months)
-    return dt.replace(year=y, month=m, day=min(dt.day, calendar.monthrange(y, m)[1]))
-
-
-def _unit_window(d: date, unit: str) -> tuple[datetime, datetime]:
-    """The calendar day/week/month/year containing `d`."""
-    if unit == "day":
-        return _day(d), _day(d + timedelta(days=1))
-    if unit == "week":
-        return _week_of(d)
-    if unit == "month":
-        return _month(d.year, d.month)
-    return _year(d.year)
-
-
-def _safe_date(year: int, month: int, day: int) -> date | None:
-    try:
-        return date(year, month, day)
-    except ValueError:
-        return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,7 +160,6 @@ def _prev_word(text: str, pos: int) -> str:
 # --------------------------------------------------------------------------------------------
 # base expressions: each handler gets (match, text, anchor) and returns (start, end) or None
 
-Span = tuple[datetime, datetime]
 Handler = Callable[[re.Match[str], str, datetime], Span | None]
 
 
@@ -541,7 +493,7 @@ def resolve_time(question: str, anchor: datetime) -> TimeWindow | None:
     text = question[:_MAX_SCAN_CHARS]
     a = utc(anchor)
     best: tuple[int, int, Span] | None = None
-    for pattern, handler in _RULES:
+    for pattern, handler in (*_RULES, *CJK_RULES):
         for m in pattern.finditer(text):
             span = handler(m, text, a)
             if span is None:
@@ -574,7 +526,8 @@ _REFERENCE_ANCHOR = datetime(2100, 1, 1, tzinfo=UTC)
 
 def asks_when(question: str) -> bool:
     """True for questions whose answer is a time ("when did ...", "what date ...")."""
-    return bool(_ASKS_WHEN.search(question[:_MAX_SCAN_CHARS]))
+    text = question[:_MAX_SCAN_CHARS]
+    return bool(_ASKS_WHEN.search(text) or CJK_ASKS_WHEN.search(text))
 
 
 def mentions_time(question: str) -> bool:

@@ -16,12 +16,14 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 
+from memory.search.cjk import LATIN_WORD_CHAR
+
 SMALL = 64
 """Up to this many keys the full alternation is compiled once: filtering would not pay."""
 
 PATTERN_CACHE = 4096
 _SQUASH_RE = re.compile(r"[\s_.\-']+")
-_WORD_CHAR = re.compile(r"\w")
+_WORD_CHAR = re.compile(LATIN_WORD_CHAR)
 
 
 def squashed(text: str, fold: bool) -> str:

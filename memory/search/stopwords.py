@@ -17,3 +17,15 @@ hi hello lol got get gets getting thing things really much many well like would 
 something everything kind sort
 """.split()
 )
+
+CJK_STOPWORDS: frozenset[str] = frozenset(
+    # Chinese: particles, pronouns, copulas and question words
+    "的了是在我你他她它们这那个有和也就都不吗呢吧啊么什怎哪谁要会说"
+    # Japanese: particles and inflection kana
+    "はがをにのでともへやかなねよだですますたてしいうっるー"
+    # Korean: particles and endings
+    "은는이가을를에의도로와과고요다"
+)
+"""Single CJK characters too common to rank by: question words, particles and endings
+that occur in most messages of a channel. A character is a query term of its own only when
+it is not here; its bigrams ("什么", "いつ", "언제") stay terms."""

@@ -36,5 +36,9 @@ class LeaseLost(StoreError):
     ran out (or it was released or deferred meanwhile). Nothing was written."""
 
 
+class EmbedderMismatch(StoreError):
+    """The store's vectors were written by another embedding model than this process's."""
+
+
 class DriverUnavailable(RuntimeError):
     """No SQLite driver here can load sqlite-vec."""

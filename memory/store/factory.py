@@ -5,11 +5,19 @@ from __future__ import annotations
 from memory.config import StoreConfig
 from memory.store.errors import StoreError
 from memory.store.protocol import Store
+from memory.store.schema import MigrationProgress
 from memory.store.sqlite.store import SqliteStore
 
 
-def make_store(config: StoreConfig, *, gap_seconds: float, window: int) -> Store:
-    """The store `config` selects: PostgreSQL when `db_url` is set, else the SQLite file."""
+def make_store(
+    config: StoreConfig,
+    *,
+    gap_seconds: float,
+    window: int,
+    progress: MigrationProgress | None = None,
+) -> Store:
+    """The store `config` selects: PostgreSQL when `db_url` is set, else the SQLite file.
+    `progress` hears of the re-indexing migrations do when the store opens."""
     if config.db_url is not None:
         url = config.db_url.get_secret_value()
         if not url.startswith(("postgresql://", "postgres://")):
@@ -20,5 +28,5 @@ def make_store(config: StoreConfig, *, gap_seconds: float, window: int) -> Store
             raise StoreError(
                 f"the PostgreSQL backend needs psycopg ({exc}): pip install 'speakermem[postgres]'"
             ) from exc
-        return PgStore(config, gap_seconds=gap_seconds, window=window)
-    return SqliteStore(config, gap_seconds=gap_seconds, window=window)
+        return PgStore(config, gap_seconds=gap_seconds, window=window, progress=progress)
+    return SqliteStore(config, gap_seconds=gap_seconds, window=window, progress=progress)

@@ -75,6 +75,7 @@ TABLES: tuple[str, ...] = (
     "message_links",
     "interaction_cursor",
     "store_secrets",
+    "store_meta",
     "forgotten_people",
     "forgotten_names",
     "forget_jobs",

@@ -218,6 +218,33 @@ class RecordRepo(ABC):
             ids.append(rid)
         return ids
 
+    async def vector_texts(self, after_id: int, limit: int) -> list[tuple[int, int, str]]:
+        """(id, channel pk, content) of records after `after_id`, in id order: what a
+        re-embed embeds."""
+        rows = await self.db.read(
+            "SELECT id, channel_pk, content FROM records WHERE id > ? ORDER BY id LIMIT ?",
+            (after_id, limit),
+        )
+        return [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+    async def replace_vectors(
+        self, rows: Sequence[tuple[int, int, str]], vectors: np.ndarray
+    ) -> None:
+        """Write these records' vectors anew (`vector_texts`' rows, one vector each)."""
+        dialect = self.db.dialect
+        async with self.db.transaction() as tx:
+            await tx.executemany(
+                "DELETE FROM records_vec WHERE rowid = ?", [(rid,) for rid, _, _ in rows]
+            )
+            await tx.executemany(
+                f"INSERT INTO records_vec (rowid, channel_pk, embedding) VALUES (?, ?,"
+                f" {dialect.vector_cast})",
+                [
+                    (rid, pk, dialect.vector_param(v))
+                    for (rid, pk, _), v in zip(rows, vectors, strict=True)
+                ],
+            )
+
     async def _vectors(self, record_ids: Sequence[int]) -> tuple[list[int], np.ndarray]:
         """The stored vectors of those records that have one: their ids, as read, and a
         float32 matrix with one row per id."""

@@ -7,6 +7,7 @@ Never edit a released migration: append a new one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -18,15 +19,33 @@ if TYPE_CHECKING:
 
 EMBED_DIM = 384
 
+MigrationProgress = Callable[[str, int, int], None]
+"""Called with (what, rows done, rows in all) while a migration re-indexes rows: the CLI
+draws a progress bar from it (integrations/app.py), a service logs it."""
+
+_log = logging.getLogger(__name__)
+
+
+def log_progress(what: str, done: int, total: int) -> None:
+    """The progress of a migration where no bar is drawn: its start and end in the log."""
+    if done == 0 or done >= total:
+        _log.info("migration: %s %d/%d", what, done, total)
+
+
+MigrationStep = Callable[["Transaction", MigrationProgress], Awaitable[None]]
+"""Work of a migration after its SQL, in the same transaction: a re-index in batches that
+reports its progress."""
+
 
 @dataclass(frozen=True)
 class Migration:
     version: int
     name: str
     sql: str
-    backfill: Callable[[Transaction], Awaitable[object]] | None = None
-    """Runs after `sql` in the same transaction: a migration that brings in an invariant
-    also derives it from the rows that exist (SQL alone cannot compute a keyed hash)."""
+    step: MigrationStep | None = None
+    """Runs after `sql` in the same transaction: a re-index in batches, or the backfill of
+    an invariant the migration brings in, derived from the rows that exist (SQL alone
+    cannot compute a keyed hash)."""
 
 
 PENDING_SEGMENT_INDEXES = """
@@ -53,5 +72,19 @@ def tombstone_backfill(version: int) -> Migration:
         version,
         "governance: tombstones of people forgotten before tombstones existed",
         "",
-        backfill_person_tombstones,
+        _backfill_tombstones,
     )
+
+
+async def _backfill_tombstones(tx: Transaction, progress: MigrationProgress) -> None:
+    await backfill_person_tombstones(tx)
+
+
+STORE_META = """
+-- Facts about the store itself, by name: `embedder` names the model that wrote its vectors
+-- (a process embedding with another model is refused at start, memory/engine.py).
+CREATE TABLE store_meta (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""

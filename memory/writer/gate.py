@@ -13,11 +13,12 @@ observations by ``bench/calibrate_gate.py``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
+
+from memory.search.cjk import words_and_ngrams
 
 GateMode = Literal["lexical", "dense", "either", "both"]
 
@@ -28,8 +29,6 @@ DEFAULT_DENSE_THRESHOLD = 0.6
 # at 0.25 accepts 94.5% with true evidence and rejects 94.2% with swapped same-speaker evidence
 # (the point where both rates are about equal); "either" at lexical 0.30 / dense 0.60 gives
 # 94.4% / 94.6%, so the embedding adds little and stays optional.
-
-_TOKEN_RE = re.compile(r"[a-z0-9]+")
 
 # Function words, auxiliaries, pronouns and a few discourse fillers. Kept deliberately small:
 # removing a content word here would let unsupported claims through.
@@ -94,8 +93,9 @@ def stem(token: str) -> str:
 
 
 def tokens(text: str) -> list[str]:
-    """Lowercased alphanumeric tokens (apostrophes split: "I'm" -> 'i', 'm')."""
-    return _TOKEN_RE.findall(text.lower())
+    """Lowercased alphanumeric tokens (apostrophes split: "I'm" -> 'i', 'm'); a CJK run as
+    its character bigrams, so a Chinese claim is grounded by the words of its evidence."""
+    return words_and_ngrams(text, unigrams=False)
 
 
 def content_terms(text: str) -> set[str]:

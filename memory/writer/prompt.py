@@ -26,6 +26,7 @@ from memory.models import (
     RosterMember,
     StoredMessage,
 )
+from memory.search.cjk import words_and_ngrams
 
 WRITER_PROMPT_VERSION = "writer-v2"
 """v2: messages carry who they speak to (with how that was found) and the turn they answer."""
@@ -109,13 +110,12 @@ def action_budget(n_messages: int, *, per_message: int = 2, cap: int = 40) -> in
 
 # ---------------------------------------------------------------- head selection
 
-_TOKEN_RE = re.compile(r"[a-z0-9]+")
 _HEAD_OVERHEAD_CHARS = 60
 """Rendering overhead per head line (id, layer, owner, source), in characters."""
 
 
 def _tokens(text: str) -> list[str]:
-    return _TOKEN_RE.findall(text.lower())
+    return words_and_ngrams(text)
 
 
 def _head_cost(head: DerivedRecord) -> int:

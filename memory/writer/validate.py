@@ -31,6 +31,7 @@ from memory.models import (
     Scope,
     StoredMessage,
 )
+from memory.search.cjk import words_and_runs
 from memory.writer.gate import EvidenceGate, GateScore, date_terms
 from memory.writer.prompt import (
     WRITER_PROMPT_VERSION,
@@ -72,8 +73,9 @@ def channel_key(scope: Scope) -> str:
 
 
 def normalize_content(text: str) -> str:
-    """Comparison key for content: lowercase alphanumeric tokens joined by single spaces."""
-    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+    """Comparison key for content: lowercase alphanumeric tokens and CJK runs joined by
+    single spaces."""
+    return " ".join(words_and_runs(text))
 
 
 def build_name_index(roster: Sequence[RosterMember]) -> dict[str, str]:

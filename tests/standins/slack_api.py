@@ -413,7 +413,10 @@ class SlackApiStandIn:
         uid = args.get("user")
         if uid not in self.users:
             return {"ok": False, "error": "user_not_found"}
-        return {"ok": True, "user": {"id": uid, "team_id": self.team_id, **self.users[uid]}}
+        user = {"id": uid, "team_id": self.team_id, **self.users[uid]}
+        if str(args.get("include_locale", "")).lower() not in {"true", "1"}:
+            user.pop("locale", None)  # Slack sends it only when asked
+        return {"ok": True, "user": user}
 
     def _m_chat_getPermalink(self, args: dict[str, Any]) -> dict[str, Any]:
         channel, ts = args.get("channel"), str(args.get("message_ts", ""))

@@ -45,6 +45,27 @@ class MessageRepo:
         self.last_receipt: Receipt | None = None
         """What the latest platform delete removed (logs and tests read it)."""
 
+    # ---- which model wrote the vectors --------------------------------------------------
+
+    async def vectors_written_by(self) -> str | None:
+        """The embedder's name the store's vectors were written with (None: not recorded)."""
+        rows = await self.db.read("SELECT value FROM store_meta WHERE name = 'embedder'")
+        return str(rows[0][0]) if rows else None
+
+    async def set_vectors_written_by(self, name: str) -> None:
+        async with self.db.transaction() as tx:
+            await tx.execute(
+                self.db.dialect.upsert("store_meta", ("name", "value"), ("name",)),
+                ("embedder", name),
+            )
+
+    async def has_vectors(self) -> bool:
+        """Whether any message or record has a vector."""
+        rows = await self.db.read(
+            "SELECT EXISTS (SELECT 1 FROM message_vectors) OR EXISTS (SELECT 1 FROM records_vec)"
+        )
+        return bool(rows[0][0])
+
     # ---- writes -------------------------------------------------------------------------
 
     async def ingest(

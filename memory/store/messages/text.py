@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from memory.search.cjk import has_cjk, phrase_form
 from memory.search.fts_query import quote
 
 _NAME_TOKEN = re.compile(r"[^\W_]", re.UNICODE)
@@ -16,8 +17,9 @@ def speaker_phrase(name: str) -> str:
     The whole name is quoted, so FTS5 tokenizes it exactly as it tokenized the column:
     stop-words and one-letter parts ("Girl's Voice", "j_doe") stay in the phrase. The
     query tokenizer drops them, and its phrase then matched none of the speaker's rows.
+    CJK runs are written as the index holds them (their bigrams, memory/search/cjk.py).
     """
-    name = " ".join(name.split())
+    name = " ".join(phrase_form(name).split())
     return quote(name) if _NAME_TOKEN.search(name) else ""
 
 
@@ -34,7 +36,11 @@ def name_pattern(word: str) -> re.Pattern[str]:
 
 
 def count_lowercase(word: str, texts: list[str]) -> tuple[int, float]:
-    """(occurrences of `word` in `texts`, the share of them written in lower case)."""
+    """(occurrences of `word` in `texts`, the share of them written in lower case).
+
+    A word without case (李伟, リナ) is never seen written in lower case: (0, 0.0)."""
+    if has_cjk(word) and word.lower() == word.upper():
+        return 0, 0.0
     pattern = name_pattern(word)
     seen = lower = 0
     for text in texts:

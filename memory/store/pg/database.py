@@ -46,7 +46,7 @@ from memory.store.database import IN_CHUNK, Params, read_in_chunks
 from memory.store.errors import StoreBusy, StoreError, StoreFull
 from memory.store.pg import schema
 from memory.store.pg.dialect import POSTGRES, translate
-from memory.store.schema import Migration
+from memory.store.schema import Migration, MigrationProgress, log_progress
 from memory.url_masking import MASK, mask_url
 
 log = logging.getLogger(__name__)
@@ -237,10 +237,11 @@ class PgDatabase:
 
     dialect = POSTGRES
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, progress: MigrationProgress | None = None) -> None:
         if config.db_url is None:
             raise StoreError("PgDatabase needs StoreConfig.db_url (postgresql://...)")
         self.config = config
+        self.progress = progress or log_progress
         self.url = config.db_url.get_secret_value()
         self._where = masked_url(self.url)
         self.path = UrlPath(self._where)
@@ -339,8 +340,8 @@ class PgDatabase:
                 return False
             if migration.sql:
                 await tx.executescript_in_tx(migration.sql)
-            if migration.backfill is not None:
-                await migration.backfill(tx)
+            if migration.step is not None:
+                await migration.step(tx, self.progress)
             await tx.execute(
                 "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                 (migration.version, migration.name, time.time()),

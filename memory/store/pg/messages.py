@@ -90,6 +90,19 @@ class PgMessageRepo(MessageRepo):
         """(pk, channel_pk, text to embed) for messages without a vector yet."""
         return await message_vectors.pending_embeddings(self.db, limit)
 
+    async def drop_vectors(self) -> int:
+        """Delete every message vector (the sign bits follow) and queue the live messages
+        for embedding again (a re-embed with another model); returns how many were queued."""
+        async with self.db.transaction() as tx:
+            await tx.execute("DELETE FROM messages_vec")
+            await tx.execute("DELETE FROM message_vectors")
+            await tx.execute(
+                "INSERT INTO messages_unembedded (id) SELECT id FROM messages"
+                " WHERE deleted_at IS NULL ON CONFLICT DO NOTHING"
+            )
+            row = await tx.fetchone("SELECT count(*) FROM messages_unembedded")
+        return int(row[0])
+
     async def count_pending_embeddings(self) -> int:
         return await message_vectors.count_pending_embeddings(self.db)
 

@@ -19,6 +19,7 @@ below as later migrations.
 from __future__ import annotations
 
 from memory.config import StoreConfig
+from memory.store.pg.cjk_index import CJK_INDEX, reindex_cjk
 from memory.store.pg.messages_schema import (
     message_vectors_cascade_sql,
     messages_bits_sql,
@@ -33,6 +34,7 @@ from memory.store.schema import (
     EMBED_DIM,
     PENDING_SEGMENT_INDEXES,
     RECONCILE_DETAIL,
+    STORE_META,
     Migration,
     tombstone_backfill,
 )
@@ -471,6 +473,7 @@ REWRITES: dict[int, tuple[str, ...]] = {
     3: ("records",),
     8: ("messages",),
     14: ("messages",),
+    16: ("messages", "records"),
 }
 """The tables each migration rewrites (a stored generated column added or changed): the
 process that applies one vacuums them afterwards (`PgDatabase._migrate`)."""
@@ -511,6 +514,8 @@ def migrations(config: StoreConfig) -> list[Migration]:
             messages_speaker_lexemes_sql(),
         ),
         tombstone_backfill(15),
+        Migration(16, "search: CJK text indexed as character n-grams", CJK_INDEX, reindex_cjk),
+        Migration(17, "embeddings: the model that wrote the store's vectors", STORE_META),
     ]
 
 

@@ -10,6 +10,7 @@ from memory.store.pg.locks import PgJobLocks
 from memory.store.pg.messages import PgMessageRepo
 from memory.store.pg.records import PgRecordRepo
 from memory.store.pg.upkeep import settle
+from memory.store.schema import MigrationProgress
 
 
 class PgStore(BaseStore):
@@ -21,8 +22,15 @@ class PgStore(BaseStore):
     messages: PgMessageRepo
     records: PgRecordRepo
 
-    def __init__(self, config: StoreConfig, *, gap_seconds: float, window: int) -> None:
-        db = PgDatabase(config)
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        gap_seconds: float,
+        window: int,
+        progress: MigrationProgress | None = None,
+    ) -> None:
+        db = PgDatabase(config, progress)
         super().__init__(
             db,
             messages=PgMessageRepo,

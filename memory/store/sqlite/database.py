@@ -23,6 +23,7 @@ from memory.config import StoreConfig
 from memory.private_files import ensure_private_file, sidecars, tighten
 from memory.store.database import IN_CHUNK, Params, read_in_chunks
 from memory.store.errors import StoreBusy, StoreError, StoreFull
+from memory.store.schema import MigrationProgress, log_progress
 from memory.store.sqlite.dialect import SQLITE
 from memory.store.sqlite.driver import Driver, open_async, pick_driver
 from memory.store.sqlite.schema import migrations
@@ -35,8 +36,9 @@ class SqliteDatabase:
 
     dialect = SQLITE
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, progress: MigrationProgress | None = None) -> None:
         self.config = config
+        self.progress = progress or log_progress
         self.path = Path(config.db_path)
         self.driver: Driver = pick_driver(config.sqlite_driver)
         self._writer: aiosqlite.Connection | None = None
@@ -113,8 +115,8 @@ class SqliteDatabase:
             async with self.transaction() as tx:
                 if migration.sql:
                     await tx.executescript_in_tx(migration.sql)
-                if migration.backfill is not None:
-                    await migration.backfill(tx)
+                if migration.step is not None:
+                    await migration.step(tx, self.progress)
                 await tx.execute(
                     "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
                     (migration.version, migration.name, time.time()),

@@ -21,8 +21,8 @@ class SqliteDialect(Dialect):
     # above the largest before the batch
     index_new_messages = (
         "INSERT INTO messages_fts (rowid, text, speaker_name, channel_tag)"
-        " SELECT id, text, speaker_name, 'c' || channel_pk FROM messages"
-        " WHERE id > ? ORDER BY id"
+        " SELECT id, speakermem_segment(text), speakermem_segment(speaker_name),"
+        " 'c' || channel_pk FROM messages WHERE id > ? ORDER BY id"
     )
     vector_cast = "?"
 

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import aiosqlite
 import sqlite_vec
 
+from memory.search.cjk import index_text
 from memory.store.errors import DriverUnavailable
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,9 @@ def connect_sync(path: Path | str, driver: Driver) -> Any:
         sqlite_vec.load(conn)
     finally:
         conn.enable_load_extension(False)
+    # the full-text indexes hold CJK text as character n-grams (migration 12's view and
+    # triggers call it; memory/search/cjk.py)
+    conn.create_function("speakermem_segment", 1, index_text, deterministic=True)
     conn.row_factory = driver.row
     return conn
 

@@ -52,6 +52,19 @@ class SqliteMessageRepo(MessageRepo):
         )
         return [(r[0], r[1], embed_text(r[2], r[3])) for r in rows]
 
+    async def drop_vectors(self) -> int:
+        """Delete every message vector and queue the live messages for embedding again (a
+        re-embed with another model); returns how many were queued."""
+        async with self.db.transaction() as tx:
+            await tx.execute("DELETE FROM messages_vec")
+            await tx.execute("DELETE FROM message_vectors")
+            await tx.execute("UPDATE messages SET embedded = 0 WHERE embedded = 1")
+            row = await tx.fetchone(
+                "SELECT count(*) FROM messages WHERE embedded = 0 AND deleted_at IS NULL"
+            )
+        self._bits_cache.clear()
+        return int(row[0])
+
     async def count_pending_embeddings(self) -> int:
         rows = await self.db.read(
             "SELECT count(*) FROM messages WHERE embedded = 0 AND deleted_at IS NULL"
@@ -316,7 +329,8 @@ class SqliteMessageRepo(MessageRepo):
             return 0, 0.0
         tags = " OR ".join(f'"c{int(pk)}"' for pk in dict.fromkeys(channel_pks))
         rows = await self.db.read(
-            "SELECT text FROM messages_fts WHERE messages_fts MATCH ? LIMIT ?",
+            "SELECT m.text FROM messages_fts f JOIN messages m ON m.id = f.rowid"
+            " WHERE messages_fts MATCH ? LIMIT ?",
             (f"{{text}} : ({phrase}) AND channel_tag : ({tags})", sample),
         )
         return count_lowercase(word, [r[0] for r in rows])

@@ -10,9 +10,11 @@ from memory.store.schema import (
     EMBED_DIM,
     PENDING_SEGMENT_INDEXES,
     RECONCILE_DETAIL,
+    STORE_META,
     Migration,
     tombstone_backfill,
 )
+from memory.store.sqlite.cjk_index import CJK_INDEX, reindex_cjk
 
 
 def _initial(chunk_size: int) -> str:
@@ -496,4 +498,6 @@ def migrations(chunk_size: int) -> list[Migration]:
         Migration(9, "governance: one channel switch, tombstones, resumable forgets", FORGETTING),
         Migration(10, "reconciliation: a detail column on catch-up cursors", RECONCILE_DETAIL),
         tombstone_backfill(11),
+        Migration(12, "search: CJK text indexed as character n-grams", CJK_INDEX, reindex_cjk),
+        Migration(13, "embeddings: the model that wrote the store's vectors", STORE_META),
     ]

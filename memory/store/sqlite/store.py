@@ -5,6 +5,7 @@ from __future__ import annotations
 from memory.config import StoreConfig
 from memory.store.base_store import BaseStore
 from memory.store.errors import StoreError
+from memory.store.schema import MigrationProgress
 from memory.store.sqlite.database import SqliteDatabase
 from memory.store.sqlite.locks import SqliteJobLocks
 from memory.store.sqlite.messages import SqliteMessageRepo
@@ -18,9 +19,16 @@ class SqliteStore(BaseStore):
     messages: SqliteMessageRepo
     records: SqliteRecordRepo
 
-    def __init__(self, config: StoreConfig, *, gap_seconds: float, window: int) -> None:
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        gap_seconds: float,
+        window: int,
+        progress: MigrationProgress | None = None,
+    ) -> None:
         super().__init__(
-            SqliteDatabase(config),
+            SqliteDatabase(config, progress),
             messages=SqliteMessageRepo,
             records=SqliteRecordRepo,
             locks=SqliteJobLocks(),
