@@ -467,7 +467,9 @@ def test_update_may_restate_target_but_must_ground_the_change() -> None:
 def test_update_may_target_only_what_the_prompt_showed() -> None:
     """A guessed id of a record the prompt never showed takes over nothing, although it is
     an active head of this channel; the records shown stay updatable."""
-    hidden = update(entry_id=12, content="Alice adopted Pixel, a grey cat, last weekend.", refs=["m1"])
+    hidden = update(
+        entry_id=12, content="Alice adopted Pixel, a grey cat, last weekend.", refs=["m1"]
+    )
     rep = run(update(), hidden, shown=frozenset({10}))
     assert reasons(rep) == [RejectReason.ENTRY_NOT_SHOWN] and rep.rejected[0].index == 1
     assert [a.target.id for a in rep.accepted if a.target] == [10]

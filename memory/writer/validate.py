@@ -98,9 +98,10 @@ class ValidationContext:
     """Everything validation needs about the channel's state at the time of the Writer call.
 
     heads: ALL active records of this channel by id (an UPDATE of one the prompt did not
-    show is told apart from an unknown id by `shown`). all_records_channel: record id -> `channel_key` of every
-    record the caller knows (any state, any channel), to tell superseded / foreign entries
-    from unknown ones. ref_map: local ref ("m1") -> message of THIS segment.
+    show is told apart from an unknown id by `shown`). all_records_channel: record id ->
+    `channel_key` of every record the caller knows (any state, any channel), to tell
+    superseded / foreign entries from unknown ones. ref_map: local ref ("m1") -> message
+    of THIS segment.
     names: lowercase display name/alias -> roster id (see `build_name_index`).
     dense_sim: optional (content, cited messages) -> cosine, precomputed by the caller.
     shown: ids of the records the prompt showed; an UPDATE may target only those (None:
