@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from memory.models import Scope
-from memory.query.compose import EvidencePack, render_pack
+from memory.models import GROUP, Scope
+from memory.query.compose import EvidencePack, PackRecord, render_pack
 
 ANSWER_PROMPT_VERSION = "answer-v1"
 
@@ -128,6 +128,16 @@ def citations_for(pack: EvidencePack, numbers: list[int]) -> list[Citation]:
     return out
 
 
+def who_says(rec: PackRecord) -> str:
+    """Whose claim a record line is: "Bob says: " (a person's), "The group: " (GROUP's),
+    nothing when the content already opens with its source's name."""
+    if rec.source_id == GROUP or rec.source == GROUP:
+        return "The group: "
+    if rec.content.lower().startswith(rec.source.lower()):
+        return ""
+    return f"{rec.source} says: "
+
+
 def extractive_answer(pack: EvidencePack, *, max_records: int = 4, max_excerpts: int = 4) -> str:
     """A reply without an LLM: the best records per row, then the best excerpts, each cited."""
     lines: list[str] = []
@@ -140,7 +150,7 @@ def extractive_answer(pack: EvidencePack, *, max_records: int = 4, max_excerpts:
                 continue
             cites = "".join(f"[{n}]" for n in rec.excerpts)
             when = rec.time.strftime("%Y-%m-%d")
-            lines.append(f"• {rec.content} ({when}) {cites}".rstrip())
+            lines.append(f"• {who_says(rec)}{rec.content} ({when}) {cites}".rstrip())
             shown += 1
     s1 = [e for e in pack.excerpts if e.track == "s1"][:max_excerpts]
     for e in s1:

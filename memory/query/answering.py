@@ -85,6 +85,7 @@ async def answer_pack(
             "checked": report.checked,
             "dropped": report.dropped,
             "rewritten": report.rewritten,
+            "misattributed": report.misattributed,
             "abstained": int(report.abstained),
         }
         trace.dropped_claims = [c.claim.text[:120] for c in report.claims if c.verdict == "dropped"]

@@ -63,6 +63,8 @@ class PackRecord(BaseModel):
     time: datetime
     state: str
     excerpts: list[int] = Field(default_factory=list)
+    source_id: str = ""
+    """The source's platform user id (or GROUP): whose words the record reports."""
     from_ids: list[str] = Field(default_factory=list)
     via_source: bool = False
 
@@ -262,6 +264,7 @@ def _compose_once(
                         excerpts=sorted(set(nums)),
                         from_ids=list(node.from_ids),
                         via_source=rr.via_source,
+                        source_id=node.source,
                     )
                 )
         for msg in row.fallback:
