@@ -26,7 +26,7 @@ from memory.query.compose import EvidencePack
 from memory.query.links import LinkResolver
 from memory.query.trace import RecallTrace
 
-ANSWER_FRAME_TOKENS = 32
+ANSWER_FRAME_TOKENS = 40
 """The answer prompt's wrapper around the pack and the question (tags, the closing ask)."""
 
 

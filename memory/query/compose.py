@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from memory.config import RecallConfig
 from memory.context_budget import approx_tokens
 from memory.models import GROUP, Scope, StoredMessage
+from memory.prompt_quoting import quote_line
 from memory.query.system2 import Row, RowRecord
 
 MAX_EXCERPT_CHARS = 600
@@ -412,7 +413,11 @@ def _when(ts: datetime) -> str:
 
 
 def _excerpt_line(e: Excerpt) -> str:
-    return f"[{e.n}] {_when(e.time)} #{e.scope.channel} {e.speaker}: {e.text}"
+    """One excerpt; its channel, speaker and text quoted (memory.prompt_quoting)."""
+    return (
+        f"[{e.n}] {_when(e.time)} #{quote_line(e.scope.channel)} {quote_line(e.speaker)}:"
+        f" {quote_line(e.text)}"
+    )
 
 
 def render_pack(pack: EvidencePack) -> str:
@@ -432,7 +437,7 @@ def render_pack(pack: EvidencePack) -> str:
 def _row_lines(pack: EvidencePack) -> list[str]:
     lines: list[str] = []
     for row in pack.rows:
-        title = "GROUP" if row.key == GROUP else row.label
+        title = "GROUP" if row.key == GROUP else quote_line(row.label)
         lines.append(f"- {title}:")
         if row.none:
             lines.append("    (none)")
@@ -441,8 +446,9 @@ def _row_lines(pack: EvidencePack) -> list[str]:
             cites = "".join(f"[{n}]" for n in rec.excerpts)
             via = " (provided about someone else)" if rec.via_source else ""
             lines.append(
-                f"    * {rec.content} | {rec.layer}; owner={rec.owner}; source={rec.source};"
-                f" {_when(rec.time)}; {rec.state}{via} {cites}".rstrip()
+                f"    * {quote_line(rec.content)} | {rec.layer}; owner={quote_line(rec.owner)};"
+                f" source={quote_line(rec.source)}; {_when(rec.time)}; {rec.state}{via}"
+                f" {cites}".rstrip()
             )
         if row.fallback_excerpts and not row.records:
             nums = "".join(f"[{n}]" for n in row.fallback_excerpts)
