@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from memory.config import RecallConfig
 from memory.context_budget import approx_tokens
+from memory.identity import identities
 from memory.models import GROUP, Scope, StoredMessage
 from memory.prompt_quoting import quote_line
 from memory.query.system2 import Row, RowRecord
@@ -214,6 +215,8 @@ def _compose_once(
     dropped = n_records - sum(len(r.records) for r in rows)
     excerpts: list[Excerpt] = []
     index: dict[tuple[Scope, str], int] = {}
+    written = [*s1, *support.values(), *(m for row in rows for m in row.fallback)]
+    who = identities(names, ((m.speaker_id, m.speaker_name) for m in written))
 
     def add(msg: StoredMessage, track: str) -> int:
         key = (msg.scope, msg.message_id)
@@ -225,7 +228,7 @@ def _compose_once(
                     message_id=msg.message_id,
                     thread_id=msg.thread_id,
                     speaker_id=msg.speaker_id,
-                    speaker=_clip(msg.speaker_name, MAX_NAME_CHARS),
+                    speaker=_clip(who.author(msg.speaker_id, msg.speaker_name), MAX_NAME_CHARS),
                     time=msg.ts,
                     text=_clip(msg.text, MAX_EXCERPT_CHARS),
                     track=track,
@@ -238,7 +241,8 @@ def _compose_once(
         add(msg, "s1")
     pack_rows: list[PackRow] = []
     for row in rows:
-        prow = PackRow(key=row.key, label=_clip(row.label, MAX_NAME_CHARS))
+        label = who.person(row.key) if row.key in names else row.label
+        prow = PackRow(key=row.key, label=_clip(label, MAX_NAME_CHARS))
         for rr in row.records:
             for node in rr.chain:
                 nums: list[int] = []
@@ -258,8 +262,8 @@ def _compose_once(
                         record_id=node.id,
                         layer=node.layer.value,
                         content=_clip(node.content, MAX_RECORD_CHARS),
-                        owner=_clip(names.get(node.owner, node.owner), MAX_NAME_CHARS),
-                        source=_clip(names.get(node.source, node.source), MAX_NAME_CHARS),
+                        owner=_clip(who.person(node.owner), MAX_NAME_CHARS),
+                        source=_clip(who.person(node.source), MAX_NAME_CHARS),
                         time=node.time,
                         state=node.state.value,
                         excerpts=sorted(set(nums)),
