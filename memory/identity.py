@@ -46,9 +46,7 @@ class Identities:
         return label
 
 
-def identities(
-    current: Mapping[str, str], written: Iterable[tuple[str, str]] = ()
-) -> Identities:
+def identities(current: Mapping[str, str], written: Iterable[tuple[str, str]] = ()) -> Identities:
     """The labels of a view: `current` (id -> display name now) and `written` (id, name a
     message was written under) decide which names are shared."""
     users: dict[str, set[str]] = {}

@@ -51,6 +51,10 @@ async def test_recall_tells_the_two_alices_apart(engine: MemoryEngine) -> None:
     assert {"Alice (@alice)", "Alice (@mallory)"} <= speakers
     assert "Rob (now Robert)" in speakers
     assert "Alice (@mallory)" in result.answer.text
+    asked = await RecallPipeline(engine).run(RecallRequest("what did Alice say?", SCOPE))
+    assert asked.answer.text.endswith(
+        "(More than one person here goes by that name: Alice (@alice), Alice (@mallory).)"
+    )
 
 
 @pytest.mark.contract

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from memory.identity import identities
 from memory.models import GROUP, Scope
 from memory.prompt_quoting import quote_block
 from memory.query.compose import EvidencePack, PackRecord, render_pack
@@ -133,6 +134,16 @@ def citations_for(pack: EvidencePack, numbers: list[int]) -> list[Citation]:
                 )
             )
     return out
+
+
+def ambiguity_note(candidates: list[str], names: dict[str, str]) -> str | None:
+    """The line an answer ends with when the question's name could mean several people:
+    whom it could mean, each with a handle (memory.identity)."""
+    if len(candidates) < 2:
+        return None
+    who = identities(names, ())
+    labels = [who.person(uid) for uid in candidates]
+    return f"(More than one person here goes by that name: {', '.join(labels)}.)"
 
 
 def who_says(rec: PackRecord) -> str:

@@ -29,7 +29,7 @@ from memory.engine import MemoryEngine
 from memory.interactions import interaction_names
 from memory.models import RosterMember, Scope, StoredMessage
 from memory.ports import LLM
-from memory.query.answer import ANSWER_PROMPT_VERSION, RecallAnswer
+from memory.query.answer import ANSWER_PROMPT_VERSION, RecallAnswer, ambiguity_note
 from memory.query.answering import answer_pack, pack_budgets
 from memory.query.breadth import Breadth, question_breadth
 from memory.query.compose import EvidencePack, compose
@@ -369,6 +369,9 @@ class RecallPipeline:
                 if answer
                 else RecallAnswer(text="")
             )
+        note = ambiguity_note(projection.candidates, names)
+        if note and result.text:
+            result.text = f"{result.text}\n{note}"
         trace.latency_ms = timings
         return RecallResult(answer=result, pack=pack, trace=trace, rows=rows)
 
