@@ -151,7 +151,8 @@ def who_says(rec: PackRecord) -> str:
     nothing when the content already opens with its source's name."""
     if rec.source_id == GROUP or rec.source == GROUP:
         return "The group: "
-    if rec.content.lower().startswith(rec.source.lower()):
+    bare = re.sub(r"\s*\(@[^()]*\)$", "", rec.source)
+    if rec.content.lower().startswith(bare.lower()) and bare == rec.source:
         return ""
     return f"{rec.source} says: "
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from memory.config import RecallConfig
 from memory.engine import MemoryEngine
+from memory.identity import identities
 from memory.interactions import interaction_names
 from memory.models import RosterMember, Scope, StoredMessage
 from memory.ports import LLM
@@ -328,8 +329,11 @@ class RecallPipeline:
             "left_out": s2.people.left_out,
             "queries": s2.queries,
         }
+        who = identities(display_names(roster))  # two rows of one name stay two rows
         trace.s2_rows = {
-            r.label: [rr.record.content[:80] for rr in r.records]
+            (who.person(r.key) if r.key in who.current else r.label): [
+                rr.record.content[:80] for rr in r.records
+            ]
             or [f"(fallback) {m.message_id}" for m in r.fallback]
             or ["(none)"]
             for r in rows
