@@ -17,6 +17,7 @@ from typing import Literal
 
 from memory.engine import MemoryEngine, SearchMode
 from memory.governance.policy import channel_enabled, effective_retention
+from memory.identity import identities
 from memory.interactions import interaction_names
 from memory.models import GROUP, DerivedRecord, Scope, SearchHit, StoredMessage
 from memory.query.links import LinkResolver, default_link
@@ -338,6 +339,8 @@ class ConsoleReads:
             return None
         store = self._store
         cited = await store.messages.by_ids(rec.scope, rec.from_ids)
+        current = await self.names(rec.scope)
+        who = identities(current, ((m.speaker_id, m.speaker_name) for m in cited.values()))
         sources = []
         for mid in rec.from_ids:
             m = cited.get(mid)
@@ -349,7 +352,7 @@ class ConsoleReads:
                     message_id=mid,
                     present=True,
                     speaker_id=m.speaker_id,
-                    speaker_name=m.speaker_name,
+                    speaker_name=who.author(m.speaker_id, m.speaker_name),
                     text=m.text,
                     ts=m.ts.timestamp(),
                     link=self.link(rec.scope, mid, m.thread_id),
@@ -357,9 +360,8 @@ class ConsoleReads:
                 )
             )
         chain = await store.records.chain(record_id)
-        return RecordView(
-            record=rec, sources=sources, chain=chain, names=await self.names(rec.scope)
-        )
+        names = {uid: who.person(uid) for uid in current}
+        return RecordView(record=rec, sources=sources, chain=chain, names=names)
 
     async def names(self, scope: Scope) -> dict[str, str]:
         """User id -> display name of everyone on the channel's roster, past members too."""

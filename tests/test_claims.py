@@ -157,7 +157,13 @@ async def test_recall_re_cites_an_answer_that_cites_the_wrong_message(
     llm_server.default = _answer_with(wrong)
     res = await RecallPipeline(engine, llm=llm).run(RecallRequest("Who does what?", SCOPE))
     assert res.answer.used_llm
-    assert res.trace.claims == {"checked": 2, "dropped": 0, "rewritten": 2, "abstained": 0}
+    assert res.trace.claims == {
+        "checked": 2,
+        "dropped": 0,
+        "rewritten": 2,
+        "misattributed": 0,
+        "abstained": 0,
+    }
     by_n = {c.n: c.message_id for c in res.answer.citations}
     cited = re.findall(r"\[(\d+)\]", res.answer.text)
     assert [by_n[int(n)] for n in cited] == ["m0", "m2"]

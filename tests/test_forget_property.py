@@ -74,10 +74,17 @@ def scope_of(channel: str) -> Scope:
 
 def derive_and_mention(body: dict[str, Any]) -> Item:
     """The derive-everything Writer, plus a GROUP record that names every member, quoting
-    the first message only (so it names people whose messages it does not cite)."""
+    the first message only (so it names people whose messages it does not cite); and, as a
+    gullible model would, the first message pinned on the last speaker and on the group."""
     reply = derive_everything(body)
     actions = json.loads(reply.content or "{}")["actions"]
     first = next((a for a in actions if a.get("type") == "ADD"), None)
+    last = next((a for a in reversed(actions) if a.get("layer") == "core"), None)
+    if first is not None and last is not None:
+        borrowed = {**first, "source": last["source"], "owner": last["source"]}
+        one_voice = {**first, "layer": "insight", "source": "GROUP", "owner": "GROUP"}
+        # first: the action budget (two a message) cuts what comes last
+        actions[:0] = [borrowed, {**one_voice, "content": f"All agreed: {first['content']}"}]
     if first is not None:
         actions.append(
             {
@@ -532,6 +539,23 @@ class ForgetMachine(RuleBasedStateMachine):
                 assert PEOPLE[person] not in content, (rid, content)
         names = {r[0] for r in await self._read("SELECT user_id FROM users")}
         assert not names & self.forgotten
+        await self._attribution_check()
+
+    async def _attribution_check(self) -> None:
+        """Every record's source wrote at least one message it cites, or the source is
+        GROUP and its cited messages span two or more speakers (issue 39)."""
+        author = {
+            (r[0], r[1]): r[2]
+            for r in await self._read("SELECT channel_pk, message_id, speaker_id FROM messages")
+        }
+        for rid, pk, source, from_ids in await self._read(
+            "SELECT id, channel_pk, source, from_ids FROM records"
+        ):
+            spoke = {author.get((pk, mid)) for mid in json.loads(from_ids)} - {None, ""}
+            if source == "GROUP":
+                assert len(spoke) >= 2, (rid, spoke)
+            else:
+                assert source in spoke, (rid, source, spoke)
 
 
 BASE = settings(

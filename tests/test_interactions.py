@@ -250,4 +250,4 @@ async def test_writer_prompt_marks_addressees_with_how_and_the_turn_answered(
     assert "[answers m2" in user  # Rachel's reply answers Ross
     plain, _ = render_writer_messages(roster, [], segment, budget=4)
     assert "answers" not in plain[1]["content"]
-    assert WRITER_PROMPT_VERSION == "writer-v2"
+    assert WRITER_PROMPT_VERSION == "writer-v3"

@@ -51,7 +51,7 @@ def _record(content: str, **kw: object) -> NewRecord:
         layer=Layer.CORE,
         record_scope=RecordScope.PERSON,
         content=content,
-        source="alice",
+        source="carol",  # g2 is hers: what she says about Alice (issue 39's attribution)
         owner="alice",
         event="sport",
         time=T0,

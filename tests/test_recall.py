@@ -204,7 +204,7 @@ async def seed_records(engine: MemoryEngine, scope: Scope) -> dict[str, int]:
             "The team needs two weeks of marketing notice before the launch",
             GROUP,
             GROUP,
-            ["launch3"],
+            ["launch2", "launch3"],  # a GROUP-sourced record rests on two speakers (issue 39)
             15,
         ),
         "g2": record(
@@ -212,7 +212,7 @@ async def seed_records(engine: MemoryEngine, scope: Scope) -> dict[str, int]:
             "Launch material is kept in the shared drive",
             GROUP,
             GROUP,
-            ["launch5"],
+            ["launch4", "launch5"],
             33,
         ),
     }

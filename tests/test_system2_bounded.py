@@ -88,7 +88,8 @@ async def _channel(tmp_path: Path, people: int) -> MemoryEngine:
             event="launch",
             time=T0 + timedelta(minutes=p),
             session_id=1,
-            from_ids=(f"m{p}",),
+            # a record from someone else cites their message too (issue 39's attribution)
+            from_ids=(f"m{p}", f"m{(p + 1) % people}") if p % 4 == 0 else (f"m{p}",),
             writer_model="t",
             prompt_version="t",
         )
@@ -104,7 +105,7 @@ async def _channel(tmp_path: Path, people: int) -> MemoryEngine:
             event="launch",
             time=T0,
             session_id=1,
-            from_ids=("m0",),
+            from_ids=("m0", "m1"),
             writer_model="t",
             prompt_version="t",
         )

@@ -35,12 +35,14 @@ def test_rank_row_fuses_and_puts_new_evidence_first() -> None:
     assert rank_row([1, 2, 3], [], [], owned, 2, novel=lambda rid: rid != 1) == [2, 3]
 
 
-def record(content: str, owner: str, cites: str, minutes: int) -> NewRecord:
+def record(
+    content: str, owner: str, cites: str, minutes: int, source: str | None = None
+) -> NewRecord:
     return NewRecord(
         layer=Layer.CORE,
         record_scope=LAYER_SCOPE[Layer.CORE],
         content=content,
-        source=owner,
+        source=source or owner,
         owner=owner,
         event="kayak",
         time=T0 + timedelta(minutes=minutes),
@@ -71,7 +73,8 @@ async def _channel(tmp_path: Path) -> tuple[MemoryEngine, dict[str, StoredMessag
     stored = await engine.store.messages.by_ids(SCOPE, [e.message_id for e in events])
     recs = [
         # most words in common with the issue, but cites what System 1 already has
-        record("Ben likes kayaks and kayak trips, kayaks every summer", "ben", "m0", 0),
+        # (Ana's message: her view of Ben, so she is its source)
+        record("Ben likes kayaks and kayak trips, kayaks every summer", "ben", "m0", 0, "ana"),
         record("Ben paddled kayaks as a kid", "ben", "m1", 1),
         record("Ben was in a kayak club", "ben", "m3", 2),
     ]

@@ -283,6 +283,29 @@ REASON_CASES = [
     (add(content="Bob keeps three pet snakes and breeds tarantulas."), RejectReason.UNGROUNDED),
     (add(content="  ...  "), RejectReason.EMPTY_CONTENT),
     (update(content=""), RejectReason.EMPTY_CONTENT),
+    (
+        add(layer="profile", source="U1", owner="U2", content="Alice says Bob moves to Berlin."),
+        RejectReason.SOURCE_NOT_CITED,
+    ),
+    (
+        add(source="U1", owner="U1", content="Alice moves to Berlin in June for a new job."),
+        RejectReason.SELF_REPORT_NOT_CITED,
+    ),
+    (
+        add(
+            layer="insight",
+            source="GROUP",
+            owner="GROUP",
+            content="The team standup moves to 10am on Mondays.",
+            refs=["m3"],
+        ),
+        RejectReason.GROUP_ONE_SPEAKER,
+    ),
+    # HEAD_VIEW keeps its source (Alice): Bob's words cannot carry its update
+    (
+        update(entry_id=11, content="Alice thinks Bob is moving to Berlin in June.", refs=["m2"]),
+        RejectReason.SOURCE_NOT_CITED,
+    ),
 ]
 
 
@@ -310,6 +333,7 @@ def test_every_reason_code_is_covered() -> None:
         RejectReason.INVALID_JSON,
         RejectReason.TOO_MANY_ACTIONS,
         RejectReason.DUPLICATE_IN_BATCH,
+        RejectReason.ENTRY_NOT_SHOWN,  # test_update_may_target_only_what_the_prompt_showed
     }
     covered |= {reason for _item, reason in REASON_CASES}
     assert covered == set(RejectReason)
@@ -435,3 +459,41 @@ def test_update_may_restate_target_but_must_ground_the_change() -> None:
     assert reasons(run(update(content=merged))) == []
     reworded = "Alice is a Leeds teacher."  # nothing new, and m5 says otherwise
     assert reasons(run(update(content=reworded))) == [RejectReason.UNGROUNDED]
+
+
+# ---------------------------------------------------------------- attribution
+
+
+def test_update_may_target_only_what_the_prompt_showed() -> None:
+    """A guessed id of a record the prompt never showed takes over nothing, although it is
+    an active head of this channel; the records shown stay updatable."""
+    hidden = update(
+        entry_id=12, content="Alice adopted Pixel, a grey cat, last weekend.", refs=["m1"]
+    )
+    rep = run(update(), hidden, shown=frozenset({10}))
+    assert reasons(rep) == [RejectReason.ENTRY_NOT_SHOWN] and rep.rejected[0].index == 1
+    assert [a.target.id for a in rep.accepted if a.target] == [10]
+    assert reasons(run(hidden)) == []  # shown (no restriction), the same update commits
+
+
+def test_a_report_about_someone_else_commits_from_its_source() -> None:
+    """Bob's own words about Alice: source Bob, owner Alice, citing Bob's message."""
+    rep = run(
+        add(
+            layer="profile",
+            source="U2",
+            owner="U1",
+            content="Bob agreed the standup moves to 10am on Mondays, as Alice asked.",
+            refs=["m4"],
+        )
+    )
+    assert reasons(rep) == []
+    assert [(a.source, a.owner) for a in rep.accepted] == [("U2", "U1")]
+
+
+def test_the_source_and_owner_names_are_no_evidence() -> None:
+    """Only the cited speakers' names and the messages' metadata are taken out of the
+    count; Carol's name (the owner) must be grounded like any other word."""
+    content = "Carol Caz lives in Berlin permanently."
+    rep = run(add(layer="profile", source="U2", owner="U3", content=content))
+    assert reasons(rep) == [RejectReason.UNGROUNDED]

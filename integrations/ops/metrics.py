@@ -181,6 +181,13 @@ class Metrics:
             "Age of the first message of the oldest segment waiting for the Writer (0: none)",
             registry=r,
         )
+        self.writer_rejected = Gauge(
+            "speakermem_writer_rejected_actions",
+            "Writer actions refused, by reason (validation's codes; commit_* at the commit),"
+            " over its whole run log",
+            ["reason"],
+            registry=r,
+        )
         self.embed_pending = Gauge(
             "speakermem_embed_queue_messages", "Messages waiting for a vector", registry=r
         )
@@ -203,6 +210,11 @@ class Metrics:
     def set_writer_usage(self, tokens_per_run: float, tokens_per_1k_messages: float) -> None:
         self.writer_tokens_per_run.set(tokens_per_run)
         self.writer_tokens_per_1k.set(tokens_per_1k_messages)
+
+    def set_writer_rejected(self, by_reason: Mapping[str, int]) -> None:
+        """The run log's refusals per reason (attribution ones included), as last read."""
+        for reason, n in by_reason.items():
+            self.writer_rejected.labels(reason).set(n)
 
     def observe_tokens(self, role: str, call: LLMCall) -> None:
         self.llm_tokens.labels(role, "prompt").inc(call.prompt_tokens)

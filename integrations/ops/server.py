@@ -96,8 +96,12 @@ class OpsServer:
                     queue = await measure_writer_queue(self.engine.segments)
                     embed_pending = await self.engine.count_unembedded()
                     usage = await self.engine.admin.writer_usage()
+                    stats = await self.engine.admin.writer_stats()
                 self._queues = (queue, embed_pending)
                 self.metrics.set_writer_usage(usage.tokens_per_run, usage.tokens_per_1k_messages)
+                rejected = stats.get("rejected")
+                if isinstance(rejected, dict):
+                    self.metrics.set_writer_rejected(rejected)
             except Exception as exc:
                 log.warning("queue depths not measured this time (%s)", type(exc).__name__)
                 queue, embed_pending = self._queues

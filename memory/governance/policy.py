@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from memory.attribution import attribution_refusal
 from memory.models import DeleteEvent, EditEvent, MessageEvent, RosterEvent
 
 DAY_S = 86_400.0
@@ -78,7 +79,9 @@ COMMIT_PERSON = "commit_forgotten_person"
 COMMIT_OPTED_OUT = "commit_opted_out_person"
 COMMIT_NAMES = "commit_names_forgotten"
 COMMIT_TARGET_GONE = "commit_target_withdrawn"
-"""Reasons the commit-time check drops a Writer record (counted in the Writer run log)."""
+"""Reasons the commit-time check drops a Writer record (counted in the Writer run log);
+an attribution rule's reason (memory/attribution.py) is counted as commit_<reason>."""
+COMMIT_PREFIX = "commit_"
 
 
 def commit_refusal(
@@ -88,11 +91,15 @@ def commit_refusal(
     people: Iterable[Refusal | None],
     names_forgotten: bool,
     target_present: bool,
+    source: str,
+    owner: str,
+    speakers: Iterable[str],
 ) -> str | None:
     """Whether a Writer record may still be committed, decided inside the commit: every
     message it cites is live, neither its owner nor its source was forgotten or opted out,
-    its text names no forgotten person, and the record it updates was not withdrawn
-    meanwhile. None commits it; otherwise the reason it is dropped."""
+    its text names no forgotten person, the record it updates was not withdrawn meanwhile,
+    and its source wrote what it cites (`speakers`: the cited messages' author ids, as
+    stored; memory/attribution.py). None commits it; otherwise the reason it is dropped."""
     if any(mid not in live for mid in from_ids):
         return COMMIT_CITES_GONE
     refusals = set(people)
@@ -104,7 +111,8 @@ def commit_refusal(
         return COMMIT_NAMES
     if not target_present:
         return COMMIT_TARGET_GONE
-    return None
+    refusal = attribution_refusal(source=source, owner=owner, speakers=speakers)
+    return None if refusal is None else COMMIT_PREFIX + refusal
 
 
 def channel_enabled(explicit: bool | None, default: bool) -> bool:

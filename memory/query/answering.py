@@ -26,7 +26,7 @@ from memory.query.compose import EvidencePack
 from memory.query.links import LinkResolver
 from memory.query.trace import RecallTrace
 
-ANSWER_FRAME_TOKENS = 32
+ANSWER_FRAME_TOKENS = 40
 """The answer prompt's wrapper around the pack and the question (tags, the closing ask)."""
 
 
@@ -87,6 +87,7 @@ async def answer_pack(
             "checked": report.checked,
             "dropped": report.dropped,
             "rewritten": report.rewritten,
+            "misattributed": report.misattributed,
             "abstained": int(report.abstained),
         }
         trace.dropped_claims = [c.claim.text[:120] for c in report.claims if c.verdict == "dropped"]

@@ -26,7 +26,9 @@ from pydantic import BaseModel, Field
 
 from memory.config import RecallConfig
 from memory.context_budget import approx_tokens
+from memory.identity import identities
 from memory.models import GROUP, Scope, StoredMessage
+from memory.prompt_quoting import quote_line
 from memory.query.system2 import Row, RowRecord
 
 MAX_EXCERPT_CHARS = 600
@@ -63,6 +65,8 @@ class PackRecord(BaseModel):
     time: datetime
     state: str
     excerpts: list[int] = Field(default_factory=list)
+    source_id: str = ""
+    """The source's platform user id (or GROUP): whose words the record reports."""
     from_ids: list[str] = Field(default_factory=list)
     via_source: bool = False
 
@@ -211,6 +215,8 @@ def _compose_once(
     dropped = n_records - sum(len(r.records) for r in rows)
     excerpts: list[Excerpt] = []
     index: dict[tuple[Scope, str], int] = {}
+    written = [*s1, *support.values(), *(m for row in rows for m in row.fallback)]
+    who = identities(names, ((m.speaker_id, m.speaker_name) for m in written))
 
     def add(msg: StoredMessage, track: str) -> int:
         key = (msg.scope, msg.message_id)
@@ -222,7 +228,7 @@ def _compose_once(
                     message_id=msg.message_id,
                     thread_id=msg.thread_id,
                     speaker_id=msg.speaker_id,
-                    speaker=_clip(msg.speaker_name, MAX_NAME_CHARS),
+                    speaker=_clip(who.author(msg.speaker_id, msg.speaker_name), MAX_NAME_CHARS),
                     time=msg.ts,
                     text=_clip(msg.text, MAX_EXCERPT_CHARS),
                     track=track,
@@ -235,7 +241,8 @@ def _compose_once(
         add(msg, "s1")
     pack_rows: list[PackRow] = []
     for row in rows:
-        prow = PackRow(key=row.key, label=_clip(row.label, MAX_NAME_CHARS))
+        label = who.person(row.key) if row.key in names else row.label
+        prow = PackRow(key=row.key, label=_clip(label, MAX_NAME_CHARS))
         for rr in row.records:
             for node in rr.chain:
                 nums: list[int] = []
@@ -255,13 +262,14 @@ def _compose_once(
                         record_id=node.id,
                         layer=node.layer.value,
                         content=_clip(node.content, MAX_RECORD_CHARS),
-                        owner=_clip(names.get(node.owner, node.owner), MAX_NAME_CHARS),
-                        source=_clip(names.get(node.source, node.source), MAX_NAME_CHARS),
+                        owner=_clip(who.person(node.owner), MAX_NAME_CHARS),
+                        source=_clip(who.person(node.source), MAX_NAME_CHARS),
                         time=node.time,
                         state=node.state.value,
                         excerpts=sorted(set(nums)),
                         from_ids=list(node.from_ids),
                         via_source=rr.via_source,
+                        source_id=node.source,
                     )
                 )
         for msg in row.fallback:
@@ -409,7 +417,11 @@ def _when(ts: datetime) -> str:
 
 
 def _excerpt_line(e: Excerpt) -> str:
-    return f"[{e.n}] {_when(e.time)} #{e.scope.channel} {e.speaker}: {e.text}"
+    """One excerpt; its channel, speaker and text quoted (memory.prompt_quoting)."""
+    return (
+        f"[{e.n}] {_when(e.time)} #{quote_line(e.scope.channel)} {quote_line(e.speaker)}:"
+        f" {quote_line(e.text)}"
+    )
 
 
 def render_pack(pack: EvidencePack) -> str:
@@ -429,7 +441,7 @@ def render_pack(pack: EvidencePack) -> str:
 def _row_lines(pack: EvidencePack) -> list[str]:
     lines: list[str] = []
     for row in pack.rows:
-        title = "GROUP" if row.key == GROUP else row.label
+        title = "GROUP" if row.key == GROUP else quote_line(row.label)
         lines.append(f"- {title}:")
         if row.none:
             lines.append("    (none)")
@@ -438,8 +450,9 @@ def _row_lines(pack: EvidencePack) -> list[str]:
             cites = "".join(f"[{n}]" for n in rec.excerpts)
             via = " (provided about someone else)" if rec.via_source else ""
             lines.append(
-                f"    * {rec.content} | {rec.layer}; owner={rec.owner}; source={rec.source};"
-                f" {_when(rec.time)}; {rec.state}{via} {cites}".rstrip()
+                f"    * {quote_line(rec.content)} | {rec.layer}; owner={quote_line(rec.owner)};"
+                f" source={quote_line(rec.source)}; {_when(rec.time)}; {rec.state}{via}"
+                f" {cites}".rstrip()
             )
         if row.fallback_excerpts and not row.records:
             nums = "".join(f"[{n}]" for n in row.fallback_excerpts)

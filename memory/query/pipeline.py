@@ -26,10 +26,11 @@ import numpy as np
 
 from memory.config import RecallConfig
 from memory.engine import MemoryEngine
+from memory.identity import identities
 from memory.interactions import interaction_names
 from memory.models import RosterMember, Scope, StoredMessage
 from memory.ports import LLM
-from memory.query.answer import ANSWER_PROMPT_VERSION, RecallAnswer
+from memory.query.answer import ANSWER_PROMPT_VERSION, RecallAnswer, ambiguity_note
 from memory.query.answering import answer_pack, pack_budgets
 from memory.query.breadth import Breadth, question_breadth
 from memory.query.compose import EvidencePack, compose
@@ -383,8 +384,11 @@ class RecallPipeline:
             "left_out": s2.people.left_out,
             "queries": s2.queries,
         }
+        who = identities(display_names(roster))  # two rows of one name stay two rows
         trace.s2_rows = {
-            r.label: [rr.record.content[:80] for rr in r.records]
+            (who.person(r.key) if r.key in who.current else r.label): [
+                rr.record.content[:80] for rr in r.records
+            ]
             or [f"(fallback) {m.message_id}" for m in r.fallback]
             or ["(none)"]
             for r in rows
@@ -427,6 +431,9 @@ class RecallPipeline:
                 else RecallAnswer(text="")
             )
         result.searched = list(scopes)
+        note = ambiguity_note(projection.candidates, names)
+        if note and result.text:
+            result.text = f"{result.text}\n{note}"
         trace.latency_ms = timings
         return RecallResult(answer=result, pack=pack, trace=trace, rows=rows)
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from memory.models import StoredMessage
+from memory.prompt_quoting import quote_block, quote_line
 
 SELECT_PROMPT_VERSION = "select-v1"
 SUFFICIENCY_PROMPT_VERSION = "sufficiency-v1"
@@ -38,8 +39,8 @@ SUFFICIENCY_SCHEMA: dict[str, Any] = {
 def _candidates(messages: Sequence[StoredMessage]) -> str:
     lines = []
     for i, m in enumerate(messages, start=1):
-        text = " ".join(m.text.split())[:MAX_CANDIDATE_CHARS]
-        lines.append(f"{i}. [{m.ts:%Y-%m-%d %H:%M}] {m.speaker_name}: {text}")
+        text = quote_line(m.text)[:MAX_CANDIDATE_CHARS]
+        lines.append(f"{i}. [{m.ts:%Y-%m-%d %H:%M}] {quote_line(m.speaker_name)}: {text}")
     return "\n".join(lines)
 
 
@@ -47,7 +48,8 @@ def _messages(
     system: str, question: str, heading: str, messages: Sequence[StoredMessage]
 ) -> list[dict[str, str]]:
     """The system prompt, then the question and the numbered messages under `heading`."""
-    user = f"<question>\n{question}\n</question>\n\n{heading}:\n{_candidates(messages)}"
+    asked = quote_block(question, indent="")
+    user = f"<question>\n{asked}\n</question>\n\n{heading}:\n{_candidates(messages)}"
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 

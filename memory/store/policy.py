@@ -153,7 +153,8 @@ class PolicyRepo:
     ) -> tuple[list[NewRecord], np.ndarray | None, dict[str, int]]:
         """The commit-time check, inside the commit's transaction: keep the records whose
         every cited message is live, whose owner and source were neither forgotten nor opted
-        out, whose text names no forgotten person and whose update target still exists
+        out, whose text names no forgotten person, whose update target still exists and whose
+        source wrote what it cites, read from the stored messages' author ids
         (memory.governance.policy.commit_refusal). `lock_rows` locks the cited messages
         (PostgreSQL's " FOR SHARE"). Returns the kept records, their vectors and the dropped
         counts by reason."""
@@ -161,15 +162,16 @@ class PolicyRepo:
             return list(records), vectors, {}
         await tx.policy_lock(shared=True)
         cited = sorted({mid for rec in records for mid in rec.from_ids})
-        live: set[str] = set()
+        author: dict[str, str] = {}
         for start in range(0, len(cited), IN_CHUNK):
             marks, part = in_list(cited[start : start + IN_CHUNK])
             rows = await tx.fetchall(
-                "SELECT message_id FROM messages WHERE channel_pk = ? AND deleted_at IS NULL"
-                f" AND message_id IN ({marks}) ORDER BY id{lock_rows}",
+                "SELECT message_id, speaker_id FROM messages WHERE channel_pk = ?"
+                f" AND deleted_at IS NULL AND message_id IN ({marks}) ORDER BY id{lock_rows}",
                 (channel_pk, *part),
             )
-            live.update(r[0] for r in rows)
+            author.update((r[0], r[1]) for r in rows)
+        live = set(author)
         people = await self.exclusions(scope.platform, scope.workspace, tx)
         targets = sorted({rec.supersedes for rec in records if rec.supersedes is not None})
         present: set[int] = set()
@@ -186,6 +188,9 @@ class PolicyRepo:
                 people=[people.reason(u) for u in (rec.owner, rec.source) if u != GROUP],
                 names_forgotten=people.names_in(rec.content, rec.event),
                 target_present=rec.supersedes is None or rec.supersedes in present,
+                source=rec.source,
+                owner=rec.owner,
+                speakers=[author[mid] for mid in rec.from_ids if mid in author],
             )
             if reason is None:
                 kept.append(i)
@@ -194,7 +199,7 @@ class PolicyRepo:
         if not dropped:
             return list(records), vectors, {}
         log.warning(
-            "commit in %s: dropped %d record(s) that forgetting overtook: %s",
+            "commit in %s: dropped %d record(s) the commit-time check refused: %s",
             scope,
             sum(dropped.values()),
             dict(dropped),

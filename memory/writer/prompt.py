@@ -7,7 +7,6 @@ contract here, pure, lets the validator, the commit path and the tests share one
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -26,10 +25,13 @@ from memory.models import (
     RosterMember,
     StoredMessage,
 )
+from memory.prompt_quoting import quote_block, quote_line
 from memory.search.cjk import words_and_ngrams
 
-WRITER_PROMPT_VERSION = "writer-v2"
-"""v2: messages carry who they speak to (with how that was found) and the turn they answer."""
+WRITER_PROMPT_VERSION = "writer-v3"
+"""v2: messages carry who they speak to (with how that was found) and the turn they answer.
+v3: every quoted string goes through memory.prompt_quoting (no forged lines or tags); the
+rules say a record's source must be who wrote a cited message."""
 
 MAX_CONTENT_CHARS = 1000
 """Longest record content we accept: a record is a fact, not a transcript."""
@@ -204,6 +206,9 @@ Rules:
 - Record only what the cited messages support. No guesses, no inferred feelings.
 - Use ids exactly as in the roster for source and owner (or "GROUP").
 - Every ADD and UPDATE cites at least one ref (m1, m2, ...) of the messages that support it.
+- The source must be the author of at least one cited message: what Bob says about Alice is \
+source=Bob's id, owner=Alice's id, never source=Alice. A source "GROUP" needs messages of at \
+least two people. An UPDATE keeps its entry's source, so it cites that person's own words.
 - Content is self-contained: use people's names, never pronouns like "he" or "they"; when a \
 message gives a relative time ("yesterday", "next Friday"), write the absolute date computed \
 from the message time.
@@ -217,28 +222,18 @@ def _fmt_time(msg: StoredMessage) -> str:
     return msg.ts.strftime("%a %Y-%m-%d %H:%M UTC")
 
 
-def _one_line(text: str) -> str:
-    """Indent continuation lines so message text can never impersonate a new ref line."""
-    return text.strip().replace("\r\n", "\n").replace("\n", "\n    ")
-
-
-def _defang(text: str) -> str:
-    """Stop message text from closing the <messages> block it is quoted in."""
-    return re.sub(r"<\s*/?\s*messages\s*>", "[messages]", text, flags=re.IGNORECASE)
-
-
 def _render_roster(roster: Sequence[RosterMember]) -> str:
     lines = []
     for m in roster:
         extra = []
         if m.aliases:
-            extra.append("aliases: " + ", ".join(m.aliases))
+            extra.append("aliases: " + ", ".join(quote_line(a) for a in m.aliases))
         if m.is_bot:
             extra.append("bot")
         if not m.active:
             extra.append("left")
         suffix = f" ({'; '.join(extra)})" if extra else ""
-        lines.append(f"- {m.user_id}: {m.display_name}{suffix}")
+        lines.append(f"- {quote_line(m.user_id)}: {quote_line(m.display_name)}{suffix}")
     lines.append(f"- {GROUP}: the group as a whole (owner of interaction/insight records)")
     return "\n".join(lines)
 
@@ -248,13 +243,16 @@ def _render_heads(heads: Sequence[DerivedRecord], names: dict[str, str]) -> str:
         return "(none)"
 
     def who(uid: str) -> str:
-        return uid if uid == GROUP or uid not in names else f"{uid} ({names[uid]})"
+        if uid == GROUP or uid not in names:
+            return quote_line(uid)
+        return f"{quote_line(uid)} ({quote_line(names[uid])})"
 
     lines = []
     for h in heads:
+        event = quote_line(h.event) or "-"
         lines.append(
             f"#{h.id} [{h.layer.value}] owner={who(h.owner)} source={who(h.source)} "
-            f"event={h.event or '-'}: {_one_line(h.content)}"
+            f"event={event}: {quote_block(h.content)}"
         )
     return "\n".join(lines)
 
@@ -274,6 +272,13 @@ class SegmentLinks:
 
     addressees: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
     parents: dict[int, int] = field(default_factory=dict)
+
+
+def _who(uid: str, names: dict[str, str]) -> str:
+    """'Name (id)' of an addressee, both quoted as one line each."""
+    if uid in names:
+        return f"{quote_line(names[uid])} ({quote_line(uid)})"
+    return quote_line(uid)
 
 
 def _render_segment(
@@ -299,18 +304,15 @@ def _render_segment(
         elif parent is not None and parent in by_pk:
             marks.append(f"answers {by_pk[parent]}")
         if inferred:
-            to = ", ".join(
-                (f"{names[a]} ({a})" if a in names else a) + _HOW.get(how, "")
-                for a, how in inferred
-            )
+            to = ", ".join(_who(a, names) + _HOW.get(how, "") for a, how in inferred)
             marks.append(f"to {to}")
         elif msg.addressees:
-            to = ", ".join(f"{names[a]} ({a})" if a in names else a for a in msg.addressees)
+            to = ", ".join(_who(a, names) for a in msg.addressees)
             marks.append(f"to {to}")
         mark = f" [{'; '.join(marks)}]" if marks else ""
         lines.append(
-            f"{ref} [{_fmt_time(msg)}] {msg.speaker_name} ({msg.speaker_id}){mark}: "
-            f"{_one_line(_defang(msg.text))}"
+            f"{ref} [{_fmt_time(msg)}] {quote_line(msg.speaker_name)}"
+            f" ({quote_line(msg.speaker_id)}){mark}: {quote_block(msg.text)}"
         )
     return "\n".join(lines), ref_map
 

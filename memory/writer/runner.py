@@ -329,6 +329,7 @@ class Writer:
             ctx = await self.validation_context(scope, part.messages, raw, part.budget)
             by_id = {m.message_id: m for m in part.messages}
             ctx.ref_map = {ref: by_id[mid] for ref, mid in part.refs.items() if mid in by_id}
+            ctx.shown = part.shown
             return validate_actions(raw, ctx, parse_error=parse_error)
 
         return validate

@@ -61,6 +61,9 @@ class PromptPart:
     """Estimated prompt tokens."""
     shortened: int = 0
     """Messages whose text was cut to fit."""
+    shown: frozenset[int] = frozenset()
+    """Ids of the records the prompt shows as current memory: the only ones an UPDATE of
+    this call may target."""
 
 
 @dataclass
@@ -87,7 +90,15 @@ def _part(
         list(roster), list(heads), list(shown), budget=budget, links=links
     )
     shortened = sum(1 for a, b in zip(shown, originals, strict=True) if a.text != b.text)
-    return PromptPart(chat, refs, list(originals), budget, chat_tokens(chat), shortened)
+    return PromptPart(
+        chat,
+        refs,
+        list(originals),
+        budget,
+        chat_tokens(chat),
+        shortened,
+        frozenset(h.id for h in heads),
+    )
 
 
 def narrow_roster(

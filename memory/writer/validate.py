@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
+from memory import attribution
 from memory.models import (
     GROUP,
     LAYER_SCOPE,
@@ -59,6 +60,11 @@ class RejectReason(StrEnum):
     TOO_MANY_ACTIONS = "too_many_actions"
     UNGROUNDED = "ungrounded"
     EMPTY_CONTENT = "empty_content"
+    SOURCE_NOT_CITED = attribution.SOURCE_NOT_CITED
+    SELF_REPORT_NOT_CITED = attribution.SELF_REPORT_NOT_CITED
+    GROUP_ONE_SPEAKER = attribution.GROUP_ONE_SPEAKER
+    ENTRY_NOT_SHOWN = "entry_not_shown"
+    """An UPDATE of a record the Writer was not shown in that prompt (a guessed id)."""
 
 
 BATCH_INDEX = -1
@@ -93,12 +99,15 @@ def build_name_index(roster: Sequence[RosterMember]) -> dict[str, str]:
 class ValidationContext:
     """Everything validation needs about the channel's state at the time of the Writer call.
 
-    heads: ALL active records of this channel by id (UPDATE may target any of them, not only
-    the ones shown in the prompt). all_records_channel: record id -> `channel_key` of every
-    record the caller knows (any state, any channel), to tell superseded / foreign entries
-    from unknown ones. ref_map: local ref ("m1") -> message of THIS segment.
+    heads: ALL active records of this channel by id (an UPDATE of one the prompt did not
+    show is told apart from an unknown id by `shown`). all_records_channel: record id ->
+    `channel_key` of every record the caller knows (any state, any channel), to tell
+    superseded / foreign entries from unknown ones. ref_map: local ref ("m1") -> message
+    of THIS segment.
     names: lowercase display name/alias -> roster id (see `build_name_index`).
     dense_sim: optional (content, cited messages) -> cosine, precomputed by the caller.
+    shown: ids of the records the prompt showed; an UPDATE may target only those (None:
+    the caller names its targets itself, as a replayed script does).
     """
 
     roster_ids: set[str]
@@ -110,6 +119,7 @@ class ValidationContext:
     gate: EvidenceGate = field(default_factory=EvidenceGate)
     names: dict[str, str] = field(default_factory=dict)
     dense_sim: DenseSim | None = None
+    shown: frozenset[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -315,11 +325,13 @@ def _same_channel(key: str, scope: Scope) -> bool:
 
 def _gate_context(
     cited: Sequence[StoredMessage],
-    people: Sequence[str],
     ctx: ValidationContext,
     id_names: dict[str, list[str]],
 ) -> tuple[list[str], list[str]]:
-    """Speaker names of the cited messages and metadata terms that support a record."""
+    """Speaker names of the cited messages and metadata terms that support a record.
+
+    The record's own source and owner names are no evidence: a record naming Alice is not
+    supported by Alice's name, only by what the cited messages (and their speakers) say."""
     speakers: list[str] = []
     context: list[str] = []
     segment = {m.message_id: m for m in ctx.ref_map.values()}
@@ -331,9 +343,6 @@ def _gate_context(
         if m.reply_to and m.reply_to in segment:
             context.append(segment[m.reply_to].speaker_name)
         context.extend(date_terms(m.ts))
-    for uid in people:
-        if uid != GROUP:
-            context.extend(id_names.get(uid, []))
     return speakers, context
 
 
@@ -431,6 +440,9 @@ def validate_actions(
             if target.scope.key() != ctx.scope.key():
                 reject(i, RejectReason.ENTRY_OTHER_CHANNEL, f"entry {eid}")
                 continue
+            if ctx.shown is not None and eid not in ctx.shown:
+                reject(i, RejectReason.ENTRY_NOT_SHOWN, f"entry {eid}")
+                continue
             layer, record_scope = target.layer, target.record_scope
             source, owner, event = target.source, target.owner, target.event
 
@@ -440,6 +452,13 @@ def validate_actions(
         cited, bad = _resolve_refs(action.refs, ctx, by_message_id)
         if bad is not None:
             reject(i, RejectReason.UNKNOWN_REF, f"ref {bad!r}")
+            continue
+        refusal = attribution.attribution_refusal(
+            source=source, owner=owner, speakers=[m.speaker_id for m in cited]
+        )
+        if refusal is not None:
+            who = ", ".join(sorted({m.speaker_id for m in cited}))
+            reject(i, RejectReason(refusal), f"source {source!r}; cited speakers: {who}")
             continue
 
         norm = normalize_content(content)
@@ -471,7 +490,7 @@ def validate_actions(
                 reject(i, RejectReason.DUPLICATE_OF_HEAD, f"same as entry {target.id}")
                 continue
 
-        speakers, context = _gate_context(cited, (source, owner), ctx, id_names)
+        speakers, context = _gate_context(cited, ctx, id_names)
         if target is not None:
             # An UPDATE restates its grounded predecessor; only the new part needs new evidence.
             context.append(target.content)

@@ -97,14 +97,18 @@ async def test_a_commit_drops_records_citing_forgotten_messages(store: Store) ->
 
 async def test_records_search_by_words_and_vectors(store: Store, embedder: HashEmbedder) -> None:
     await store.messages.ingest(
-        [msg(GENERAL, "m1", "Alice", "x", 0), msg(RANDOM, "m1", "Bob", "y", 0)],
+        [
+            msg(GENERAL, "m1", "Alice", "x", 0),
+            msg(GENERAL, "m2", "Bob", "z", 1),
+            msg(RANDOM, "m1", "Bob", "y", 0),
+        ],
         channel_default=True,
     )
     texts = ["Alice keeps bees", "Alice plays the cello", "Bob told Alice about bees"]
     recs = [
         record(texts[0]),
         record(texts[1]),
-        record(texts[2], owner="alice", source="bob"),
+        record(texts[2], owner="alice", source="bob", from_ids=("m2",)),  # his own message
     ]
     ids = await store.records.add_records(GENERAL, recs, embedder.embed_sync(texts))
     (other,) = await store.records.add_records(
