@@ -99,6 +99,9 @@ def test_locomo_calibration_targets() -> None:
     """Default gate: accept >= 90% of observations with true evidence, reject >= 80% swapped."""
     if not LOCOMO.exists():
         pytest.skip(f"LoCoMo data not found at {LOCOMO}")
+    bench = str(REPO_ROOT / "bench")
+    if bench not in sys.path:  # the script imports benchlib, as `python bench/...` finds it
+        sys.path.insert(0, bench)
     spec = importlib.util.spec_from_file_location(
         "calibrate_gate", REPO_ROOT / "bench" / "calibrate_gate.py"
     )

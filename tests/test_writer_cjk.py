@@ -20,7 +20,8 @@ def run(*items: dict) -> object:
 def test_a_grounded_chinese_record_is_accepted_and_a_swapped_one_is_not() -> None:
     ok = run(add(content="Bob说下周五发布新版本", refs=["m1"]))
     assert reasons(ok) == []  # type: ignore[arg-type]
-    swapped = run(add(content="Bob说下周五发布新版本", refs=["m2"]))
+    # Alice's own lunch message cited for the release: attributed right, not grounded
+    swapped = run(add(content="Alice说下周五发布新版本", source="U1", owner="U1", refs=["m2"]))
     assert reasons(swapped) == [RejectReason.UNGROUNDED]  # type: ignore[arg-type]
 
 
