@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The one check: format, lint, types, import contracts, the generated reference, the docs
 # site, tests. Run from anywhere. --fast runs the fast test tier only (pytest -m "not slow
-# and not e2e": the pre-commit hook's); CI runs every test.
+# and not e2e": the pre-commit hook's); CI runs every test, spread over one pytest-xdist
+# worker per core (SPEAKERMEM_TEST_WORKERS: a number of workers instead, 0 runs serially).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTS=()
+WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-auto}" --dist loadgroup)
 if [[ "${1:-}" == "--fast" ]]; then
   TESTS=(-m "not slow and not e2e")
+  WORKERS=()
 elif [[ $# -gt 0 ]]; then
   echo "usage: bash deploy/check.sh [--fast]" >&2
   exit 2
@@ -19,4 +22,4 @@ echo "== import contracts";    lint-imports
 echo "== mypy";                mypy
 echo "== reference";           python scripts/gen_reference.py --check
 echo "== docs";                NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "$SITE"
-echo "== pytest";              python -m pytest ${TESTS[@]+"${TESTS[@]}"}
+echo "== pytest";              python -m pytest ${WORKERS[@]+"${WORKERS[@]}"} ${TESTS[@]+"${TESTS[@]}"}

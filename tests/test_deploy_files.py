@@ -299,8 +299,12 @@ def test_ci_runs_the_readmes_test_command_and_it_runs_every_test() -> None:
     assert command == "bash deploy/test.sh" and command in commands(ROOT / ".ci" / "run")
     assert commands(DEPLOY / "test.sh")[-1] == "bash deploy/check.sh"
     check = commands(DEPLOY / "check.sh")
-    assert check[-1].endswith('python -m pytest ${TESTS[@]+"${TESTS[@]}"}')
+    assert check[-1].endswith(
+        'python -m pytest ${WORKERS[@]+"${WORKERS[@]}"} ${TESTS[@]+"${TESTS[@]}"}'
+    )
     assert "TESTS=()" in check  # no marker expression unless --fast
+    # spread over pytest-xdist workers, which select nothing themselves
+    assert 'WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-auto}" --dist loadgroup)' in check
     floor = (ROOT / "tests" / "test_quality_floor.py").read_text()
     assert not re.search(r"pytest\.mark\.(slow|e2e|live|skip)\b", floor)
 

@@ -315,7 +315,15 @@ async def test_the_runtime_honours_writer_mode(
     )
     stop = asyncio.Event()
     task = asyncio.ensure_future(runtime.run(settings, stop=stop))
-    await asyncio.sleep(1.0)  # the write job's first run comes 50 ms after the start
+    if mode == "inprocess":
+        # the write job's first run comes 50 ms after the start: wait for its segment (on a
+        # busy machine that can take longer than any fixed pause)
+        for _ in range(600):  # at most 30 s
+            if (await _segments(engine))[0][1] == "done":
+                break
+            await asyncio.sleep(0.05)
+    else:
+        await asyncio.sleep(1.0)  # well past the 50 ms at which in-process writing starts
     stop.set()
     assert await asyncio.wait_for(task, 10) == 0
     (seg,) = await _segments(engine)
