@@ -105,7 +105,9 @@ async def test_run_serves_slack_and_drains_on_sigterm(tmp_path: Path) -> None:
     db = tmp_path / "run.db"
     proc = await start_bot(db, api, port)
     try:
-        await wait_for_port(port, proc, limit_s=30)
+        await wait_for_port(
+            port, proc, limit_s=90
+        )  # how long to wait before giving up, not a bound on speed
         body = LAUNCH_EVENT
         async with aiohttp.ClientSession() as http:
             resp = await http.post(
