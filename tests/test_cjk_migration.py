@@ -50,7 +50,7 @@ async def hits(engine: MemoryEngine, words: str) -> list[str]:
 async def fill_old(engine: MemoryEngine) -> None:
     await engine.ingest_many([msg(SCOPE, f"m{i}", sp, t, i) for i, (sp, t) in enumerate(TEXTS)])
     await engine.store.records.add_records(
-        SCOPE, [record("李伟计划下周发布新版本", owner="李伟")], None
+        SCOPE, [record("李伟计划下周发布新版本", owner="李伟", from_ids=("m0",))], None
     )
     assert await hits(engine, "发布") == []  # the bug: a CJK run was one token
     assert await hits(engine, "release") == ["m3"]

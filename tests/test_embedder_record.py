@@ -40,7 +40,9 @@ async def test_another_model_is_refused_until_the_store_is_re_embedded(tmp_path:
         await first.ingest_many([msg(SCOPE, f"m{i}", "Al", f"text {i}", i) for i in range(4)])
         assert await first.embed_pending() == 4
         await first.store.records.add_records(
-            SCOPE, [record("Al likes tea")], HashEmbedder().embed_sync(["Al likes tea"])
+            SCOPE,
+            [record("Al likes tea", owner="al")],
+            HashEmbedder().embed_sync(["Al likes tea"]),
         )
         assert await first.store.messages.vectors_written_by() == "hash-test"
     finally:

@@ -99,9 +99,12 @@ async def test_a_change_question_draws_evidence_from_both_sessions(tmp_path: Pat
     engine = await _channel(tmp_path)
     question = "How did Maya's attitude to wine change over the sessions?"
     try:
-        capped = RecallPipeline(engine, config=RecallConfig(top_k=4, broad_session_cap=2))
+        # the session cap of the fused ranking (the people model, on by default, ranks a
+        # named person's change by its own model: tests/test_people_pool.py)
+        fused = {"top_k": 4, "people_rank": False}
+        capped = RecallPipeline(engine, config=RecallConfig(**fused, broad_session_cap=2))
         result = await capped.run(RecallRequest(question, SCOPE), answer=False)
-        uncapped = RecallPipeline(engine, config=RecallConfig(top_k=4, broad_session_cap=0))
+        uncapped = RecallPipeline(engine, config=RecallConfig(**fused, broad_session_cap=0))
         plain = await uncapped.run(RecallRequest(question, SCOPE), answer=False)
     finally:
         await engine.close()

@@ -57,6 +57,12 @@ class BaseStore(ABC):
 
     async def open(self) -> None:
         await self.db.open()
+        await self.settle_migrations()
+
+    @abstractmethod
+    async def settle_migrations(self) -> None:
+        """After opening: settle what the migrations just changed (PostgreSQL vacuums and
+        analyses the tables of an existing database; SQLite has nothing to do)."""
 
     async def close(self) -> None:
         await self.db.close()

@@ -328,6 +328,10 @@ class PgDatabase:
         """Apply one migration unless recorded; True when this process applied it."""
         async with self.transaction() as tx:
             await tx.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+            # a migration's commit is on disk before it returns, whatever the server's
+            # synchronous_commit: the VACUUM after a rewrite can then mark its pages
+            # all-visible (it cannot for a commit not yet flushed)
+            await tx.execute("SET LOCAL synchronous_commit = on")
             await tx.execute(
                 "CREATE TABLE IF NOT EXISTS schema_migrations ("
                 " version INTEGER PRIMARY KEY, name TEXT NOT NULL,"

@@ -53,10 +53,9 @@ class PgStore(BaseStore):
         rows = await self.db.read("SELECT pg_database_size(current_database())")
         return int(rows[0][0])
 
-    async def open(self) -> None:
-        """Open, migrate, and settle what the migrations changed on an existing database
-        (a new one, created now, is empty)."""
-        await super().open()
+    async def settle_migrations(self) -> None:
+        """Settle what the migrations changed on an existing database (a new one, created
+        now, is empty)."""
         if self.db.migrated and self.db.migrated[0] != 1:
             await self.settle()
 

@@ -54,6 +54,9 @@ class SqliteStore(BaseStore):
                 size += path.stat().st_size
         return size
 
+    async def settle_migrations(self) -> None:
+        """SQLite needs no settling after a migration."""
+
     async def settle(self) -> list[str]:
         """Nothing to do: SQLite's planner keeps no statistics here (no ANALYZE is run, so
         none go stale), and its WAL checkpoints itself."""
