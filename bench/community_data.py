@@ -128,6 +128,13 @@ class Community:
         source_sid = sid if group or rng.random() < 0.85 else int(self.pick(self.speaker_cdf, 1)[0])
         pool = self.by_speaker.get(source_sid) or self.by_speaker[0]
         picks = [pool[int(rng.integers(len(pool)))] for _ in range(int(rng.integers(1, 4)))]
+        if group:  # a group's record rests on two speakers (the attribution rule)
+            for _ in range(20):
+                other_sid = int(self.pick(self.speaker_cdf, 1)[0])
+                other = self.by_speaker.get(other_sid)
+                if other_sid != source_sid and other:
+                    picks.append(other[int(rng.integers(len(other)))])
+                    break
         who = "The team" if group else self.names[sid].split()[0]
         extra = " ".join(
             self.tail[int(j)] for j in self.pick(self.tail_cdf, int(rng.integers(3, 12)))

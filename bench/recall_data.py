@@ -128,6 +128,9 @@ class ChatGen:
         rng = self.rng
         pool = self.by_speaker[source if source != GROUP else PEOPLE[0][0]]
         picks = [pool[int(rng.integers(len(pool)))] for _ in range(int(rng.integers(1, 4)))]
+        if source == GROUP:  # a group's record rests on two speakers (the attribution rule)
+            other = self.by_speaker[PEOPLE[1][0]]
+            picks.append(other[int(rng.integers(len(other)))])
         names = dict(PEOPLE)
         who = "The team" if owner == GROUP else names[owner].split()[0]
         extra = " ".join(self.tail_word() for _ in range(int(rng.integers(3, 12))))

@@ -304,7 +304,7 @@ def test_ci_runs_the_readmes_test_command_and_it_runs_every_test() -> None:
     )
     assert "TESTS=()" in check  # no marker expression unless --fast
     # spread over pytest-xdist workers, which select nothing themselves
-    assert 'WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-auto}" --dist loadgroup)' in check
+    assert 'WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-0}" --dist loadgroup)' in check
     floor = (ROOT / "tests" / "test_quality_floor.py").read_text()
     assert not re.search(r"pytest\.mark\.(slow|e2e|live|skip)\b", floor)
 
