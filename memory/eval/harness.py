@@ -371,18 +371,23 @@ class EvalHarness:
         """Per mechanism: the margin over each part's best control with it and without it,
         overall and per channel."""
         best = {name: part["best_control"] for name, part in parts.items()} or {"all": "dense"}
+        # the pipeline's own margins and the controls do not depend on the ablation
+        with_ = margins_by_channel(scored, lambda r: r.recall("speakermem"), best)
+        rows_of = {part: [r for r in scored if (r.group or "all") == part] for part in best}
+        base = {
+            part: (
+                statistics.fmean(r.recall("speakermem") for r in rows),
+                statistics.fmean(r.recall(best[part]) for r in rows),
+            )
+            for part, rows in rows_of.items()
+            if rows
+        }
         out: dict[str, Any] = {}
         for name, update in self.ablations.items():
-            with_ = margins_by_channel(scored, lambda r: r.recall("speakermem"), best)
             without = margins_by_channel(scored, lambda r, n=name: r.recall(n), best)  # type: ignore[misc]
             by_part: dict[str, Any] = {}
-            for part in best:
-                rows = [r for r in scored if (r.group or "all") == part]
-                if not rows:
-                    continue
-                on = statistics.fmean(r.recall("speakermem") for r in rows)
-                off = statistics.fmean(r.recall(name) for r in rows)
-                ctl = statistics.fmean(r.recall(best[part]) for r in rows)
+            for part, (on, ctl) in base.items():
+                off = statistics.fmean(r.recall(name) for r in rows_of[part])
                 by_part[part] = {
                     "margin_with": round(100 * (on - ctl), 1),
                     "margin_without": round(100 * (off - ctl), 1),
