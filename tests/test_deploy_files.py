@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.commands import COMMANDS
-from integrations.discord.invite import (
+from speakermem.bot.commands import COMMANDS
+from speakermem.integrations.discord.invite import (
     PERMISSIONS,
     application_id_from_token,
     invite_url,
@@ -76,7 +76,7 @@ def test_healthcheck_probes_the_health_endpoint_on_the_ops_port() -> None:
     port = re.search(r"SPEAKERMEM_OPS_PORT=(\d+)", " ".join(a for op, a in ins if op == "ENV"))
     assert port is not None
     assert f"127.0.0.1:{port.group(1)}/healthz" in health
-    server = (ROOT / "integrations" / "ops" / "server.py").read_text()
+    server = (ROOT / "src" / "speakermem" / "integrations" / "ops" / "server.py").read_text()
     assert '"/healthz"' in server  # the endpoint the probe calls exists
 
 
@@ -255,7 +255,7 @@ def test_speakermem_discord_invite_url(tmp_path: Path) -> None:
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEAKERMEM_")}
-    run = [sys.executable, "-m", "integrations.cli.main", "discord", "invite-url"]
+    run = [sys.executable, "-m", "speakermem.integrations.cli.main", "discord", "invite-url"]
     ok = subprocess.run(
         [*run, "--client-id", "123456789012345678"],
         capture_output=True,
