@@ -70,6 +70,17 @@ def test_dockerfile_is_slim_non_root_with_the_db_on_a_volume() -> None:
                 assert (ROOT / src).exists(), src
 
 
+def test_the_image_installs_the_built_wheel_not_the_work_tree() -> None:
+    runs = [a for op, a in dockerfile() if op == "RUN"]
+    assert any("python -m build --wheel" in r for r in runs)
+    installs = [r for r in runs if "/opt/speakermem/bin/pip install" in r]
+    assert installs and all("/dist/speakermem-" in r for r in installs)
+    assert not any(re.search(r"pip install (-e |\.|\"\.)", r) for r in runs)
+    assert any("speakermem model install" in r for r in runs)  # the weights, without torch
+    copied = [a.split()[0] for op, a in dockerfile() if op == "COPY" and "--from" not in a]
+    assert "src" in copied and not {"memory", "bot", "integrations"} & set(copied)
+
+
 def test_healthcheck_probes_the_health_endpoint_on_the_ops_port() -> None:
     ins = dockerfile()
     (health,) = [a for op, a in ins if op == "HEALTHCHECK"]
@@ -304,7 +315,9 @@ def test_ci_runs_the_readmes_test_command_and_it_runs_every_test() -> None:
     )
     assert "TESTS=()" in check  # no marker expression unless --fast
     # spread over pytest-xdist workers, which select nothing themselves
-    assert 'WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-0}" --dist loadgroup)' in check
+    assert 'WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-auto}" --dist loadgroup)' in check
+    # and the wheel: built, installed outside the tree, run
+    assert "bash deploy/wheel.sh" in " ".join(commands(ROOT / ".ci" / "run"))
     floor = (ROOT / "tests" / "test_quality_floor.py").read_text()
     assert not re.search(r"pytest\.mark\.(slow|e2e|live|skip)\b", floor)
 
