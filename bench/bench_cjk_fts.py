@@ -35,9 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memory.datasets.locomo import read_locomo
-from memory.search.cjk import index_text, phrase_form, runs
-from memory.search.fts_query import build_match, quote
+from speakermem.memory.datasets.locomo import read_locomo
+from speakermem.memory.search.cjk import index_text, phrase_form, runs
+from speakermem.memory.search.fts_query import build_match, quote
 
 WAYS = {
     "unicode61": "unicode61 remove_diacritics 2",

@@ -45,11 +45,11 @@ from benchlib.stats import percentile
 from benchlib.vectors import FakeQueryEmbedder
 from community_data import BIG, KINDS, PLATFORM, Community, ready_store
 
-from memory.config import MemoryConfig, RecallConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import GROUP, Scope
-from memory.query.compose import approx_tokens, render_pack
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.config import MemoryConfig, RecallConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import GROUP, Scope
+from speakermem.memory.query.compose import approx_tokens, render_pack
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 
 TARGET_P95_MS = 100.0
 STAGES = ("access", "project", "system1", "system2", "compose", "answer")
@@ -187,7 +187,7 @@ async def _sync(
 ) -> dict[str, Any]:
     from slack_sdk.web.async_client import AsyncWebClient
 
-    from integrations.slack.roster_sync import SlackDirectory, sync_channel_roster
+    from speakermem.integrations.slack.roster_sync import SlackDirectory, sync_channel_roster
 
     engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=db)), None)
     directory = SlackDirectory(AsyncWebClient(token="xoxb-bench", base_url=standin.base_url))
@@ -272,9 +272,9 @@ def stage_discord(args: argparse.Namespace) -> dict[str, Any]:
     5,000 askers: RSS growth, cold and cached readable-channel time."""
     import gc
 
-    from integrations.discord import translate as tr
-    from integrations.discord.adapter import GuildState
-    from integrations.discord.members import PermissionCache
+    from speakermem.integrations.discord import translate as tr
+    from speakermem.integrations.discord.adapter import GuildState
+    from speakermem.integrations.discord.members import PermissionCache
 
     gc.collect()
     rss0 = own_rss_mb()

@@ -36,15 +36,15 @@ from benchlib.stats import percentile
 from benchlib.vectors import FakeQueryEmbedder
 from benchmark_docs import commit
 
-from bot.settings import Settings
-from integrations.web.access import Membership, Principal
-from integrations.web.server import WebConsole
-from integrations.web.sessions import SESSION_COOKIE
-from memory.config import MemoryConfig, StoreConfig
-from memory.console import ConsoleReads
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.settings import Settings
+from speakermem.integrations.web.access import Membership, Principal
+from speakermem.integrations.web.server import WebConsole
+from speakermem.integrations.web.sessions import SESSION_COOKIE
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.console import ConsoleReads
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.query.pipeline import RecallPipeline
 
 TARGET_P95_MS = 300.0
 P, W = community.PLATFORM, community.WORKSPACE

@@ -38,7 +38,7 @@ from benchlib.cli import write_json
 from benchlib.host import host_info
 from benchmark_docs import commit
 
-from integrations.embeddings.minilm import DEFAULT_CACHE_DIR, MiniLMEmbedder
+from speakermem.integrations.embeddings.minilm import DEFAULT_CACHE_DIR, MiniLMEmbedder
 
 DEFAULT_DATA = Path("/work/shared/data/locomo/locomo-dev.json")
 

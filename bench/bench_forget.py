@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import Layer, MessageEvent, NewRecord, RecordScope, Scope
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import Layer, MessageEvent, NewRecord, RecordScope, Scope
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -74,7 +74,7 @@ log = logging.getLogger("bench_load")
 def bot_settings() -> Any:
     """What the bot would use (its environment, else bot/settings.py's defaults), so the
     benchmark's defaults are the bot's and defined there once."""
-    from bot.settings import Settings
+    from speakermem.bot.settings import Settings
 
     return Settings(_env_file=None)  # type: ignore[call-arg]
 
@@ -134,9 +134,9 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     import aiohttp
     from aiohttp import web
 
-    from memory.config import MemoryConfig, StoreConfig
-    from memory.engine import MemoryEngine
-    from memory.models import Scope
+    from speakermem.memory.config import MemoryConfig, StoreConfig
+    from speakermem.memory.engine import MemoryEngine
+    from speakermem.memory.models import Scope
     from tests.llm_server import Delay, Handler, LLMServer, Reply
     from tests.standins.discord_gateway import GUILD_ID, DiscordStandIn
     from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn, sign

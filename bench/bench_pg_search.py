@@ -32,10 +32,10 @@ import numpy as np
 from benchlib.pg import pg_admin, pg_exists, with_database
 from pydantic import SecretStr
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, Scope
-from memory.search.fts_query import build_match
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.search.fts_query import build_match
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 SCOPE = Scope(platform="b", workspace="w", channel="big")

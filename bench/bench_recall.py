@@ -87,9 +87,9 @@ from recall_report import (
     store_info,
 )
 
-from memory.config import RecallConfig
-from memory.engine import MemoryEngine
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.config import RecallConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 
 __all__ = ["BUILD_VERSION", "main"]
 

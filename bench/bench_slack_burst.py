@@ -147,13 +147,13 @@ async def wait_for_count(engine: Any, want: int, timeout_s: float) -> tuple[int,
 
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    from bot.dispatch import Dispatcher
-    from bot.settings import Settings
-    from integrations.slack.adapter import SlackAdapter
-    from memory.config import MemoryConfig, StoreConfig
-    from memory.engine import MemoryEngine
-    from memory.models import Scope
-    from memory.query.pipeline import RecallPipeline
+    from speakermem.bot.dispatch import Dispatcher
+    from speakermem.bot.settings import Settings
+    from speakermem.integrations.slack.adapter import SlackAdapter
+    from speakermem.memory.config import MemoryConfig, StoreConfig
+    from speakermem.memory.engine import MemoryEngine
+    from speakermem.memory.models import Scope
+    from speakermem.memory.query.pipeline import RecallPipeline
     from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn
 
     users = {f"U{i:04d}": {"name": f"user{i}"} for i in range(args.channels * 5)}

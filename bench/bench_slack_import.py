@@ -36,9 +36,9 @@ from benchlib.cli import write_json
 from benchlib.host import host_info
 from benchlib.words import FUNCTION, TOPICS, chat_words
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 
 TEAM = "TBENCH001"
 START = 1_700_000_000
@@ -129,7 +129,7 @@ def write_export(dest: Path, members: int, channels: int, messages: int, seed: i
 
 def _run(db: Path, export: Path) -> dict[str, Any]:
     env = {**os.environ, "SPEAKERMEM_EMBEDDER": "minilm", "PYTHONPATH": str(benchlib.REPO_ROOT)}
-    argv = [sys.executable, "-m", "integrations.cli.main", "--db", str(db)]
+    argv = [sys.executable, "-m", "speakermem.integrations.cli.main", "--db", str(db)]
     argv += ["import", "slack-export", str(export)]
     load_before = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -54,7 +54,10 @@ from benchlib.cli import add_backend_options, int_list, write_json
 from benchlib.host import loadavg, maxrss_mb
 from benchlib.pg import pg_version, start_pgserver, stop_local_server
 from store_report import machine_info, render, update_cold_doc
-from store_stages import STAGE_FUNCS
+from store_stages import STAGE_FUNCS as IN_PROCESS
+from store_stages_processes import stage_workers, stage_writers
+
+STAGE_FUNCS = {**IN_PROCESS, "writers": stage_writers, "workers": stage_workers}
 
 ALL_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k", "1m", "writers", "workers")
 QUICK_STAGES = ("ingest", "embed", "vecinsert", "10k", "100k")

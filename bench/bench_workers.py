@@ -60,9 +60,9 @@ from benchlib.host import cpu_seconds, loadavg_text
 from benchlib.pg import pg_admin, pg_version, start_pgserver, with_database
 from workers_report import bound, finish, render, summary_line
 
-from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, Scope
+from speakermem.memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, Scope
 
 SCRIPT = Path(__file__).resolve()
 TEMPLATE_DB = "bench_workers_src"
@@ -355,10 +355,10 @@ async def sqlite_writer_main() -> int:
     """Child mode: the bot's Writer loop on the SQLite file of SPEAKERMEM_DB_PATH, with the
     settings' writer configuration, until SIGTERM (what the scheduler's write job does:
     `Writer.flush_due`, again while anything is due)."""
-    from bot.settings import load_settings
-    from integrations.app import build_llm, open_engine
-    from integrations.ops.logs import configure_logging
-    from memory.writer.runner import Writer
+    from speakermem.bot.settings import load_settings
+    from speakermem.integrations.app import build_llm, open_engine
+    from speakermem.integrations.ops.logs import configure_logging
+    from speakermem.memory.writer.runner import Writer
 
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format)
@@ -419,7 +419,7 @@ async def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         async with LLMServer(default=delay) as server:
             log(f"LLM test server at {server.base_url}, {args.latency:g} s per call")
             env0 = base_env(server.base_url, args)
-            worker_cmd = [sys.executable, "-m", "integrations.cli.main", "worker"]
+            worker_cmd = [sys.executable, "-m", "speakermem.integrations.cli.main", "worker"]
             worker_cmd += ["--lease-s", str(args.lease_s), "--poll-s", str(args.poll_s)]
             for k in args.workers:
                 name = f"bench_workers_k{k}"

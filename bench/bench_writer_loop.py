@@ -185,12 +185,12 @@ class Ticker:
 
 
 async def run(args: argparse.Namespace, url: str, db_path: Path) -> dict[str, Any]:
-    from bot.scheduler import WriterScheduler
-    from integrations.llm.openai_compat import OpenAICompatLLM
-    from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
-    from memory.engine import MemoryEngine
-    from memory.models import MessageEvent, Scope
-    from memory.writer.runner import Writer
+    from speakermem.bot.scheduler import WriterScheduler
+    from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+    from speakermem.memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
+    from speakermem.memory.engine import MemoryEngine
+    from speakermem.memory.models import MessageEvent, Scope
+    from speakermem.memory.writer.runner import Writer
 
     rng = random.Random(args.seed)
     if args.debug_slow:

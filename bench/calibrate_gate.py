@@ -23,7 +23,7 @@ from pathlib import Path
 
 from benchlib import REPO_ROOT
 
-from memory.writer.gate import (
+from speakermem.memory.writer.gate import (
     DEFAULT_DENSE_THRESHOLD,
     DEFAULT_LEXICAL_THRESHOLD,
     EvidenceGate,
@@ -131,7 +131,7 @@ def evidence_args(turns: tuple[Turn, ...]) -> tuple[list[str], list[str], list[s
 
 def dense_sims(cases: list[Case]) -> tuple[list[float], list[float]]:
     """Max cosine between each fact and its true / swapped evidence, via MiniLM."""
-    from integrations.embeddings.minilm import MiniLMEmbedder
+    from speakermem.integrations.embeddings.minilm import MiniLMEmbedder
 
     emb = MiniLMEmbedder()
     facts = emb.embed_sync([c.fact for c in cases])

@@ -15,8 +15,8 @@ from benchlib.build import Target, derived_record, store_random_vectors
 from benchlib.vectors import unit_vectors
 from benchlib.words import FUNCTION, TOPICS, VERBS, chat_words
 
-from memory.engine import MemoryEngine
-from memory.models import GROUP, Layer, MessageEvent, NewRecord, Scope
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import GROUP, Layer, MessageEvent, NewRecord, Scope
 
 PLATFORM, WORKSPACE = "slack", "TCOMMUNITY"
 BIG = Scope(platform=PLATFORM, workspace=WORKSPACE, channel="C0000")

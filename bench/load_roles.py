@@ -22,8 +22,8 @@ SECRET = "bench-load-signing-secret"
 async def bot_main(cfg: dict[str, Any]) -> int:
     """Run the bot with a 10 ms lag ticker, appending its samples to `lag_out` every 5 s
     (so they survive a bot that has to be killed)."""
-    from bot.settings import Settings
-    from integrations import runtime
+    from speakermem.bot.settings import Settings
+    from speakermem.integrations import runtime
 
     stages_out = Path(cfg["stages_out"])
     stage_rows: list[dict[str, float]] = []
@@ -131,7 +131,7 @@ def heap_sample(t: float, to: Path) -> None:
     import ctypes
     import threading
 
-    from integrations.ops.heap import mallinfo
+    from speakermem.integrations.ops.heap import mallinfo
 
     row: dict[str, Any] = {"t": round(t, 1), "py_blocks": sys.getallocatedblocks()}
     row["py_threads"] = threading.active_count()

@@ -43,10 +43,10 @@ from benchlib.stats import percentile
 from benchmark_docs import commit
 from psycopg import AsyncCursor
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.store.pg.message_vectors import vector_literal
-from memory.store.vectors import rescore
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.store.pg.message_vectors import vector_literal
+from speakermem.memory.store.vectors import rescore
 
 K = 40
 OVERSAMPLE_FRACTION = 0.016  # SearchConfig.hybrid_oversample_fraction, as search passes it

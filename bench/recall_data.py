@@ -15,8 +15,8 @@ from benchlib.build import Target, derived_record, ingest_timed, settle, store_r
 from benchlib.vectors import load_minilm, unit_vectors
 from benchlib.words import FUNCTION, TOPICS, VERBS, chat_words
 
-from memory.engine import MemoryEngine
-from memory.models import GROUP, Layer, MessageEvent, NewRecord, Scope
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import GROUP, Layer, MessageEvent, NewRecord, Scope
 
 SCOPE = Scope(platform="slack", workspace="TBENCH", channel="CBENCH")
 BUILD_VERSION = 2

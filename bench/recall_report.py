@@ -15,10 +15,10 @@ from benchlib.pg import pg_version
 from benchlib.stats import percentile
 from recall_data import PEOPLE
 
-from memory.engine import MemoryEngine
-from memory.models import RosterMember
-from memory.query.projection import fallback_projection
-from memory.search.fts_query import build_match
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import RosterMember
+from speakermem.memory.query.projection import fallback_projection
+from speakermem.memory.search.fts_query import build_match
 
 TARGET_P95_MS = 100.0
 TARGET_PACK_TOKENS = 3_000

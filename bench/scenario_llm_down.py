@@ -35,17 +35,17 @@ from typing import Any
 from benchlib import machine
 from benchlib.cli import add_json_option, write_json
 
-from bot.health import decide, measure_writer_queue
-from bot.scheduler import WriterScheduler
-from integrations.llm.openai_compat import OpenAICompatLLM
-from integrations.ops.metrics import MeteredLLM, Metrics
-from integrations.ops.server import OpsServer
-from integrations.slack.render import render_blocks
-from memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.writer.runner import Writer
+from speakermem.bot.health import decide, measure_writer_queue
+from speakermem.bot.scheduler import WriterScheduler
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.integrations.ops.metrics import MeteredLLM, Metrics
+from speakermem.integrations.ops.server import OpsServer
+from speakermem.integrations.slack.render import render_blocks
+from speakermem.memory.config import IngestConfig, MemoryConfig, StoreConfig, WriterConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.writer.runner import Writer
 from tests.llm_server import Delay, LLMServer, Reply
 
 TOPICS = ("deploy", "budget", "launch", "review", "holiday", "backup", "design", "invoice")

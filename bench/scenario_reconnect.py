@@ -39,11 +39,11 @@ from typing import Any
 from benchlib import machine
 from benchlib.cli import add_json_option, write_json
 
-from bot.settings import Settings
-from integrations.runtime import run
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.bot.settings import Settings
+from speakermem.integrations.runtime import run
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn
 from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn
 

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 import numpy as np
 from benchlib.words import Sounds, pseudo_words
 
-from memory.models import MessageEvent, Scope
-from memory.search.stopwords import STOPWORDS
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.search.stopwords import STOPWORDS
 
 SOUNDS = Sounds(
     onsets=tuple(

@@ -23,7 +23,7 @@ TARGETS = {
 
 def machine_info() -> dict[str, Any]:
     """The machine, and the SQLite, driver, sqlite-vec and numpy versions the store ran on."""
-    from memory.store.driver import pick_driver
+    from speakermem.memory.store.driver import pick_driver
 
     drv = pick_driver("auto")
     conn = drv.module.connect(":memory:")

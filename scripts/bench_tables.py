@@ -171,7 +171,7 @@ def expand(markdown: str, load: Any, where: str = "") -> str:
 
 def report_tables(report: Any, where: str) -> str:
     """An eval report as `speakermem eval` prints it, with the command and commit of its run."""
-    from memory.eval.harness import markdown_table
+    from speakermem.memory.eval.harness import markdown_table
 
     if not isinstance(report, dict) or not {"dataset", "systems", "k"} <= set(report):
         raise BenchDataError(f"{where}: not a `speakermem eval` report")

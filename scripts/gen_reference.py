@@ -27,7 +27,7 @@ from annotated_types import Ge, Gt, Le, Lt  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
-from bot.settings import Settings  # noqa: E402
+from speakermem.bot.settings import Settings  # noqa: E402
 
 REGENERATE = "python scripts/gen_reference.py"
 REFERENCE = ROOT / "docs" / "reference"
@@ -79,7 +79,8 @@ def description(name: str, field: FieldInfo) -> str:
     if not text:
         raise Undocumented(
             f"setting {PREFIX}{name.upper()} has no description: add a docstring under the "
-            f"field in bot/settings.py (or in memory/config.py if the field is inherited)"
+            f"field in src/speakermem/bot/settings.py (or in src/speakermem/memory/config.py if "
+            "the field is inherited)"
         )
     return text
 
@@ -191,7 +192,7 @@ def env_example() -> str:
         "# it says what it does. A commented-out line is unset by default (or, for a path under",
         "# your home directory, shows where the default points). `speakermem config` prints the",
         "# effective values with secrets masked; `speakermem doctor` checks them.",
-        f"# Generated from bot/settings.py by `{REGENERATE}`:",
+        f"# Generated from src/speakermem/bot/settings.py by `{REGENERATE}`:",
         "# edit the docstrings in the code, not this file.",
     ]
     out = head
@@ -268,7 +269,7 @@ def _arguments(parser: argparse.ArgumentParser, where: str, skip: set[str]) -> l
 
 
 def cli_page() -> str:
-    from integrations.cli.main import build_parser
+    from speakermem.integrations.cli.main import build_parser
 
     top = build_parser()
     _fixed_width(top)
@@ -330,8 +331,8 @@ def _anchor(heading: str) -> str:
 def _discord_commands() -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
     """('/memory-admin forget user', description, [(option, description, required)]) as the
     Discord adapter registers them."""
-    from bot.commands import COMMANDS, MEMORY
-    from integrations.discord.commands import (
+    from speakermem.bot.commands import COMMANDS, MEMORY
+    from speakermem.integrations.discord.commands import (
         build_command,
         build_context_menu,
         build_memory_groups,
@@ -370,15 +371,16 @@ def _discord_commands() -> list[tuple[str, str, list[tuple[str, str, bool]]]]:
 
 
 def commands_page() -> str:
-    from bot.commands import ASK_ABOUT_MESSAGE, COMMANDS, MEMORY_SUBCOMMANDS
-    from integrations.shell.translate import HELP
+    from speakermem.bot.commands import ASK_ABOUT_MESSAGE, COMMANDS, MEMORY_SUBCOMMANDS
+    from speakermem.integrations.shell.translate import HELP
 
     out = [
         GENERATED,
         "",
         "# Chat commands",
         "",
-        "The commands are declared once (`bot/commands.py`) and registered by every adapter. "
+        "The commands are declared once (`src/speakermem/bot/commands.py`) and registered by "
+        "every adapter. "
         "Replies to `/memory` are ephemeral; destructive subcommands ask for a confirmation "
         "first (buttons on Slack and Discord, y/N in the shell).",
         "",
@@ -461,8 +463,8 @@ def metric_families() -> list[tuple[str, str, tuple[str, ...], str]]:
 
     from prometheus_client.metrics import MetricWrapperBase
 
-    from bot.dispatch import Dispatcher
-    from integrations.ops.metrics import Metrics
+    from speakermem.bot.dispatch import Dispatcher
+    from speakermem.integrations.ops.metrics import Metrics
 
     metrics = Metrics()
     # a dispatcher with empty counters: the collectors describe their families without data
@@ -484,7 +486,9 @@ def metric_families() -> list[tuple[str, str, tuple[str, ...], str]]:
             found.append((family.name, family.type, labels, family.documentation))
     for name, _, _, doc in found:
         if not doc.strip():
-            raise Undocumented(f"metric {name} has no help text (integrations/ops/metrics.py)")
+            raise Undocumented(
+                f"metric {name} has no help text (src/speakermem/integrations/ops/metrics.py)"
+            )
     return sorted(found)
 
 

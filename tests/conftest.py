@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from memory.config import IngestConfig, MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, Scope
+from speakermem.memory.config import IngestConfig, MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, Scope
 from tests.fakes import HashEmbedder
 from tests.llm_fixtures import llm_server  # noqa: F401 - re-exported fixture
 from tests.pg_fixtures import (  # noqa: F401 - re-exported fixtures
@@ -147,3 +147,14 @@ def msg(
         ts=T0 + timedelta(minutes=minutes),
         **extra,  # type: ignore[arg-type]
     )
+
+
+@pytest.fixture(autouse=True)
+def _wide_cli_consoles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's rich consoles read COLUMNS once, when first imported, so an in-process CLI
+    table's width would depend on which test imported them first (in a parallel run, on a
+    worker's order of tests). Every test gets them 400 columns wide: no wrapped cell."""
+    from speakermem.integrations.cli import render
+
+    for console in (render.console, render.err_console):
+        monkeypatch.setattr(console, "width", 400)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
 
 
 async def assert_not_stored(

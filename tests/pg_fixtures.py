@@ -137,8 +137,8 @@ class PgDatabases:
 
 def _migrate(url: str) -> None:
     """Open and close the store once on `url` (applies every migration)."""
-    from memory.config import StoreConfig
-    from memory.store.pg.database import PgDatabase
+    from speakermem.memory.config import StoreConfig
+    from speakermem.memory.store.pg.database import PgDatabase
 
     async def run() -> None:
         db = PgDatabase(StoreConfig(db_url=url, readers=1))

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from integrations.discord.adapter import GuildState
-from integrations.discord.translate import (
+from speakermem.integrations.discord.adapter import GuildState
+from speakermem.integrations.discord.translate import (
     READ_MESSAGE_HISTORY,
     VIEW_CHANNEL,
     ChannelPerms,
@@ -24,13 +24,13 @@ from integrations.discord.translate import (
     is_guild_admin,
     member_channel_permissions,
 )
-from integrations.slack.translate import channel_privacy
-from memory.config import RecallConfig
-from memory.engine import MemoryEngine
-from memory.models import RosterAction, RosterEvent, Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.integrations.slack.translate import channel_privacy
+from speakermem.memory.config import RecallConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import RosterAction, RosterEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import msg
-from tests.standins.discord_gateway import (
+from tests.standins.discord_guild import (
     EVERYONE,
     GENERAL,
     GUILD_ID,
@@ -332,8 +332,8 @@ async def test_discord_unreadable_interaction_permissions_refuse_instead_of_the_
 ) -> None:
     """If the invoker's permissions in the interaction cannot be read, the answer is a
     refusal; the stored roster (which still lists the member) is no fallback."""
-    import integrations.discord.translate as discord_translate
-    from integrations.payload import PayloadError
+    import speakermem.integrations.discord.translate as discord_translate
+    from speakermem.integrations.payload import PayloadError
 
     bot, close = await start_discord(tmp_path)
     try:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from bot.spill import Spill
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import EditEvent, RosterAction, RosterEvent, Scope
-from memory.query.pipeline import RecallPipeline
-from memory.store import ChangeStatus, IngestStatus
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.spill import Spill
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import EditEvent, RosterAction, RosterEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline
+from speakermem.memory.store import ChangeStatus, IngestStatus
 from tests.conftest import T0, msg
 
 pytestmark = pytest.mark.contract

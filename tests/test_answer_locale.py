@@ -6,10 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memory.models import Scope
-from memory.query.answer import RecallAnswer, extractive_answer
-from memory.query.answer_locale import ENGLISH, PHRASES, phrases_for
-from memory.query.compose import EvidencePack, Excerpt
+from speakermem.memory.models import Scope
+from speakermem.memory.query.answer import RecallAnswer, extractive_answer
+from speakermem.memory.query.answer_locale import ENGLISH, PHRASES, phrases_for
+from speakermem.memory.query.compose import EvidencePack, Excerpt
 
 SCOPE = Scope(platform="test", workspace="w", channel="c")
 QUOTE = "リリースは来週の金曜日です"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.eval.answer_metrics import (
+from speakermem.memory.eval.answer_metrics import (
     JUDGE_PROMPT_VERSION,
     JUDGE_SCHEMA,
     all_hit,

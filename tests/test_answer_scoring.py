@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.datasets import read_dataset
-from memory.engine import MemoryEngine
-from memory.eval.answer_scoring import (
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.datasets import read_dataset
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.eval.answer_scoring import (
     RUBRIC_PROMPT_VERSION,
     RUBRIC_SCHEMA,
     RubricVerdict,
@@ -25,8 +25,8 @@ from memory.eval.answer_scoring import (
     rubric_score,
     short_match,
 )
-from memory.eval.harness import EvalHarness, markdown_table
-from memory.query.pipeline import RecallPipeline
+from speakermem.memory.eval.harness import EvalHarness, markdown_table
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
 from tests.llm_server import Handler, LLMServer, Reply

@@ -8,12 +8,17 @@ from datetime import UTC, datetime
 
 import pytest
 
-from integrations.discord.ask_payloads import ask_of
-from integrations.discord.render import FIELD_VALUE_LIMIT, SEARCHED, TOTAL_LIMIT, render_embed
-from integrations.payload import PayloadError
-from integrations.slack.render import render_blocks, searched_line
-from memory.models import Scope
-from memory.query.answer import Citation, RecallAnswer
+from speakermem.integrations.discord.ask_payloads import ask_of
+from speakermem.integrations.discord.render import (
+    FIELD_VALUE_LIMIT,
+    SEARCHED,
+    TOTAL_LIMIT,
+    render_embed,
+)
+from speakermem.integrations.payload import PayloadError
+from speakermem.integrations.slack.render import render_blocks, searched_line
+from speakermem.memory.models import Scope
+from speakermem.memory.query.answer import Citation, RecallAnswer
 
 BOT = "900"
 

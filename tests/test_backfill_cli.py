@@ -11,16 +11,17 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from bot.settings import Settings
-from integrations.cli.commands_governance import cmd_status
-from integrations.cli.commands_ops import cmd_backfill, parse_since
-from integrations.cli.errors import CliError
-from integrations.cli.main import build_parser, main
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.bot.settings import Settings
+from speakermem.integrations.cli.commands_governance import cmd_status
+from speakermem.integrations.cli.commands_ops import cmd_backfill, parse_since
+from speakermem.integrations.cli.errors import CliError
+from speakermem.integrations.cli.main import build_parser, main
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.conftest import make_config
-from tests.standins.discord_gateway import GENERAL as D_GENERAL
-from tests.standins.discord_gateway import GUILD_ID, DiscordStandIn, _json
+from tests.standins.discord_gateway import DiscordStandIn, _json
+from tests.standins.discord_guild import GENERAL as D_GENERAL
+from tests.standins.discord_guild import GUILD_ID
 from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn
 
 pytestmark = pytest.mark.contract

@@ -25,14 +25,14 @@ from typing import Any
 
 import pytest
 
-from integrations.cli.main import main
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.interactions import interaction_names
-from memory.models import Scope
-from memory.store import pick_driver
-from memory.store.backup import backup_store
+from speakermem.integrations.cli.main import main
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.interactions import interaction_names
+from speakermem.memory.models import Scope
+from speakermem.memory.store import pick_driver
+from speakermem.memory.store.backup import backup_store
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.test_governance_forget import GENERAL, SECRET, seed

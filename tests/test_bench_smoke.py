@@ -55,7 +55,7 @@ def test_bench_community_runs_its_stages(tmp_path: Path) -> None:
 def test_bench_slack_import_writes_an_export_the_importer_reads(tmp_path: Path) -> None:
     import bench_slack_import
 
-    from integrations.slack.export import read_slack_export
+    from speakermem.integrations.slack.export import read_slack_export
 
     held = bench_slack_import.write_export(tmp_path / "x.zip", 30, 2, 200, seed=1)
     export = read_slack_export(tmp_path / "x.zip")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from memory.eval.harness import markdown_table
 from scripts import bench_tables
+from speakermem.memory.eval.harness import markdown_table
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from bot.asks import CONTEXT_QUESTION, MAX_CONTEXT_CHARS, context_question, question_text
-from bot.events import CommandInvocation
-from bot.rate_limit import PerMinuteLimiter
-from bot.settings import Settings
-from integrations.runtime import build_dispatcher
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.asks import CONTEXT_QUESTION, MAX_CONTEXT_CHARS, context_question, question_text
+from speakermem.bot.events import CommandInvocation
+from speakermem.bot.rate_limit import PerMinuteLimiter
+from speakermem.bot.settings import Settings
+from speakermem.integrations.runtime import build_dispatcher
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import msg
 
 
@@ -92,7 +92,7 @@ async def test_a_mention_without_a_question_and_a_dm_with_nothing_readable_are_r
 
 
 def test_a_reply_quotes_the_message_it_asks_about() -> None:
-    from bot.asks import reply_question
+    from speakermem.bot.asks import reply_question
 
     assert reply_question("why?", "We ship on  Friday") == "why? (about: “We ship on Friday”)"
     assert reply_question("", "We ship on Friday").startswith(CONTEXT_QUESTION)

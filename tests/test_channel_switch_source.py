@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-import memory.store.pg.schema
-import memory.store.sqlite.database
-from bot.catchup import CatchUp
-from bot.dispatch import Dispatcher
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import MessageEvent, Scope
-from memory.query.pipeline import RecallPipeline
+import speakermem.memory.store.pg.schema
+import speakermem.memory.store.sqlite.database
+from speakermem.bot.catchup import CatchUp
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config, msg
 
 pytestmark = pytest.mark.contract
@@ -41,7 +41,7 @@ async def test_the_migration_keeps_a_switched_off_channel_off_and_drops_the_colu
             db_url=request.getfixturevalue("pg_url") if pg else None,
         )
     )
-    module = memory.store.pg.schema if pg else memory.store.sqlite.database
+    module = speakermem.memory.store.pg.schema if pg else speakermem.memory.store.sqlite.database
     released = module.migrations
     before_this = 10 if pg else 8
     monkeypatch.setattr(

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-import memory.store.pg.schema as pg_schema
-import memory.store.sqlite.database as sqlite_database
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.search.fts_query import build_match
-from memory.store.sqlite.dialect import SQLITE
+import speakermem.memory.store.pg.schema as pg_schema
+import speakermem.memory.store.sqlite.database as sqlite_database
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.search.fts_query import build_match
+from speakermem.memory.store.sqlite.dialect import SQLITE
 from tests.conftest import msg
 from tests.store_contract.conftest import record
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.claims import ABSTAIN, check_claims, split_claims
-from memory.query.compose import EvidencePack, Excerpt
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.claims import ABSTAIN, check_claims, split_claims
+from speakermem.memory.query.compose import EvidencePack, Excerpt
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import msg
 from tests.llm_server import Handler, Item, LLMServer, Reply
 
@@ -195,8 +195,8 @@ async def test_claim_check_off_keeps_the_answer(
 
 
 def test_eval_reports_the_dropped_claim_rate() -> None:
-    from memory.datasets.common import EvalQuestion
-    from memory.eval.harness import QuestionResult, claim_rates
+    from speakermem.memory.datasets.common import EvalQuestion
+    from speakermem.memory.eval.harness import QuestionResult, claim_rates
 
     q = EvalQuestion(id="1", scope=SCOPE, question="q", answer="a", category="c")
     results = [

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from memory.models import GROUP, Scope
-from memory.query.answer import extractive_answer
-from memory.query.claims import check_claims, named_speakers, pack_people
-from memory.query.compose import EvidencePack, Excerpt, PackRecord, PackRow
+from speakermem.memory.models import GROUP, Scope
+from speakermem.memory.query.answer import extractive_answer
+from speakermem.memory.query.claims import check_claims, named_speakers, pack_people
+from speakermem.memory.query.compose import EvidencePack, Excerpt, PackRecord, PackRow
 
 SCOPE = Scope(platform="test", workspace="w1", channel="budget")
 WHEN = datetime(2024, 5, 3, tzinfo=UTC)

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import Settings
-from integrations.cli import commands_platform
-from integrations.cli.errors import CliError
-from integrations.cli.main import main
-from integrations.discord.adapter import sync_commands
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from tests.standins.discord_gateway import APP_ID, GUILD_ID, DiscordStandIn
+from speakermem.bot.settings import Settings
+from speakermem.integrations.cli import commands_platform
+from speakermem.integrations.cli.errors import CliError
+from speakermem.integrations.cli.main import main
+from speakermem.integrations.discord.adapter import sync_commands
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from tests.standins.discord_gateway import DiscordStandIn
+from tests.standins.discord_guild import APP_ID, GUILD_ID
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DISCORD_FILE = FIXTURES / "discord_export_small.json"
@@ -159,7 +160,7 @@ async def test_discord_sync_command(tmp_path: Path, capsys: pytest.CaptureFixtur
     sub = parser.add_subparsers()
     commands_platform.register(sub, lambda p: None)
     args = parser.parse_args(["discord-sync", "--guild", GUILD_ID])
-    assert args.handler == "integrations.cli.commands_platform:cmd_discord_sync"
+    assert args.handler == "speakermem.integrations.cli.commands_platform:cmd_discord_sync"
     standin = await DiscordStandIn().start()
     try:
         assert await commands_platform.cmd_discord_sync(_settings(standin, tmp_path), args) == 0

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from bot.settings import load_settings
-from integrations.cli import render
-from integrations.cli.main import main
-from memory.config import MemoryConfig, StoreConfig, WriterConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.bot.settings import load_settings
+from speakermem.integrations.cli import render
+from speakermem.integrations.cli.main import main
+from speakermem.memory.config import MemoryConfig, StoreConfig, WriterConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.conftest import msg
 from tests.llm_server import Handler, LLMServer, Reply
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
-from memory.writer.runner import FlushOutcome, Writer
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
+from speakermem.memory.writer.runner import FlushOutcome, Writer
 from tests.conftest import T0, msg
 from tests.llm_server import Handler, Item, LLMServer, Reply
 from tests.test_writer import FAST, llm_for, user_prompt
@@ -229,7 +229,7 @@ async def test_commit_segment_checks_inside_its_transaction(engine: MemoryEngine
     """The store's own check, whatever the Writer validated before: a record citing a
     forgotten or deleted message, or owned by (or sourced from) a forgotten or opted-out
     person, or naming a forgotten person, is dropped and counted; the rest commit."""
-    from memory.store import WriterRunLog
+    from speakermem.memory.store import WriterRunLog
 
     gov = Governance(engine)
     await seed(engine)

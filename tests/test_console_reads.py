@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memory.console import ConsoleReads
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import (
+from speakermem.memory.console import ConsoleReads
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import (
     GROUP,
     Layer,
     NewRecord,
@@ -187,7 +187,7 @@ async def test_counts_come_from_a_snapshot_recounted_in_the_background(
     assert (await reads.channels([GEN]))[0].messages == 4
     await engine.ingest(msg(GEN, "m5", "Cy", "one more about the picnic", 20))
     assert (await reads.channels([GEN]))[0].messages == 4  # the snapshot, fresh enough
-    monkeypatch.setattr("memory.console.COUNTS_TTL_S", 0.0)
+    monkeypatch.setattr("speakermem.memory.console.COUNTS_TTL_S", 0.0)
     assert (await reads.channels([GEN]))[0].messages == 4  # stale: served, recount started
     refresh = reads._counts._refresh
     assert refresh is not None

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from integrations.cli.main import main
-from memory.datasets.friendsqa import read_friendsqa
-from memory.datasets.locomo import parse_session_time, read_locomo
+from speakermem.integrations.cli.main import main
+from speakermem.memory.datasets.friendsqa import read_friendsqa
+from speakermem.memory.datasets.locomo import parse_session_time, read_locomo
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -11,15 +11,20 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.dispatch import Dispatcher
-from bot.events import CommandInvocation, RosterAction, RosterEvent
-from bot.settings import Settings
-from integrations.embeddings.minilm import MiniLMEmbedder
-from integrations.runtime import build_dispatcher
-from memory.engine import MemoryEngine
-from memory.models import RosterMember, Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest, RecallResult, RecallTrace
-from memory.query.projection import Projection
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.events import CommandInvocation, RosterAction, RosterEvent
+from speakermem.bot.settings import Settings
+from speakermem.integrations.embeddings.minilm import MiniLMEmbedder
+from speakermem.integrations.runtime import build_dispatcher
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import RosterMember, Scope
+from speakermem.memory.query.pipeline import (
+    RecallPipeline,
+    RecallRequest,
+    RecallResult,
+    RecallTrace,
+)
+from speakermem.memory.query.projection import Projection
 from tests.conftest import T0, msg
 from tests.test_reliability_diskfull import fill_to_the_brim, live_ids, space_returns
 from tests.web_fixtures import GENERAL, copy_store, running_console

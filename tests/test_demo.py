@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bot.events import DeleteEvent, EditEvent, MessageEvent, RosterAction, RosterEvent
-from bot.settings import Settings
-from integrations.cli.commands_demo import run_demo
-from integrations.embeddings import minilm
-from integrations.embeddings.minilm import EmbedderUnavailable
-from integrations.shell import demo
-from integrations.shell.session import local_bot
+from speakermem.bot.events import DeleteEvent, EditEvent, MessageEvent, RosterAction, RosterEvent
+from speakermem.bot.settings import Settings
+from speakermem.integrations.cli.commands_demo import run_demo
+from speakermem.integrations.embeddings import minilm
+from speakermem.integrations.embeddings.minilm import EmbedderUnavailable
+from speakermem.integrations.shell import demo
+from speakermem.integrations.shell.session import local_bot
 from tests.llm_server import LLMServer
 
 
@@ -211,7 +211,7 @@ async def test_demo_with_an_llm_runs_the_writer_over_every_segment(
 def test_speakermem_demo_no_input(tmp_path: Path) -> None:
     env = {**os.environ, "SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "demo", "--no-input"],
+        [sys.executable, "-m", "speakermem.integrations.cli.main", "demo", "--no-input"],
         capture_output=True,
         text=True,
         env=env,

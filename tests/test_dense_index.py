@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from memory.store.vectors import coarse_top_k, hamming_top_k, pack_chunks, quantize_bits
+from speakermem.memory.store.vectors import coarse_top_k, hamming_top_k, pack_chunks, quantize_bits
 
 
 def chunk_rows(bits: np.ndarray, rowids: np.ndarray, live: np.ndarray, chunk: int) -> list:

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.commands import COMMANDS
-from integrations.discord.invite import (
+from speakermem.bot.commands import COMMANDS
+from speakermem.integrations.discord.invite import (
     PERMISSIONS,
     application_id_from_token,
     invite_url,
@@ -70,13 +70,24 @@ def test_dockerfile_is_slim_non_root_with_the_db_on_a_volume() -> None:
                 assert (ROOT / src).exists(), src
 
 
+def test_the_image_installs_the_built_wheel_not_the_work_tree() -> None:
+    runs = [a for op, a in dockerfile() if op == "RUN"]
+    assert any("python -m build --wheel" in r for r in runs)
+    installs = [r for r in runs if "/opt/speakermem/bin/pip install" in r]
+    assert installs and all("/dist/speakermem-" in r for r in installs)
+    assert not any(re.search(r"pip install (-e |\.|\"\.)", r) for r in runs)
+    assert any("speakermem model install" in r for r in runs)  # the weights, without torch
+    copied = [a.split()[0] for op, a in dockerfile() if op == "COPY" and "--from" not in a]
+    assert "src" in copied and not {"memory", "bot", "integrations"} & set(copied)
+
+
 def test_healthcheck_probes_the_health_endpoint_on_the_ops_port() -> None:
     ins = dockerfile()
     (health,) = [a for op, a in ins if op == "HEALTHCHECK"]
     port = re.search(r"SPEAKERMEM_OPS_PORT=(\d+)", " ".join(a for op, a in ins if op == "ENV"))
     assert port is not None
     assert f"127.0.0.1:{port.group(1)}/healthz" in health
-    server = (ROOT / "integrations" / "ops" / "server.py").read_text()
+    server = (ROOT / "src" / "speakermem" / "integrations" / "ops" / "server.py").read_text()
     assert '"/healthz"' in server  # the endpoint the probe calls exists
 
 
@@ -255,7 +266,7 @@ def test_speakermem_discord_invite_url(tmp_path: Path) -> None:
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEAKERMEM_")}
-    run = [sys.executable, "-m", "integrations.cli.main", "discord", "invite-url"]
+    run = [sys.executable, "-m", "speakermem.integrations.cli.main", "discord", "invite-url"]
     ok = subprocess.run(
         [*run, "--client-id", "123456789012345678"],
         capture_output=True,
@@ -304,7 +315,9 @@ def test_ci_runs_the_readmes_test_command_and_it_runs_every_test() -> None:
     )
     assert "TESTS=()" in check  # no marker expression unless --fast
     # spread over pytest-xdist workers, which select nothing themselves
-    assert 'WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-0}" --dist loadgroup)' in check
+    assert 'WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-auto}" --dist loadgroup)' in check
+    # and the wheel: built, installed outside the tree, run
+    assert "bash deploy/wheel.sh" in " ".join(commands(ROOT / ".ci" / "run"))
     floor = (ROOT / "tests" / "test_quality_floor.py").read_text()
     assert not re.search(r"pytest\.mark\.(slow|e2e|live|skip)\b", floor)
 

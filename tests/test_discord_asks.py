@@ -17,20 +17,12 @@ from typing import Any
 
 import pytest
 
-from bot.commands import ASK_ABOUT_MESSAGE
-from bot.rate_limit import PerMinuteLimiter
-from integrations.discord.adapter import build_intents
-from integrations.payload import MAX_TEXT_CHARS
+from speakermem.bot.commands import ASK_ABOUT_MESSAGE
+from speakermem.bot.rate_limit import PerMinuteLimiter
+from speakermem.integrations.discord.adapter import build_intents
+from speakermem.integrations.payload import MAX_TEXT_CHARS
 from tests.dm_checks import assert_not_stored
-from tests.standins.discord_gateway import (
-    BOT_ID,
-    DM_CHANNEL,
-    GENERAL,
-    GUILD_ID,
-    SECRET,
-    THREAD,
-    user,
-)
+from tests.standins.discord_guild import BOT_ID, DM_CHANNEL, GENERAL, GUILD_ID, SECRET, THREAD, user
 from tests.test_discord_adapter import Bot, start_bot, until
 
 pytestmark = [pytest.mark.contract, pytest.mark.e2e]

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from bot.commands import MEMORY_SUBCOMMANDS
-from integrations.discord.commands import (
+from speakermem.bot.commands import MEMORY_SUBCOMMANDS
+from speakermem.integrations.discord.commands import (
     ADMIN_GROUP,
     CONTENT_LIMIT,
     MEMBER_GROUP,
@@ -28,8 +28,8 @@ from integrations.discord.commands import (
     parse_confirm_custom_id,
     reply_parts,
 )
-from integrations.payload import PayloadError
-from tests.standins.discord_gateway import (
+from speakermem.integrations.payload import PayloadError
+from tests.standins.discord_guild import (
     APP_ID,
     GENERAL,
     GUILD_ID,
@@ -126,7 +126,7 @@ def test_memory_line_rejects_what_discord_would_not_send(payload: dict[str, Any]
 def test_every_subcommand_is_registered_in_one_group() -> None:
     import discord
 
-    from integrations.discord.commands import build_memory_groups
+    from speakermem.integrations.discord.commands import build_memory_groups
 
     async def handler(interaction: discord.Interaction) -> None:  # pragma: no cover
         raise AssertionError

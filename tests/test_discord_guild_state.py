@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from integrations.discord.guild_state import (
+from speakermem.integrations.discord.guild_state import (
     ChannelDeleted,
     ChannelMeta,
     GuildLeft,
@@ -16,8 +16,8 @@ from integrations.discord.guild_state import (
     GuildState,
     ThreadDeleted,
 )
-from memory.models import RosterAction, RosterEvent, Scope
-from tests.standins.discord_gateway import (
+from speakermem.memory.models import RosterAction, RosterEvent, Scope
+from tests.standins.discord_guild import (
     CATEGORY,
     EVERYONE,
     GENERAL,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from memory.models import Scope
-from tests.standins.discord_gateway import GUILD_ID, ROLE_MEMBERS, default_guild, member, user
+from speakermem.memory.models import Scope
+from tests.standins.discord_guild import GUILD_ID, ROLE_MEMBERS, default_guild, member, user
 from tests.test_discord_adapter import BOB, GENERAL, SECRET, message, start_bot, until
 
 pytestmark = [pytest.mark.contract, pytest.mark.e2e]

@@ -25,17 +25,17 @@ import discord
 import pytest
 from pydantic import ValidationError
 
-import integrations.discord.adapter as adapter_module
-from bot.dispatch import Dispatcher
-from bot.settings import Settings, parse_shard_ids
-from integrations.discord.adapter import DiscordAdapter
-from integrations.discord.connection import make_client
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline
+import speakermem.integrations.discord.adapter as adapter_module
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.settings import Settings, parse_shard_ids
+from speakermem.integrations.discord.adapter import DiscordAdapter
+from speakermem.integrations.discord.connection import make_client
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
-from tests.standins.discord_gateway import member, user
+from tests.standins.discord_guild import member, user
 from tests.standins.discord_shards import (
     ShardedGateway,
     general_of,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bot.events import (
+from speakermem.bot.events import (
     CommandInvocation,
     DeleteEvent,
     EditEvent,
@@ -16,7 +16,7 @@ from bot.events import (
     RosterEvent,
     Scope,
 )
-from integrations.discord.translate import (
+from speakermem.integrations.discord.translate import (
     ADMINISTRATOR,
     READ_CHANNEL,
     VIEW_CHANNEL,
@@ -36,8 +36,8 @@ from integrations.discord.translate import (
     perms_from_guild_create,
     readable_channels,
 )
-from integrations.payload import PayloadError
-from tests.standins.discord_gateway import (
+from speakermem.integrations.payload import PayloadError
+from tests.standins.discord_guild import (
     CATEGORY,
     GENERAL,
     OWNER_ID,

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config, msg
 from tests.fakes import HashEmbedder
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from integrations.cli.main import build_parser
 from scripts import bench_tables
 from scripts.gen_reference import _anchor, commands
+from speakermem.integrations.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -190,7 +190,9 @@ ASK_EVENTS = {"app_mention": {"app_mentions:read"}, "message.im": {"im:history"}
 
 
 def slack_methods() -> set[str]:
-    source = "\n".join(p.read_text() for p in (ROOT / "integrations" / "slack").glob("*.py"))
+    source = "\n".join(
+        p.read_text() for p in (ROOT / "src" / "speakermem" / "integrations" / "slack").glob("*.py")
+    )
     call = re.compile(rf"client\.((?:{'|'.join(API_FAMILIES)})_[A-Za-z]+)\(")
     called = {m.replace("_", ".", 1) for m in call.findall(source)}
     named = set(re.findall(rf"\"((?:{'|'.join(API_FAMILIES)})\.[A-Za-z]+)\"", source))
@@ -198,7 +200,7 @@ def slack_methods() -> set[str]:
 
 
 def slack_event_kinds() -> set[str]:
-    source = (ROOT / "integrations" / "slack" / "translate.py").read_text()
+    source = (ROOT / "src" / "speakermem" / "integrations" / "slack" / "translate.py").read_text()
     kinds = set(re.findall(r'kind == "([a-z_]+)"', source))
     for group in re.findall(r"kind in \(([^)]*)\)", source):
         kinds |= set(re.findall(r'"([a-z_]+)"', group))
@@ -219,7 +221,7 @@ def test_slack_manifest_grants_every_scope_and_event_the_adapter_uses() -> None:
     assert {"message", "member_joined_channel", "user_change"} <= kinds
     wanted = set().union(*(EVENT_SUBSCRIPTIONS.get(k, {k}) for k in kinds))
     assert wanted <= events, f"the manifest does not subscribe to {sorted(wanted - events)}"
-    source = (ROOT / "integrations" / "slack" / "translate.py").read_text()
+    source = (ROOT / "src" / "speakermem" / "integrations" / "slack" / "translate.py").read_text()
     assert 'kind == "app_mention"' in source and "is_direct(event)" in source
     assert set(ASK_EVENTS) <= events, "mentions and direct messages need their events"
     assert set().union(*ASK_EVENTS.values()) <= scopes, "and their scopes"

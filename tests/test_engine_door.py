@@ -12,19 +12,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPOSITION_ROOT = ROOT / "integrations" / "app.py"
+PKG = ROOT / "src" / "speakermem"
+COMPOSITION_ROOT = PKG / "integrations" / "app.py"
 
 PARTS = {
-    "bot": [ROOT / "bot"],
-    "integrations (top level)": sorted((ROOT / "integrations").glob("*.py")),
-    "integrations/cli": [ROOT / "integrations" / "cli"],
-    "integrations/ops": [ROOT / "integrations" / "ops"],
-    "integrations/web": [ROOT / "integrations" / "web"],
-    "integrations/llm": [ROOT / "integrations" / "llm"],
-    "integrations/discord": [ROOT / "integrations" / "discord"],
-    "integrations/slack": [ROOT / "integrations" / "slack"],
-    "integrations/shell": [ROOT / "integrations" / "shell"],
-    "integrations/embeddings": [ROOT / "integrations" / "embeddings"],
+    "bot": [PKG / "bot"],
+    "integrations (top level)": sorted((PKG / "integrations").glob("*.py")),
+    "integrations/cli": [PKG / "integrations" / "cli"],
+    "integrations/ops": [PKG / "integrations" / "ops"],
+    "integrations/web": [PKG / "integrations" / "web"],
+    "integrations/llm": [PKG / "integrations" / "llm"],
+    "integrations/discord": [PKG / "integrations" / "discord"],
+    "integrations/slack": [PKG / "integrations" / "slack"],
+    "integrations/shell": [PKG / "integrations" / "shell"],
+    "integrations/embeddings": [PKG / "integrations" / "embeddings"],
 }
 
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from integrations.cli.main import main
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.datasets.locomo import read_locomo
-from memory.engine import MemoryEngine
-from memory.eval.harness import SYSTEMS, EvalHarness, markdown_table
-from memory.query.pipeline import RecallPipeline
+from speakermem.integrations.cli.main import main
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.datasets.locomo import read_locomo
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.eval.harness import SYSTEMS, EvalHarness, markdown_table
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
 from tests.llm_server import Handler, Item, LLMServer, Reply, Status

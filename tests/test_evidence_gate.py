@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.writer.gate import (
+from speakermem.memory.writer.gate import (
     DEFAULT_LEXICAL_THRESHOLD,
     EvidenceGate,
     content_terms,

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from memory.datasets.friendsqa import read_friendsqa
-from memory.datasets.locomo import read_locomo
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.query.system1 import linked_context, reply_slots
+from speakermem.memory.datasets.friendsqa import read_friendsqa
+from speakermem.memory.datasets.locomo import read_locomo
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.query.system1 import linked_context, reply_slots
 from tests.conftest import msg, shared_file
 
 pytestmark = pytest.mark.contract
@@ -153,7 +153,7 @@ def test_locomo_without_sessions_keeps_times_but_drops_markers() -> None:
 
 
 def test_a_reply_continues_its_session_across_the_idle_gap() -> None:
-    from memory.sessions import ChannelCursor, place_message
+    from speakermem.memory.sessions import ChannelCursor, place_message
 
     cur = ChannelCursor(last_ts=0.0, session_id=3, next_turn=7)
     later = 2 * 3600.0

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from bot.events import MessageEvent
-from integrations.cli.main import main
-from integrations.discord.export import read_discord_export
-from integrations.discord.export_folder import read_discord_export_folder
-from integrations.payload import PayloadError
-from integrations.slack.export import read_slack_export
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.bot.events import MessageEvent
+from speakermem.integrations.cli.main import main
+from speakermem.integrations.discord.export import read_discord_export
+from speakermem.integrations.discord.export_folder import read_discord_export_folder
+from speakermem.integrations.payload import PayloadError
+from speakermem.integrations.slack.export import read_slack_export
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.test_exports import zip_dir
 
 TEAM = "TCASES01"

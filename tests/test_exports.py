@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from bot.events import MessageEvent, RosterAction, RosterEvent, Scope
-from integrations.discord.export import read_discord_export
-from integrations.discord.export_folder import read_discord_export_dir
-from integrations.payload import PayloadError
-from integrations.slack.export import read_slack_export
+from speakermem.bot.events import MessageEvent, RosterAction, RosterEvent, Scope
+from speakermem.integrations.discord.export import read_discord_export
+from speakermem.integrations.discord.export_folder import read_discord_export_dir
+from speakermem.integrations.payload import PayloadError
+from speakermem.integrations.slack.export import read_slack_export
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SLACK_DIR = FIXTURES / "slack_export_small"

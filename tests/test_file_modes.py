@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import Settings
-from integrations.cli.main import main
-from integrations.doctor import store_checks
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.maintenance import backup
-from memory.models import Scope
+from speakermem.bot.settings import Settings
+from speakermem.integrations.cli.main import main
+from speakermem.integrations.doctor import store_checks
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.maintenance import backup
+from speakermem.memory.models import Scope
 from tests.conftest import msg
 from tests.pg_fixtures import PgDatabases
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import make_config, msg
 from tests.fakes import HashEmbedder
 
@@ -124,7 +124,7 @@ async def test_without_the_graph_worker_recall_catches_the_graph_up_itself(
 
 
 async def test_minilm_question_does_not_queue_behind_a_batch() -> None:
-    from integrations.embeddings import minilm
+    from speakermem.integrations.embeddings import minilm
 
     try:
         minilm.locate_model_dir()

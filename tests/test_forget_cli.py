@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from integrations.cli import render
-from integrations.cli.main import main
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.integrations.cli import render
+from speakermem.integrations.cli.main import main
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.conftest import msg
 from tests.llm_server import LLMServer
 from tests.test_commit_check import HeldAnswer

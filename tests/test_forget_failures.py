@@ -26,17 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from bot.catchup import CatchUp
-from bot.dispatch import Dispatcher
-from bot.scheduler import WriterScheduler
-from bot.settings import Settings
-from bot.spill import Spill
-from integrations.cli.main import main
-from memory.config import IngestConfig, MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import MessageEvent, Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.catchup import CatchUp
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.scheduler import WriterScheduler
+from speakermem.bot.settings import Settings
+from speakermem.bot.spill import Spill
+from speakermem.integrations.cli.main import main
+from speakermem.memory.config import IngestConfig, MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import msg
 from tests.test_reliability_store import hold_write_lock
 
@@ -149,9 +149,9 @@ def test_a_disk_that_fills_mid_line_leaves_the_spill_whole(tmp_path: Path) -> No
     script = textwrap.dedent(
         f"""
         import os, resource, signal, sys
-        from bot.spill import Spill
+        from speakermem.bot.spill import Spill
         from tests.conftest import msg
-        from memory.models import Scope
+        from speakermem.memory.models import Scope
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         scope = Scope(platform="test", workspace="w1", channel="general")
         spill = Spill({str(path)!r})
@@ -199,8 +199,8 @@ async def test_a_platform_deletion_takes_its_words_out_of_the_spill(
 ) -> None:
     """Messages found deleted on the platform (reconciliation) and a deleted channel leave
     the spill too, not only the store."""
-    from memory.governance.deletions import PlatformDeletions
-    from memory.governance.policy import Receipt
+    from speakermem.memory.governance.deletions import PlatformDeletions
+    from speakermem.memory.governance.policy import Receipt
 
     other = Scope(platform="test", workspace="w1", channel="other")
     d = Dispatcher(engine, RecallPipeline(engine), spill=Spill(tmp_path / "s.jsonl"))
@@ -248,7 +248,7 @@ async def test_a_message_deleted_before_it_was_stored_gets_no_copy_in_the_spill(
     """A delete that arrives while its message still waits in the spill takes the words out
     and leaves an early tombstone; the message's redelivery (catch-up) finds it and is not
     kept in the spill again."""
-    from bot.events import DeleteEvent
+    from speakermem.bot.events import DeleteEvent
 
     d = Dispatcher(engine, RecallPipeline(engine), spill=Spill(tmp_path / "s.jsonl"))
     with locked(engine.store.db.path):
@@ -265,7 +265,7 @@ async def test_a_message_deleted_before_it_was_stored_gets_no_copy_in_the_spill(
 async def test_the_cli_forget_clears_the_running_bots_spill(
     engine: MemoryEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spill_path = tmp_path / "bot.spill.jsonl"
+    spill_path = tmp_path / "speakermem.bot.spill.jsonl"
     d = Dispatcher(engine, RecallPipeline(engine), spill=Spill(spill_path))
     await d.handle(msg(GENERAL, "a0", "Alice", "known to the store", 0))
     with locked(engine.store.db.path):
@@ -284,7 +284,7 @@ async def test_the_cli_forget_clears_the_running_bots_spill(
 async def test_a_partial_forget_is_recorded_and_resumed_until_complete(
     engine: MemoryEngine,
 ) -> None:
-    from memory.governance.service import ForgetIncomplete
+    from speakermem.memory.governance.service import ForgetIncomplete
 
     gov = Governance(engine)
     await engine.ingest_many(
@@ -343,7 +343,7 @@ async def test_a_failed_retention_run_is_retried_soon_with_backoff(
 
 
 def test_doctor_warns_when_the_spill_shares_the_databases_disk(tmp_path: Path) -> None:
-    from integrations.doctor import spill_check
+    from speakermem.integrations.doctor import spill_check
 
     beside = Settings(_env_file=None, db_path=tmp_path / "x.db")  # type: ignore[call-arg]
     check = spill_check(beside)

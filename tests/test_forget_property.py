@@ -44,16 +44,22 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from bot.catchup import CatchUp
-from bot.dispatch import Dispatcher
-from bot.spill import Spill
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.config import IngestConfig, MemoryConfig, RecallConfig, StoreConfig, WriterConfig
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
-from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
-from memory.writer.runner import Writer
+from speakermem.bot.catchup import CatchUp
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.spill import Spill
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.config import (
+    IngestConfig,
+    MemoryConfig,
+    RecallConfig,
+    StoreConfig,
+    WriterConfig,
+)
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
+from speakermem.memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 from tests.llm_server import Handler, Item, LLMServer, Reply

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from integrations.cli import render
-from integrations.cli.main import main
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import RosterAction, RosterEvent, Scope
+from speakermem.integrations.cli import render
+from speakermem.integrations.cli.main import main
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import RosterAction, RosterEvent, Scope
 from tests.conftest import T0, msg
 from tests.test_governance_forget import rec
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from bot.commands import COMMANDS, MEMORY_SUBCOMMANDS
-from bot.dispatch import NOTICE_TEXT, Dispatcher
-from bot.events import CommandInvocation
-from bot.governance import (
+from speakermem.bot.commands import COMMANDS, MEMORY_SUBCOMMANDS
+from speakermem.bot.dispatch import NOTICE_TEXT, Dispatcher
+from speakermem.bot.events import CommandInvocation
+from speakermem.bot.governance import (
     AliasChange,
     ChannelSwitch,
     CommandSyntaxError,
@@ -24,12 +24,12 @@ from bot.governance import (
     is_destructive,
     parse_memory_command,
 )
-from memory.config import GovernanceConfig
-from memory.engine import MemoryEngine
-from memory.governance.policy import visible_records
-from memory.governance.service import Governance
-from memory.models import RosterAction, RosterEvent, Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.config import GovernanceConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.policy import visible_records
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import RosterAction, RosterEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import make_config, msg
 from tests.fakes import HashEmbedder
 from tests.test_governance_forget import GENERAL, SECRET, rec
@@ -496,7 +496,7 @@ async def test_settings_reach_the_dispatcher(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, embedder: HashEmbedder
 ) -> None:
     """SPEAKERMEM_CHANNEL_DEFAULT_ENABLED and SPEAKERMEM_CHANNEL_NOTICE change what the bot does."""
-    from bot.settings import Settings
+    from speakermem.bot.settings import Settings
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SPEAKERMEM_CHANNEL_DEFAULT_ENABLED", "false")

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.governance.policy import Receipt
-from memory.governance.service import ForgetIncomplete, Governance
-from memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
-from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.policy import Receipt
+from speakermem.memory.governance.service import ForgetIncomplete, Governance
+from speakermem.memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
+from speakermem.memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 
@@ -437,7 +437,7 @@ async def test_opt_out_forget_and_channel_purge(
 
 async def test_batches_and_reruns_are_idempotent(tmp_path: Any, embedder: HashEmbedder) -> None:
     """Batches of one message give the same end state; running the cascade again does nothing."""
-    from memory.config import GovernanceConfig
+    from speakermem.memory.config import GovernanceConfig
     from tests.conftest import make_config
 
     cfg = make_config(tmp_path)
@@ -517,7 +517,7 @@ async def test_retention_forgets_old_messages_and_their_records(
 async def test_edit_recheck_withdraws_records_the_new_text_no_longer_supports(
     engine: MemoryEngine, embedder: HashEmbedder, words: tuple[str, ...]
 ) -> None:
-    from memory.models import EditEvent
+    from speakermem.memory.models import EditEvent
 
     ids = await seed(engine, embedder)
     gov = Governance(engine)
@@ -560,7 +560,7 @@ async def test_a_crash_mid_cascade_leaves_nothing_half_applied(
 ) -> None:
     """The batch is one transaction: a failure after records were withdrawn rolls it all back,
     and running the forget again finishes the job."""
-    from memory.store.governance import ForgetCascade
+    from speakermem.memory.store.governance import ForgetCascade
 
     await seed(engine, embedder)
     before = await counts(engine)

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from bot.scheduler import WriterScheduler
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.writer.runner import Writer
+from speakermem.bot.scheduler import WriterScheduler
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.llm_server import Handler, LLMServer, Reply

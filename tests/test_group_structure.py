@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from memory.config import RecallConfig
-from memory.engine import MemoryEngine
-from memory.interactions import interaction_names
-from memory.models import RosterMember, Scope
-from memory.query.breadth import question_breadth
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.query.projection import fallback_projection
-from memory.query.spread import spread
+from speakermem.memory.config import RecallConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.interactions import interaction_names
+from speakermem.memory.models import RosterMember, Scope
+from speakermem.memory.query.breadth import question_breadth
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.query.projection import fallback_projection
+from speakermem.memory.query.spread import spread
 from tests.conftest import make_config, msg
 from tests.fakes import HashEmbedder
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from integrations.ops import heap
+from speakermem.integrations.ops import heap
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(heap._glibc() is None, reason="needs glibc")
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(heap._glibc() is None, reason="needs glibc")
 PROBE = textwrap.dedent(
     """
     import sys, threading
-    from integrations.ops import heap
+    from speakermem.integrations.ops import heap
     def rss():
         for line in open("/proc/self/status"):
             if line.startswith("VmRSS:"):
@@ -76,7 +76,7 @@ def test_trim_hands_back_what_threads_freed() -> None:
 ARENAS_PROBE = textwrap.dedent(
     """
     import sys, threading
-    from integrations.ops import heap
+    from speakermem.integrations.ops import heap
     if sys.argv[1] == "cap":
         assert heap.limit_arenas(2)
     together = threading.Barrier(8)
@@ -115,7 +115,7 @@ def test_an_operators_malloc_arena_max_wins_over_the_cap(
 MMAP_PROBE = textwrap.dedent(
     """
     import sys
-    from integrations.ops import heap
+    from speakermem.integrations.ops import heap
     if sys.argv[1] == "fixed":
         assert heap.fix_mmap_threshold()
     big = bytearray(4 << 20)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.identity import identities
-from memory.models import RosterAction, RosterEvent, Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.identity import identities
+from speakermem.memory.models import RosterAction, RosterEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import T0, msg
 
 SCOPE = Scope(platform="test", workspace="w1", channel="budget")
@@ -59,8 +59,8 @@ async def test_recall_tells_the_two_alices_apart(engine: MemoryEngine) -> None:
 
 @pytest.mark.contract
 async def test_the_console_record_view_tells_the_authors_apart(engine: MemoryEngine) -> None:
-    from memory.console import ConsoleReads
-    from memory.models import GROUP, Layer, NewRecord, RecordScope
+    from speakermem.memory.console import ConsoleReads
+    from speakermem.memory.models import GROUP, Layer, NewRecord, RecordScope
 
     mallory = msg(SCOPE, "m1", "Alice", "I will pay the whole overrun myself", 2)
     await engine.ingest_many(

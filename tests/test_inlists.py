@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.store.inlists import in_list, padded_size
+from speakermem.memory.store.inlists import in_list, padded_size
 
 
 def test_lists_are_padded_to_the_next_power_of_two_with_their_last_value() -> None:

@@ -7,8 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.conftest import msg
 
 pytestmark = pytest.mark.contract
@@ -63,7 +63,7 @@ async def _has(engine: MemoryEngine, scope: Scope, mid: str) -> bool:
 async def test_a_recall_does_not_queue_behind_a_pass_already_reading_the_channel(
     engine: MemoryEngine, scope: Scope
 ) -> None:
-    from memory.interactions import interaction_names
+    from speakermem.memory.interactions import interaction_names
 
     await engine.ingest(msg(scope, "a1", "Rachel", "hello", 0))
     await engine.ingest(msg(scope, "a2", "Ross", "Rachel, hi", 1))

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.interactions import NameIndex, Turn, infer, interaction_names, vocatives
-from memory.models import RosterMember, Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.interactions import NameIndex, Turn, infer, interaction_names, vocatives
+from speakermem.memory.models import RosterMember, Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import msg
 
 pytestmark = pytest.mark.contract
@@ -230,7 +230,11 @@ async def test_a_deleted_message_row_takes_its_vectors_along_on_postgres(
 async def test_writer_prompt_marks_addressees_with_how_and_the_turn_answered(
     engine: MemoryEngine, friends: Scope
 ) -> None:
-    from memory.writer.prompt import WRITER_PROMPT_VERSION, SegmentLinks, render_writer_messages
+    from speakermem.memory.writer.prompt import (
+        WRITER_PROMPT_VERSION,
+        SegmentLinks,
+        render_writer_messages,
+    )
 
     await _seed(engine, friends)
     (pk,) = await engine.channel_pks([friends])

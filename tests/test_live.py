@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.datasets import read_dataset
-from memory.engine import MemoryEngine
-from memory.eval.harness import EvalHarness
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.writer.runner import Writer
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.datasets import read_dataset
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.eval.harness import EvalHarness
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import make_config, msg, shared_file
 from tests.fakes import HashEmbedder
 

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import Settings
-from integrations.app import build_llm, open_engine
-from integrations.doctor import llm_checks
-from integrations.doctor_checks import exit_code
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.models import Scope
-from memory.writer.runner import Writer
+from speakermem.bot.settings import Settings
+from speakermem.integrations.app import build_llm, open_engine
+from speakermem.integrations.doctor import llm_checks
+from speakermem.integrations.doctor_checks import exit_code
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.models import Scope
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import msg
 
 pytestmark = pytest.mark.live

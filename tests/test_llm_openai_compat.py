@@ -12,10 +12,10 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 
-from integrations.llm.json_extract import extract_json
-from integrations.llm.openai_compat import OpenAICompatLLM
-from integrations.llm.structured_modes import SCHEMA_PROMPT
-from memory.ports import (
+from speakermem.integrations.llm.json_extract import extract_json
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.integrations.llm.structured_modes import SCHEMA_PROMPT
+from speakermem.memory.ports import (
     LLM,
     ChatMessage,
     LLMBadOutput,

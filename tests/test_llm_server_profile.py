@@ -7,9 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from integrations.llm.context_guard import context_overflow, looks_truncated, retry_after_seconds
-from integrations.llm.reasoning import field_thinking, split_thinking, thinking_tokens
-from integrations.llm.server_profile import (
+from speakermem.integrations.llm.context_guard import (
+    context_overflow,
+    looks_truncated,
+    retry_after_seconds,
+)
+from speakermem.integrations.llm.reasoning import field_thinking, split_thinking, thinking_tokens
+from speakermem.integrations.llm.server_profile import (
     llamacpp_profile,
     lmstudio_profile,
     model_card,

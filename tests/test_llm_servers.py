@@ -18,18 +18,18 @@ from typing import Any
 
 import pytest
 
-from bot.governance_commands import writer_lines
-from bot.settings import Settings
-from integrations.app import build_llm, open_engine
-from integrations.doctor import llm_checks
-from integrations.doctor_checks import exit_code
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.store.usage import writer_usage
-from memory.writer.runner import Writer
+from speakermem.bot.governance_commands import writer_lines
+from speakermem.bot.settings import Settings
+from speakermem.integrations.app import build_llm, open_engine
+from speakermem.integrations.doctor import llm_checks
+from speakermem.integrations.doctor_checks import exit_code
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.store.usage import writer_usage
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import msg
 from tests.llm_server import (
     Handler,

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bot.settings import Settings
-from integrations.app import build_embedder
-from integrations.embeddings.local_model import LocalModelEmbedder
-from integrations.embeddings.minilm import EmbedderUnavailable
+from speakermem.bot.settings import Settings
+from speakermem.integrations.app import build_embedder
+from speakermem.integrations.embeddings.local_model import LocalModelEmbedder
+from speakermem.integrations.embeddings.minilm import EmbedderUnavailable
 
 HIDDEN, HEADS, INTER, LAYERS, POSITIONS = 384, 4, 32, 1, 64
 VOCAB = [

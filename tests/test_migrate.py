@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import (
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import (
     DeleteEvent,
     EditEvent,
     Layer,
@@ -27,8 +27,8 @@ from memory.models import (
     RosterEvent,
     Scope,
 )
-from memory.store import StoreError, WriterRunLog
-from memory.store.migrate import TABLES, VECTOR_TABLES, keyset_sql, migrate, upsert_sql
+from speakermem.memory.store import StoreError, WriterRunLog
+from speakermem.memory.store.migrate import TABLES, VECTOR_TABLES, keyset_sql, migrate, upsert_sql
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 
@@ -352,7 +352,7 @@ def await_run(path: Path, sql: str) -> int:
 
 
 def test_cli_migrate(sqlite_store: Path, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from integrations.cli.main import main
+    from speakermem.integrations.cli.main import main
 
     argv = ["migrate", "--from", f"sqlite:{sqlite_store}", "--to", pg_url]
     assert main(argv) == 0

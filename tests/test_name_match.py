@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from memory.models import RosterMember
-from memory.query import projection as P
-from memory.query import roster_index as R
-from memory.query.project_words import name_key
-from memory.search.name_match import SMALL, NameAlternation, alternation
+from speakermem.memory.models import RosterMember
+from speakermem.memory.query import projection as P
+from speakermem.memory.query import roster_index as R
+from speakermem.memory.query.project_words import name_key
+from speakermem.memory.search.name_match import SMALL, NameAlternation, alternation
 
 SYLLABLES = ["al", "bo", "ka", "ri", "zed", "nor", "vel", "mi", "to", "sha", "o'", "ne", "ß"]
 FILLER = ["what", "did", "say", "about", "the", "plan", "@", "'s", ",", "?", "(", "-"]

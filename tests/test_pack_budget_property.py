@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory.config import MemoryConfig, RecallConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import (
+from speakermem.memory.config import MemoryConfig, RecallConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import (
     GROUP,
     LAYER_SCOPE,
     DerivedRecord,
@@ -29,9 +29,9 @@ from memory.models import (
     Scope,
     StoredMessage,
 )
-from memory.query.compose import approx_tokens, compose, render_pack
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.query.system2 import Row, RowRecord
+from speakermem.memory.query.compose import approx_tokens, compose, render_pack
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.query.system2 import Row, RowRecord
 from tests.fakes import HashEmbedder
 
 pytestmark = pytest.mark.slow

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from memory.config import RecallConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.config import RecallConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 from tests.conftest import msg
 
 pytestmark = pytest.mark.contract

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memory.query.people_rank import (
+from speakermem.memory.query.people_rank import (
     PeopleCandidate,
     PeopleWeights,
     name_terms_by_person,

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.search.cjk import index_text
-from memory.search.fts_query import build_match
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.search.cjk import index_text
+from speakermem.memory.search.fts_query import build_match
 from tests.conftest import msg
 
 pytestmark = pytest.mark.slow

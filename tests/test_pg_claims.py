@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.config import WriterConfig
-from memory.engine import MemoryEngine
-from memory.models import Layer, MessageEvent, NewRecord, RecordScope, Scope
-from memory.store import LeaseLost, Store, WriterRunLog, make_store
-from memory.writer.runner import Writer
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.config import WriterConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Layer, MessageEvent, NewRecord, RecordScope, Scope
+from speakermem.memory.store import LeaseLost, Store, WriterRunLog, make_store
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import T0, make_config
 from tests.fakes import HashEmbedder
 from tests.llm_server import Handler, LLMServer, Reply

@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from bot.scheduler import WriterScheduler
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.governance.policy import Receipt
-from memory.governance.service import Governance
+from speakermem.bot.scheduler import WriterScheduler
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.policy import Receipt
+from speakermem.memory.governance.service import Governance
 from tests.llm_server import REF_LINE, Delay, Handler, LLMServer, Reply, one_add_per_segment
 from tests.pg_fixtures import PgDatabases
 
@@ -58,8 +58,8 @@ async def test_a_job_lock_is_held_by_one_process_at_a_time(
 ) -> None:
     import psycopg
 
-    from memory.store.pg.database import crc_key
-    from memory.store.pg.locks import JOB_LOCK_CLASS
+    from speakermem.memory.store.pg.database import crc_key
+    from speakermem.memory.store.pg.locks import JOB_LOCK_CLASS
 
     url = pg_store_databases.url_for("locks")
     a = await MemoryEngine.open(_config(url), None)
@@ -127,10 +127,10 @@ async def test_two_in_process_writers_call_the_llm_once_per_segment(
 ) -> None:
     """Bot processes that write in-process (the default mode) take turns under the `write`
     job lock, so no segment is sent to the LLM by both."""
-    from integrations.llm.openai_compat import OpenAICompatLLM
-    from memory.config import IngestConfig, WriterConfig
-    from memory.models import MessageEvent, Scope
-    from memory.writer.runner import Writer
+    from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+    from speakermem.memory.config import IngestConfig, WriterConfig
+    from speakermem.memory.models import MessageEvent, Scope
+    from speakermem.memory.writer.runner import Writer
 
     url = pg_store_databases.url_for("inproc")
     cfg = _config(url).model_copy(update={"ingest": IngestConfig(segment_window=5)})
@@ -272,7 +272,7 @@ async def test_two_bots_and_two_workers_share_one_postgres(
                 procs[f"bot{n}"] = await _spawn("tests.test_pg_cluster", "bot", str(path), env=env)
             for wid in ("w1", "w2"):
                 procs[wid] = await _spawn(
-                    "integrations.cli.main",
+                    "speakermem.integrations.cli.main",
                     "worker",
                     "--id",
                     wid,
@@ -384,12 +384,12 @@ async def _bot(lines: list[str]) -> None:
     """A bot process without a platform connection: the runtime's engine, Dispatcher (group
     commit, as the Slack adapter uses it) and scheduler, fed from a JSON-lines file by
     8 concurrent handlers. Prints its dispatch counts, then runs until SIGTERM."""
-    from bot.dispatch import Dispatcher
-    from bot.settings import load_settings
-    from integrations.app import build_llm, open_engine
-    from memory.models import MessageEvent, Scope
-    from memory.query.pipeline import RecallPipeline
-    from memory.writer.runner import Writer
+    from speakermem.bot.dispatch import Dispatcher
+    from speakermem.bot.settings import load_settings
+    from speakermem.integrations.app import build_llm, open_engine
+    from speakermem.memory.models import MessageEvent, Scope
+    from speakermem.memory.query.pipeline import RecallPipeline
+    from speakermem.memory.writer.runner import Writer
 
     settings = load_settings()
     llm = build_llm(settings)

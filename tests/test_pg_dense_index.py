@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.conftest import msg
 
 BIG = Scope(platform="test", workspace="w1", channel="big")

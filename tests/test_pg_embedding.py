@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-import memory.store.pg.schema as pg_schema
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import DeleteEvent, EditEvent, Scope
-from memory.store.migrate import migrate
+import speakermem.memory.store.pg.schema as pg_schema
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import DeleteEvent, EditEvent, Scope
+from speakermem.memory.store.migrate import migrate
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 

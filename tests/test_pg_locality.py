@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-import memory.store.pg.messages as pgm
-import memory.store.pg.schema as pg_schema
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.search.fts_query import build_match
+import speakermem.memory.store.pg.messages as pgm
+import speakermem.memory.store.pg.schema as pg_schema
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.search.fts_query import build_match
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from bot.settings import Settings
-from integrations.cli.main import main
-from integrations.doctor import settings_checks, store_checks
-from memory.admin import StoreHealth
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.store import StoreError
-from memory.store.backup import backup_store
+from speakermem.bot.settings import Settings
+from speakermem.integrations.cli.main import main
+from speakermem.integrations.doctor import settings_checks, store_checks
+from speakermem.memory.admin import StoreHealth
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.store import StoreError
+from speakermem.memory.store.backup import backup_store
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.pg_fixtures import PgDatabases
@@ -234,8 +234,8 @@ async def test_doctor_flags_an_old_pgvector_small_buffers_and_no_room(
     to set."""
     from dataclasses import replace
 
-    from integrations.doctor import pg_server_checks
-    from memory.store.pg.diagnostics import version_tuple
+    from speakermem.integrations.doctor import pg_server_checks
+    from speakermem.memory.store.pg.diagnostics import version_tuple
 
     url = pg_store_databases.url_for("verdicts")
     engine = await open_engine(tmp_path, url)

@@ -19,16 +19,16 @@ import numpy as np
 import pytest
 
 import tests.test_reliability_idempotency as idem
-from bot.dispatch import Dispatcher
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
-from memory.query.pipeline import RecallPipeline
-from memory.search.fts_query import build_match, quote
-from memory.store.pg import bm25
-from memory.store.pg.bm25 import parse_match
-from memory.store.pg.message_vectors import vector_literal
-from memory.store.vectors import COARSE_WIDEN
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import DeleteEvent, EditEvent, MessageEvent, Scope
+from speakermem.memory.query.pipeline import RecallPipeline
+from speakermem.memory.search.fts_query import build_match, quote
+from speakermem.memory.store.pg import bm25
+from speakermem.memory.store.pg.bm25 import parse_match
+from speakermem.memory.store.pg.message_vectors import vector_literal
+from speakermem.memory.store.vectors import COARSE_WIDEN
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 
@@ -425,7 +425,7 @@ async def test_dense_coarse_pass_ranks_sign_bits_by_hamming(
     index does), `oversample_fraction` of the channel's rows when that is more (then the
     best of COARSE_WIDEN times as many by the query's score). Narrowed: pgvector's inner
     product keeps only the best 2 * limit of them before numpy."""
-    import memory.store.pg.message_vectors as pgv
+    import speakermem.memory.store.pg.message_vectors as pgv
 
     if narrow:
         monkeypatch.setattr(pgv, "RESCORE_ALL", 0)
@@ -469,7 +469,7 @@ async def test_lexical_pruning_returns_the_full_ranking(
 ) -> None:
     """Scoring the rarest terms' rows first, then stopping when the other terms cannot
     reach the ranking, returns exactly what scoring every matching row returns."""
-    import memory.store.pg.messages as pgm
+    import speakermem.memory.store.pg.messages as pgm
 
     monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)  # take the large-corpus path
     monkeypatch.setattr(pgm, "PRUNE_BUDGET", 40)
@@ -553,7 +553,7 @@ async def test_concurrent_searches_count_a_shared_term_once(
     """The rankings of one question run concurrently and share terms: a document frequency
     being counted is awaited by the others, so each item is counted once, and every
     caller gets the count a lone lookup gets (a repeated item too)."""
-    import memory.store.pg.messages as pgm
+    import speakermem.memory.store.pg.messages as pgm
 
     monkeypatch.setattr(pgm, "STATS_EXACT_BELOW", 0)  # the large-corpus path counts dfs
     eng = await open_engine(tmp_path, pg_url)

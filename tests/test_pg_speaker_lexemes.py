@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-import memory.store.pg.messages as pgm
-import memory.store.pg.schema as pg_schema
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, Scope
-from memory.search.fts_query import build_match
-from memory.store.pg.dialect import translate
-from memory.store.pg.messages_schema import SPEAKER_PREFIX
+import speakermem.memory.store.pg.messages as pgm
+import speakermem.memory.store.pg.schema as pg_schema
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.search.fts_query import build_match
+from speakermem.memory.store.pg.dialect import translate
+from speakermem.memory.store.pg.messages_schema import SPEAKER_PREFIX
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 

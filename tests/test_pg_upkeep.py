@@ -12,11 +12,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-import memory.engine as engine_module
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.store.pg.upkeep import MIN_PAGES, TableState, needs_settling
+import speakermem.memory.engine as engine_module
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.store.pg.upkeep import MIN_PAGES, TableState, needs_settling
 from tests.conftest import msg
 
 A = Scope(platform="test", workspace="w1", channel="general")

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from integrations.ops.metrics import Metrics
-from integrations.ops.server import OpsServer
-from memory.engine import MemoryEngine
-from memory.models import GROUP, Layer, NewRecord, RecordScope, Scope
-from memory.store import WriterRunLog
-from memory.writer.runner import Writer
+from speakermem.integrations.ops.metrics import Metrics
+from speakermem.integrations.ops.server import OpsServer
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import GROUP, Layer, NewRecord, RecordScope, Scope
+from speakermem.memory.store import WriterRunLog
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import T0, msg
 from tests.llm_server import Handler, LLMServer, Reply
 from tests.test_reliability_ops import get

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from integrations.cli import render
-from integrations.cli.main import main
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
+from speakermem.integrations.cli import render
+from speakermem.integrations.cli.main import main
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
 from tests.llm_server import Handler, Item, LLMServer, Reply
 from tests.test_poisoning import NOTE, OPPOSE, PAY
 from tests.test_writer import refs_by_text, user_prompt

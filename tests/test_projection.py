@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from memory.models import GROUP, RosterMember
-from memory.query.projection import (
+from speakermem.memory.models import GROUP, RosterMember
+from speakermem.memory.query.projection import (
     ALL,
     MAX_ISSUE_CHARS,
     PROJECT_PROMPT_VERSION,

@@ -14,13 +14,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memory.models import RosterMember, Scope, StoredMessage
-from memory.prompt_quoting import neutral, quote_block, quote_line
-from memory.query.answer import render_answer_messages
-from memory.query.compose import compose
-from memory.query.projection import render_project_messages
-from memory.query.select import render_select_messages
-from memory.writer.prompt import render_writer_messages
+from speakermem.memory.models import RosterMember, Scope, StoredMessage
+from speakermem.memory.prompt_quoting import neutral, quote_block, quote_line
+from speakermem.memory.query.answer import render_answer_messages
+from speakermem.memory.query.compose import compose
+from speakermem.memory.query.projection import render_project_messages
+from speakermem.memory.query.select import render_select_messages
+from speakermem.memory.writer.prompt import render_writer_messages
 
 SCOPE = Scope(platform="test", workspace="w1", channel="budget")
 T0 = datetime(2024, 5, 3, 9, 0, tzinfo=UTC)

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from memory.datasets.locomo import read_locomo
-from memory.engine import MemoryEngine
-from memory.eval.harness import EvalHarness
-from memory.query.pipeline import RecallPipeline
+from speakermem.memory.datasets.locomo import read_locomo
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.eval.harness import EvalHarness
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 
 FIXTURE = Path(__file__).parent / "fixtures" / "quality_floor_chat.json"
@@ -35,7 +35,7 @@ FLOOR = 0.70
 def minilm() -> Any:
     """The bot's default embedder; the test skips where its weights are not installed
     (CI installs them: deploy/install.sh)."""
-    from integrations.embeddings.minilm import EmbedderUnavailable, MiniLMEmbedder
+    from speakermem.integrations.embeddings.minilm import EmbedderUnavailable, MiniLMEmbedder
 
     embedder = MiniLMEmbedder()
     try:

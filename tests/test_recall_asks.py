@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.models import RosterAction, RosterEvent, Scope
-from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
-from memory.query.thread_focus import thread_first
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import RosterAction, RosterEvent, Scope
+from speakermem.memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
+from speakermem.memory.query.thread_focus import thread_first
 from tests.conftest import T0, msg
 
 pytestmark = pytest.mark.contract

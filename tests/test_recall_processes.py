@@ -18,13 +18,18 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 
-from bot.settings import Settings
-from integrations.llm.openai_compat import OpenAICompatLLM
-from integrations.ops.metrics import MeteredLLM, Metrics
-from integrations.recall_processes import RecallProcesses
-from memory.engine import MemoryEngine
-from memory.models import RosterAction, RosterEvent, Scope
-from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest, RecallResult
+from speakermem.bot.settings import Settings
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.integrations.ops.metrics import MeteredLLM, Metrics
+from speakermem.integrations.recall_processes import RecallProcesses
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import RosterAction, RosterEvent, Scope
+from speakermem.memory.query.pipeline import (
+    AccessDenied,
+    RecallPipeline,
+    RecallRequest,
+    RecallResult,
+)
 from tests.conftest import msg
 from tests.llm_server import Handler, LLMServer, Reply
 from tests.standins.slack_api import SlackApiStandIn, signed_headers

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from bot.settings import Settings
-from integrations.recall_scaling import (
+from speakermem.bot.settings import Settings
+from speakermem.integrations.recall_scaling import (
     AUTO_IDLE_S,
     AUTO_MAX,
     AUTO_START_RATE,
@@ -18,8 +18,8 @@ from integrations.recall_scaling import (
     Load,
     auto_processes,
 )
-from memory.engine import MemoryEngine
-from memory.query.pipeline import RecallRequest
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.query.pipeline import RecallRequest
 from tests.test_recall_processes import TEAM, CountingPipeline, bot_settings, engine
 
 __all__ = ["engine"]  # the fixture, shared with test_recall_processes

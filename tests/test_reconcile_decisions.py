@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from bot.progress import cursor_line
-from bot.reconcile import (
+from speakermem.bot.progress import cursor_line
+from speakermem.bot.reconcile import (
     Budget,
     OutOfBudget,
     PlatformMessage,
@@ -22,7 +22,7 @@ from bot.reconcile import (
     state_line,
     window,
 )
-from memory.store.reconcile import StoredRow
+from speakermem.memory.store.reconcile import StoredRow
 
 DAY = 86400.0
 T = datetime(2024, 3, 1, 12, 0, tzinfo=UTC).timestamp()

@@ -12,16 +12,17 @@ from typing import Any
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from bot.governance_commands import render_status
-from integrations.discord.adapter import DiscordAdapter
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.governance_commands import render_status
+from speakermem.integrations.discord.adapter import DiscordAdapter
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
-from tests.standins.discord_gateway import GENERAL, GUILD_ID, SECRET, THREAD, DiscordStandIn
+from tests.standins.discord_gateway import DiscordStandIn
+from tests.standins.discord_guild import GENERAL, GUILD_ID, SECRET, THREAD
 from tests.test_discord_adapter import settings_for
 from tests.test_governance_forget import fts_hits, table_scan
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from bot.governance_commands import render_status
-from bot.settings import Settings
-from integrations.slack.adapter import SlackAdapter
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import Layer, NewRecord, RecordScope
-from memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.governance_commands import render_status
+from speakermem.bot.settings import Settings
+from speakermem.integrations.slack.adapter import SlackAdapter
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import Layer, NewRecord, RecordScope
+from speakermem.memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn
@@ -266,7 +266,7 @@ async def test_a_rate_capped_history_is_reconciled_newest_first_and_status_repor
         # Slack's cap for some apps: a history call per interval (2 s here for a quick test;
         # a minute on Slack), 15 messages a page; the run may spend 3 s on the channel
         standin.cap_history(interval_s=2, page=15)
-        caplog.set_level(logging.INFO, logger="bot.reconcile")
+        caplog.set_level(logging.INFO, logger="speakermem.bot.reconcile")
         run = await start(standin, tmp_path, reconcile_budget_s=3.0)
         try:
             await wait_pass(run)

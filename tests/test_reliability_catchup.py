@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from integrations.discord.adapter import DiscordAdapter
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.integrations.discord.adapter import DiscordAdapter
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
-from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn
+from tests.standins.discord_gateway import DiscordStandIn
+from tests.standins.discord_guild import GENERAL, GUILD_ID
 from tests.test_discord_adapter import settings_for
 
 pytestmark = [pytest.mark.contract, pytest.mark.e2e]

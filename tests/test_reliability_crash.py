@@ -25,13 +25,13 @@ from typing import Any
 
 import pytest
 
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.config import GovernanceConfig, MemoryConfig, StoreConfig, WriterConfig
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import Layer, NewRecord, RecordScope, Scope
-from memory.store.sqlite.driver import connect_sync, pick_driver
-from memory.writer.runner import Writer
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.config import GovernanceConfig, MemoryConfig, StoreConfig, WriterConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import Layer, NewRecord, RecordScope, Scope
+from speakermem.memory.store.sqlite.driver import connect_sync, pick_driver
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 from tests.llm_server import LLMServer, Reply
@@ -63,10 +63,10 @@ WRITER_CHILD = BLOCKER + textwrap.dedent(
     """
     import asyncio
     from pathlib import Path
-    from integrations.llm.openai_compat import OpenAICompatLLM
-    from memory.config import MemoryConfig, StoreConfig, WriterConfig
-    from memory.engine import MemoryEngine
-    from memory.writer.runner import Writer
+    from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+    from speakermem.memory.config import MemoryConfig, StoreConfig, WriterConfig
+    from speakermem.memory.engine import MemoryEngine
+    from speakermem.memory.writer.runner import Writer
 
     async def main(db, url, prefix):
         engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=Path(db))))
@@ -83,9 +83,9 @@ CASCADE_CHILD = BLOCKER + textwrap.dedent(
     """
     import asyncio
     from pathlib import Path
-    from memory.config import GovernanceConfig, MemoryConfig, StoreConfig
-    from memory.engine import MemoryEngine
-    from memory.governance.service import Governance
+    from speakermem.memory.config import GovernanceConfig, MemoryConfig, StoreConfig
+    from speakermem.memory.engine import MemoryEngine
+    from speakermem.memory.governance.service import Governance
 
     async def main(db, action, now, prefix, nth):
         cfg = MemoryConfig(

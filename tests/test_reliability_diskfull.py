@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from bot.events import (
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.events import (
     CommandInvocation,
     DeleteEvent,
     EditEvent,
@@ -27,14 +27,14 @@ from bot.events import (
     RosterAction,
     RosterEvent,
 )
-from bot.settings import Settings
-from bot.spill import Spill, SpillFull
-from integrations.ops.metrics import Metrics
-from integrations.runtime import build_spill
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline
-from memory.store import StoreFull
+from speakermem.bot.settings import Settings
+from speakermem.bot.spill import Spill, SpillFull
+from speakermem.integrations.ops.metrics import Metrics
+from speakermem.integrations.runtime import build_spill
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline
+from speakermem.memory.store import StoreFull
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 

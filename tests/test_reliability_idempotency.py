@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from bot.events import DeleteEvent, EditEvent, Event, MessageEvent
-from integrations.cli.main import main
-from memory.engine import MemoryEngine
-from memory.models import Layer, NewRecord, RecordScope, Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.events import DeleteEvent, EditEvent, Event, MessageEvent
+from speakermem.integrations.cli.main import main
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Layer, NewRecord, RecordScope, Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import T0
 from tests.fakes import HashEmbedder
 

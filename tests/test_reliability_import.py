@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from integrations.discord.export import read_discord_export
-from integrations.payload import PayloadError
-from integrations.slack.export import ZipLimits, read_slack_export
-from memory.search.cjk import index_text
+from speakermem.integrations.discord.export import read_discord_export
+from speakermem.integrations.payload import PayloadError
+from speakermem.integrations.slack.export import ZipLimits, read_slack_export
+from speakermem.memory.search.cjk import index_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SLACK_DIR = ROOT / "tests" / "fixtures" / "slack_export_small"
@@ -166,7 +166,14 @@ def cli_env(db: Path) -> dict[str, str]:
 
 def run_import(db: Path, path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "import", "discord-export", str(path)],
+        [
+            sys.executable,
+            "-m",
+            "speakermem.integrations.cli.main",
+            "import",
+            "discord-export",
+            str(path),
+        ],
         env=cli_env(db),
         cwd=ROOT,
         capture_output=True,
@@ -222,7 +229,14 @@ def test_kill_9_during_an_import_then_rerun_loses_and_doubles_nothing(tmp_path: 
     n = 30_000
     path = discord_export(tmp_path / "export.json", n)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "integrations.cli.main", "import", "discord-export", str(path)],
+        [
+            sys.executable,
+            "-m",
+            "speakermem.integrations.cli.main",
+            "import",
+            "discord-export",
+            str(path),
+        ],
         env=cli_env(db),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,

@@ -21,18 +21,18 @@ from typing import Any
 
 import pytest
 
-from bot.health import LLMHealth, decide
-from bot.scheduler import WriterScheduler
-from integrations.llm.openai_compat import OpenAICompatLLM
-from integrations.ops.metrics import MeteredLLM, Metrics
-from integrations.ops.server import OpsServer
-from integrations.slack.render import render_blocks
-from memory.config import MemoryConfig, StoreConfig, WriterConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.writer.runner import Writer as SegmentWriter
-from memory.writer.runner import backoff_seconds
+from speakermem.bot.health import LLMHealth, decide
+from speakermem.bot.scheduler import WriterScheduler
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.integrations.ops.metrics import MeteredLLM, Metrics
+from speakermem.integrations.ops.server import OpsServer
+from speakermem.integrations.slack.render import render_blocks
+from speakermem.memory.config import MemoryConfig, StoreConfig, WriterConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.writer.runner import Writer as SegmentWriter
+from speakermem.memory.writer.runner import backoff_seconds
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.llm_server import Delay, LLMServer, Reply

@@ -15,21 +15,21 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bot.health import HealthFacts, LLMHealth, decide
-from bot.settings import Settings
-from integrations.llm.openai_compat import OpenAICompatLLM
-from integrations.ops import server
-from integrations.ops.logs import JsonFormatter, StderrHandler, configure_logging
-from integrations.ops.metrics import MeteredLLM, Metrics
-from integrations.ops.server import OpsServer
-from integrations.runtime import run
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.ports import ChatMessage, LLMUnavailable
-from memory.search.cjk import index_text
-from memory.store.sqlite.backup import backup_database
-from memory.store.sqlite.driver import pick_driver
+from speakermem.bot.health import HealthFacts, LLMHealth, decide
+from speakermem.bot.settings import Settings
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.integrations.ops import server
+from speakermem.integrations.ops.logs import JsonFormatter, StderrHandler, configure_logging
+from speakermem.integrations.ops.metrics import MeteredLLM, Metrics
+from speakermem.integrations.ops.server import OpsServer
+from speakermem.integrations.runtime import run
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.ports import ChatMessage, LLMUnavailable
+from speakermem.memory.search.cjk import index_text
+from speakermem.memory.store.sqlite.backup import backup_database
+from speakermem.memory.store.sqlite.driver import pick_driver
 from tests.conftest import msg
 from tests.llm_server import LLMServer, Reply
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn, sign
@@ -282,7 +282,14 @@ def test_log_format_setting_switches_the_cli_to_json(tmp_path: Path) -> None:
     out = {}
     for fmt in ("text", "json"):
         proc = subprocess.run(
-            [sys.executable, "-m", "integrations.cli.main", "--log-level", "INFO", *IMPORT],
+            [
+                sys.executable,
+                "-m",
+                "speakermem.integrations.cli.main",
+                "--log-level",
+                "INFO",
+                *IMPORT,
+            ],
             env={**env, "SPEAKERMEM_LOG_FORMAT": fmt},
             cwd=ROOT,
             capture_output=True,
@@ -292,7 +299,7 @@ def test_log_format_setting_switches_the_cli_to_json(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         out[fmt] = [ln for ln in proc.stderr.splitlines() if "store open" in ln]
     assert out["text"] and not out["text"][0].startswith("{")
-    assert json.loads(out["json"][0])["logger"] == "memory.store.sqlite.database"
+    assert json.loads(out["json"][0])["logger"] == "speakermem.memory.store.sqlite.database"
 
 
 def test_configure_logging_replaces_handlers() -> None:
@@ -397,14 +404,20 @@ def test_backup_cli(tmp_path: Path) -> None:
         "SPEAKERMEM_EMBEDDER": "none",
     }
     subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", *IMPORT],
+        [sys.executable, "-m", "speakermem.integrations.cli.main", *IMPORT],
         env=env,
         cwd=ROOT,
         check=True,
         capture_output=True,
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "backup", str(tmp_path / "b.db")],
+        [
+            sys.executable,
+            "-m",
+            "speakermem.integrations.cli.main",
+            "backup",
+            str(tmp_path / "b.db"),
+        ],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -414,7 +427,13 @@ def test_backup_cli(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "integrity ok" in proc.stderr and (tmp_path / "b.db").exists()
     again = subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "backup", str(tmp_path / "b.db")],
+        [
+            sys.executable,
+            "-m",
+            "speakermem.integrations.cli.main",
+            "backup",
+            str(tmp_path / "b.db"),
+        ],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -435,10 +454,10 @@ def test_spilled_events_degrade_health() -> None:
 
 
 async def test_metrics_and_health_show_the_spill_and_catch_up_lag(tmp_path: Path) -> None:
-    from bot.catchup import CatchUp, ChannelProgress
-    from bot.dispatch import Dispatcher
-    from bot.spill import Spill
-    from memory.query.pipeline import RecallPipeline
+    from speakermem.bot.catchup import CatchUp, ChannelProgress
+    from speakermem.bot.dispatch import Dispatcher
+    from speakermem.bot.spill import Spill
+    from speakermem.memory.query.pipeline import RecallPipeline
 
     engine = await MemoryEngine.open(MemoryConfig(store=StoreConfig(db_path=tmp_path / "m.db")))
     spill = Spill(tmp_path / "spill.jsonl")

@@ -17,11 +17,11 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 
-from bot.settings import Settings
-from integrations.runtime import run
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.bot.settings import Settings
+from speakermem.integrations.runtime import run
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.standins.discord_gateway import DiscordStandIn
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn, sign
 from tests.test_run import free_port
@@ -169,7 +169,7 @@ async def test_non_ascii_signature_header_gets_401(tmp_path: Path) -> None:
 async def test_run_exits_non_zero_when_the_discord_client_dies(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="integrations.runtime")
+    caplog.set_level(logging.INFO, logger="speakermem.integrations.runtime")
     standin = await DiscordStandIn().start()
     standin.install(monkeypatch)
     settings = Settings(

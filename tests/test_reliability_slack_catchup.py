@@ -15,16 +15,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bot.catchup import ChannelProgress
-from bot.dispatch import Dispatcher
-from bot.governance_commands import render_status
-from bot.settings import Settings
-from integrations.slack.adapter import SlackAdapter
-from integrations.slack.history import SlackHistory
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.catchup import ChannelProgress
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.governance_commands import render_status
+from speakermem.bot.settings import Settings
+from speakermem.integrations.slack.adapter import SlackAdapter
+from speakermem.integrations.slack.history import SlackHistory
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import make_config
 from tests.standins.slack_api import BOT_ID, BOT_USER_ID, TEAM_ID, SlackApiStandIn, sign
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.store import StoreBusy
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.store import StoreBusy
 from tests.conftest import msg
 
 HOLDER = """
@@ -98,7 +98,7 @@ def test_sqlite_sees_the_holder(tmp_path: Path) -> None:
 
 
 def test_lock_wait_setting_reaches_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bot.settings import Settings
+    from speakermem.bot.settings import Settings
 
     monkeypatch.setenv("SPEAKERMEM_DB_LOCK_WAIT_S", "7.5")
     assert Settings().memory_config().store.lock_wait_s == 7.5

@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-import memory.query.pool as pool_module
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.query.rerank import (
+import speakermem.memory.query.pool as pool_module
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.query.rerank import (
     FEATURES,
     RERANK_WEIGHTS,
     Candidate,
@@ -22,7 +22,7 @@ from memory.query.rerank import (
     rerank,
     term_weights,
 )
-from memory.search.fts_query import query_terms
+from speakermem.memory.search.fts_query import query_terms
 from tests.conftest import msg
 
 pytestmark = pytest.mark.contract

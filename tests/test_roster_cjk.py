@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from memory.models import RosterMember
-from memory.query.projection import fallback_projection
-from memory.search.cjk import romanised
+from speakermem.memory.models import RosterMember
+from speakermem.memory.query.projection import fallback_projection
+from speakermem.memory.search.cjk import romanised
 
 BASE = [
     RosterMember(user_id="li", display_name="李伟"),

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.events import Scope
-from integrations.slack.roster_sync import SlackDirectory, sync_channel_roster
-from memory.engine import MemoryEngine
+from speakermem.bot.events import Scope
+from speakermem.integrations.slack.roster_sync import SlackDirectory, sync_channel_roster
+from speakermem.memory.engine import MemoryEngine
 from tests.conftest import make_config
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn
 
@@ -143,7 +143,7 @@ async def test_a_refused_listing_keeps_the_old_directory(
 
 def big_guild(members: int, channels: int) -> dict[str, object]:
     """A guild payload: @everyone reads, every 10th channel only for role R1 (half of all)."""
-    from integrations.discord import translate as tr
+    from speakermem.integrations.discord import translate as tr
 
     hidden = [
         {"id": "G", "type": 0, "allow": "0", "deny": str(tr.VIEW_CHANNEL)},
@@ -174,8 +174,8 @@ def big_guild(members: int, channels: int) -> dict[str, object]:
 
 
 def test_permission_answers_are_cached_and_dropped_on_changes() -> None:
-    from integrations.discord.adapter import GuildState
-    from integrations.discord.members import PermissionCache
+    from speakermem.integrations.discord.adapter import GuildState
+    from speakermem.integrations.discord.members import PermissionCache
 
     state = GuildState.from_guild_create(big_guild(20, 100))
     cache = PermissionCache()
@@ -203,8 +203,8 @@ def test_permission_answers_are_cached_and_dropped_on_changes() -> None:
 
 
 def test_permission_cache_is_bounded() -> None:
-    from integrations.discord.adapter import GuildState
-    from integrations.discord.members import PermissionCache
+    from speakermem.integrations.discord.adapter import GuildState
+    from speakermem.integrations.discord.members import PermissionCache
 
     state = GuildState.from_guild_create(big_guild(2_000, 50))
     cache = PermissionCache(max_entries=500)
@@ -214,7 +214,7 @@ def test_permission_cache_is_bounded() -> None:
 
 
 def test_a_message_teaches_its_author_roles() -> None:
-    from integrations.discord.members import member_from_message
+    from speakermem.integrations.discord.members import member_from_message
 
     d = {
         "author": {"id": "M9", "username": "m9"},

@@ -15,9 +15,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import Scope
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
 from tests.standins.slack_api import SlackApiStandIn, signed_headers
 
 pytestmark = pytest.mark.e2e
@@ -85,7 +85,7 @@ async def start_bot(
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "integrations.cli.main",
+        "speakermem.integrations.cli.main",
         "run",
         env=env,
         stdout=asyncio.subprocess.PIPE,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from bot.dispatch import Dispatcher
-from bot.events import CommandInvocation
-from memory.engine import MemoryEngine
-from memory.models import Layer, NewRecord, RecordScope, Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.dispatch import Dispatcher
+from speakermem.bot.events import CommandInvocation
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Layer, NewRecord, RecordScope, Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.conftest import T0, msg
 
 pytestmark = pytest.mark.contract
@@ -107,7 +107,7 @@ async def test_status_counts_are_the_workspaces_own(engine: MemoryEngine) -> Non
 
 async def test_writer_usage_in_status_is_the_workspaces_own(engine: MemoryEngine) -> None:
     """The Writer's tokens, cost and backlog in `status` count only the asker's workspace."""
-    from memory.store import WriterRunLog
+    from speakermem.memory.store import WriterRunLog
 
     await engine.ingest_many(
         [msg(GENERAL, f"m{i}", "Alice", f"alice talks about topic {i}", i) for i in range(26)]

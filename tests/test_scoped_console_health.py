@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from memory.console import ConsoleReads
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import Scope
+from speakermem.memory.console import ConsoleReads
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import Scope
 from tests.conftest import msg
 
 pytestmark = pytest.mark.contract

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.search.fts_query import build_match, query_terms
-from memory.search.fusion import rrf
-from memory.sessions import ChannelCursor, place_message
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.search.fts_query import build_match, query_terms
+from speakermem.memory.search.fusion import rrf
+from speakermem.memory.sessions import ChannelCursor, place_message
 from tests.conftest import make_config, msg
 
 pytestmark = pytest.mark.contract

@@ -13,7 +13,7 @@ from typing import get_args
 import pytest
 from pydantic import SecretStr
 
-from bot.settings import Settings
+from speakermem.bot.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,14 @@ def test_config_prints_every_secret_masked(tmp_path: Path) -> None:
     env.update({f"SPEAKERMEM_{name.upper()}": value for name, value in values.items()})
     env["SPEAKERMEM_DB_PATH"] = str(tmp_path / "c.db")
     proc = subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "--log-level", "DEBUG", "config"],
+        [
+            sys.executable,
+            "-m",
+            "speakermem.integrations.cli.main",
+            "--log-level",
+            "DEBUG",
+            "config",
+        ],
         env={**env, "PYTHONPATH": str(ROOT)},
         cwd=tmp_path,  # no .env of the checkout is read
         capture_output=True,

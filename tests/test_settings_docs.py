@@ -13,11 +13,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, SecretStr, TypeAdapter
 
-from bot.settings import Settings
-from integrations.cli import main as cli_main
-from integrations.cli.main import build_parser
-from memory.config import IngestConfig, RecallConfig, SearchConfig, StoreConfig, WriterConfig
 from scripts import gen_reference
+from speakermem.bot.settings import Settings
+from speakermem.integrations.cli import main as cli_main
+from speakermem.integrations.cli.main import build_parser
+from speakermem.memory.config import (
+    IngestConfig,
+    RecallConfig,
+    SearchConfig,
+    StoreConfig,
+    WriterConfig,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV_EXAMPLE = ROOT / ".env.example"

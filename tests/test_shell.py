@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from bot.events import MessageEvent, RosterAction
-from bot.settings import Settings
-from integrations.cli.commands_demo import open_shell
-from integrations.shell.adapter import StreamLines, line_source
-from integrations.shell.session import DEMO_DB, local_bot, local_settings
-from integrations.shell.translate import (
+from speakermem.bot.events import MessageEvent, RosterAction
+from speakermem.bot.settings import Settings
+from speakermem.integrations.cli.commands_demo import open_shell
+from speakermem.integrations.shell.adapter import StreamLines, line_source
+from speakermem.integrations.shell.session import DEMO_DB, local_bot, local_settings
+from speakermem.integrations.shell.translate import (
     ShellError,
     command,
     message_event,
@@ -93,7 +93,7 @@ async def test_prompt_toolkit_reads_lines_and_keeps_history(tmp_path: Path) -> N
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
-    from integrations.shell.adapter import PromptLines
+    from speakermem.integrations.shell.adapter import PromptLines
 
     history = tmp_path / "hist" / "shell_history"
     with create_pipe_input() as pipe:
@@ -254,7 +254,14 @@ async def test_memory_commands_run_as_admin_and_destructive_ones_ask_first(
 def test_speakermem_shell_reads_a_piped_script(tmp_path: Path) -> None:
     env = {**os.environ, "SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}
     proc = subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "--db", str(tmp_path / "s.db"), "shell"],
+        [
+            sys.executable,
+            "-m",
+            "speakermem.integrations.cli.main",
+            "--db",
+            str(tmp_path / "s.db"),
+            "shell",
+        ],
         input="/as alice\nThe offsite is in Lisbon.\n/recall where is the offsite?\n",
         capture_output=True,
         text=True,
@@ -267,7 +274,7 @@ def test_speakermem_shell_reads_a_piped_script(tmp_path: Path) -> None:
 
 
 def _shell_cmd(db: Path) -> list[str]:
-    return [sys.executable, "-m", "integrations.cli.main", "--db", str(db), "shell"]
+    return [sys.executable, "-m", "speakermem.integrations.cli.main", "--db", str(db), "shell"]
 
 
 SHELL_ENV = {"SPEAKERMEM_EMBEDDER": "none", "SPEAKERMEM_LLM_BASE_URL": ""}

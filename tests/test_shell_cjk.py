@@ -33,7 +33,7 @@ lunch at noon?
 
 def cli(db: Path, *args: str, stdin: str | None = None) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "--db", str(db), *args],
+        [sys.executable, "-m", "speakermem.integrations.cli.main", "--db", str(db), *args],
         input=stdin,
         capture_output=True,
         text=True,

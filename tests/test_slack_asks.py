@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bot.rate_limit import PerMinuteLimiter
+from speakermem.bot.rate_limit import PerMinuteLimiter
 from tests.dm_checks import assert_not_stored
 from tests.standins.slack_api import BOT_ID, BOT_USER_ID, TEAM_ID
 from tests.test_slack_adapter import (

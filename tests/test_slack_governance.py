@@ -18,7 +18,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from integrations.slack.render import CANCEL_ACTION, CONFIRM_ACTION
+from speakermem.integrations.slack.render import CANCEL_ACTION, CONFIRM_ACTION
 from tests.standins.slack_api import BOT_ID, BOT_USER_ID, TEAM_ID
 from tests.test_slack_adapter import (
     FORM,

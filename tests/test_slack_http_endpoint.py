@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from slack_bolt.app.async_app import AsyncApp
 
-from integrations.slack.http_endpoint import MAX_SKEW_S, SlackHttpEndpoint, signature_ok
+from speakermem.integrations.slack.http_endpoint import MAX_SKEW_S, SlackHttpEndpoint, signature_ok
 
 SECRET = b"8f742231b10e8888abcd99yyyzzz85a5"
 BODY = b'{"type":"event_callback","event":{"type":"message","text":"caf\xc3\xa9"}}'

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bot.events import (
+from speakermem.bot.events import (
     CommandInvocation,
     DeleteEvent,
     EditEvent,
@@ -16,8 +16,8 @@ from bot.events import (
     RosterEvent,
     Scope,
 )
-from integrations.payload import PayloadError
-from integrations.slack.translate import (
+from speakermem.integrations.payload import PayloadError
+from speakermem.integrations.slack.translate import (
     SlackAsk,
     ask_of,
     deleted_channel,

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from integrations.cli.main import main
-from memory.datasets import DatasetError, read_dataset
-from memory.datasets.socialmembench import INTERLEAVED, interleave, read_socialmembench
-from memory.engine import MemoryEngine
-from memory.eval.harness import ABLATIONS
-from memory.interactions import interaction_names
+from speakermem.integrations.cli.main import main
+from speakermem.memory.datasets import DatasetError, read_dataset
+from speakermem.memory.datasets.socialmembench import INTERLEAVED, interleave, read_socialmembench
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.eval.harness import ABLATIONS
+from speakermem.memory.interactions import interaction_names
 from tests.conftest import make_config, shared_file
 from tests.fakes import HashEmbedder
 

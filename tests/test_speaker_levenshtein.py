@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from memory.eval.speaker_levenshtein import (
+from speakermem.memory.eval.speaker_levenshtein import (
     SLResult,
     StateRecord,
     chain_score,
@@ -21,7 +21,7 @@ from memory.eval.speaker_levenshtein import (
     tokenize,
     update_edges,
 )
-from memory.models import GROUP, DerivedRecord, Layer, RecordScope, RecordState, Scope
+from speakermem.memory.models import GROUP, DerivedRecord, Layer, RecordScope, RecordState, Scope
 
 
 def rec(owner: str, content: str, source: str | None = None, layer: str = "profile", **kw):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from memory.engine import MemoryEngine
-from memory.models import Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.search.fts_query import build_match
-from memory.store.messages import speaker_phrase
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.search.fts_query import build_match
+from speakermem.memory.store.messages import speaker_phrase
 from tests.conftest import msg
 
 pytestmark = pytest.mark.contract

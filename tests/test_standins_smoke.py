@@ -21,9 +21,10 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.app.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 
-from integrations.discord import translate as dtr
-from integrations.slack import translate as str_
-from tests.standins.discord_gateway import APP_ID, GENERAL, GUILD_ID, THREAD, DiscordStandIn
+from speakermem.integrations.discord import translate as dtr
+from speakermem.integrations.slack import translate as str_
+from tests.standins.discord_gateway import DiscordStandIn
+from tests.standins.discord_guild import APP_ID, GENERAL, GUILD_ID, THREAD
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn, sign, signed_headers
 
 pytestmark = pytest.mark.e2e

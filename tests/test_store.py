@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from memory.engine import MemoryEngine
-from memory.models import (
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import (
     DeleteEvent,
     EditEvent,
     Layer,
@@ -21,8 +21,8 @@ from memory.models import (
     RecordScope,
     Scope,
 )
-from memory.store import ChangeStatus, IngestStatus, WriterRunLog
-from memory.store.sqlite.schema import migrations
+from speakermem.memory.store import ChangeStatus, IngestStatus, WriterRunLog
+from speakermem.memory.store.sqlite.schema import migrations
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 
@@ -186,7 +186,7 @@ def test_malformed_messages_are_rejected_with_a_clear_error(scope: Scope, bad: d
     )
     fields.update(bad)
     with pytest.raises(ValidationError) as info:
-        from memory.models import MessageEvent
+        from speakermem.memory.models import MessageEvent
 
         MessageEvent(**fields)  # type: ignore[arg-type]
     assert info.value.errors()[0]["loc"][0] in {"message_id", "text", "speaker_id"}

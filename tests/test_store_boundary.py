@@ -7,11 +7,11 @@ import ast
 from datetime import timedelta
 from pathlib import Path
 
-from memory.engine import MemoryEngine
-from memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
-from memory.store import WriterRunLog
-from memory.store.diagnostics import last_writer_run, location, schema_version
-from memory.store.sqlite.schema import migrations
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import DeleteEvent, Layer, NewRecord, RecordScope, Scope
+from speakermem.memory.store import WriterRunLog
+from speakermem.memory.store.diagnostics import last_writer_run, location, schema_version
+from speakermem.memory.store.sqlite.schema import migrations
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 
@@ -170,7 +170,7 @@ async def test_diagnostics_location_schema_and_last_writer_run(
 # Files outside memory/store that still hand `store.db` to a store class or query it; each is
 # owned elsewhere and due to move behind a repository method. No other file may add one.
 STILL_REACHING_DB = {
-    "integrations/ops/server.py",  # readiness probe "SELECT 1"
+    "src/speakermem/integrations/ops/server.py",  # readiness probe "SELECT 1"
 }
 
 
@@ -199,7 +199,7 @@ def test_no_sql_outside_the_store() -> None:
     for package in ("bot", "memory", "integrations"):
         for path in sorted((ROOT / package).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel.startswith("memory/store/"):
+            if rel.startswith("src/speakermem/memory/store/"):
                 continue
             lines = _reaches_db(ast.parse(path.read_text(), filename=rel))
             if lines:

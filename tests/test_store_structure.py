@@ -16,26 +16,26 @@ from types import ModuleType
 
 import pytest
 
-import memory.store
+import speakermem.memory.store
 
-STORE = Path(memory.store.__file__).parent
-BACKENDS = ("memory.store.sqlite", "memory.store.pg")
+STORE = Path(speakermem.memory.store.__file__).parent
+BACKENDS = ("speakermem.memory.store.sqlite", "speakermem.memory.store.pg")
 DISPATCH = {
     # the modules that pick a backend for their caller
-    "memory.store",
-    "memory.store.factory",
-    "memory.store.backup",
-    "memory.store.diagnostics",
-    "memory.store.migrate",
+    "speakermem.memory.store",
+    "speakermem.memory.store.factory",
+    "speakermem.memory.store.backup",
+    "speakermem.memory.store.diagnostics",
+    "speakermem.memory.store.migrate",
     # the SQLite driver's old import path, kept for callers
-    "memory.store.driver",
+    "speakermem.memory.store.driver",
 }
 
 
 def store_modules() -> list[str]:
     """Every module of the store, packages' __init__ included."""
-    found = pkgutil.walk_packages([str(STORE)], prefix="memory.store.")
-    return ["memory.store", *sorted(info.name for info in found)]
+    found = pkgutil.walk_packages([str(STORE)], prefix="speakermem.memory.store.")
+    return ["speakermem.memory.store", *sorted(info.name for info in found)]
 
 
 def imported(module: str) -> set[str]:
@@ -50,7 +50,7 @@ def imported(module: str) -> set[str]:
             out.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-    return {m for m in out if m.startswith("memory.store")}
+    return {m for m in out if m.startswith("speakermem.memory.store")}
 
 
 def backend_of(module: str) -> str | None:
@@ -96,7 +96,9 @@ def test_a_backend_adds_to_the_shared_classes_but_never_overrides_them() -> None
     own; a change to shared code is never silently replaced in one backend."""
     for cls in backend_classes():
         for base in cls.__mro__[1:]:
-            if not base.__module__.startswith("memory.store") or backend_of(base.__module__):
+            if not base.__module__.startswith("speakermem.memory.store") or backend_of(
+                base.__module__
+            ):
                 continue
             abstract = getattr(base, "__abstractmethods__", frozenset())
             for name, value in vars(cls).items():
@@ -109,15 +111,17 @@ def test_a_backend_adds_to_the_shared_classes_but_never_overrides_them() -> None
 def test_the_public_surface_is_what_all_says() -> None:
     public = {
         name
-        for name, value in vars(memory.store).items()
+        for name, value in vars(speakermem.memory.store).items()
         if not name.startswith("_")
         and not inspect.ismodule(value)
         and name != "annotations"
-        and getattr(value, "__module__", "memory.store").startswith("memory.store")
+        and getattr(value, "__module__", "speakermem.memory.store").startswith(
+            "speakermem.memory.store"
+        )
     }
-    assert sorted(memory.store.__all__) == sorted(public)
-    for name in memory.store.__all__:
-        assert getattr(memory.store, name) is not None
+    assert sorted(speakermem.memory.store.__all__) == sorted(public)
+    for name in speakermem.memory.store.__all__:
+        assert getattr(speakermem.memory.store, name) is not None
 
 
 @pytest.mark.parametrize("module", store_modules())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.query.system1 import (
+from speakermem.memory.query.system1 import (
     dominant_session,
     focus_ranking,
     phrase_match,

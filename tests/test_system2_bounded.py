@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from memory.config import RecallConfig
-from memory.engine import MemoryEngine
-from memory.models import GROUP, LAYER_SCOPE, Layer, NewRecord, RosterMember, Scope
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.query.projection import ALL, Projection, fallback_projection
-from memory.query.system2 import choose_people, read_rows
+from speakermem.memory.config import RecallConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import GROUP, LAYER_SCOPE, Layer, NewRecord, RosterMember, Scope
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.query.projection import ALL, Projection, fallback_projection
+from speakermem.memory.query.system2 import choose_people, read_rows
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 
@@ -199,7 +199,7 @@ async def test_explain_shows_who_was_read_and_what_was_cut(
     monkeypatch.setenv("SPEAKERMEM_RECALL_S2_PACK_TOKENS", "100")
     monkeypatch.setenv("SPEAKERMEM_RECALL_S1_PACK_TOKENS", "100")
     monkeypatch.setenv("COLUMNS", "400")
-    from integrations.cli.main import main
+    from speakermem.integrations.cli.main import main
 
     question = "What does everyone think about the launch plan?"
     db = str(tmp_path / "test.db")
@@ -215,7 +215,7 @@ async def test_explain_shows_who_was_read_and_what_was_cut(
 async def test_the_max_people_setting_bounds_the_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bot.settings import Settings
+    from speakermem.bot.settings import Settings
 
     monkeypatch.setenv("SPEAKERMEM_RECALL_S2_MAX_PEOPLE", "2")
     cfg = Settings().memory_config().recall

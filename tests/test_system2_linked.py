@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from memory.config import RecallConfig
-from memory.engine import MemoryEngine
-from memory.interactions import interaction_names
-from memory.models import LAYER_SCOPE, Layer, NewRecord, Scope, StoredMessage
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.query.projection import Projection
-from memory.query.system2 import rank_row, read_rows
+from speakermem.memory.config import RecallConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.interactions import interaction_names
+from speakermem.memory.models import LAYER_SCOPE, Layer, NewRecord, Scope, StoredMessage
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.query.projection import Projection
+from speakermem.memory.query.system2 import rank_row, read_rows
 from tests.conftest import T0, make_config, msg
 from tests.fakes import HashEmbedder
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from memory.query.timewords import (
+from speakermem.memory.query.timewords import (
     OPEN_START,
     TimeWindow,
     asks_when,

@@ -7,7 +7,7 @@ from datetime import UTC, date, datetime
 
 import pytest
 
-from memory.query.timewords import asks_when, resolve_time
+from speakermem.memory.query.timewords import asks_when, resolve_time
 
 ANCHOR = datetime(2025, 3, 19, 15, 0, tzinfo=UTC)  # a Wednesday
 

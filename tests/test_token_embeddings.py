@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from integrations.embeddings.minilm import MiniLMEmbedder
+from speakermem.integrations.embeddings.minilm import MiniLMEmbedder
 
 
 @pytest.fixture(scope="module")

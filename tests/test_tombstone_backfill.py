@@ -4,7 +4,7 @@ databases made by the old code in tests/test_upgrade_matrix.py."""
 
 from __future__ import annotations
 
-from memory.store.tombstone_backfill import ForgottenPerson, still_forgotten
+from speakermem.memory.store.tombstone_backfill import ForgottenPerson, still_forgotten
 
 
 def test_a_forget_receipt_stands_for_a_forgotten_person() -> None:

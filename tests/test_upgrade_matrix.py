@@ -29,15 +29,15 @@ from typing import Any
 
 import pytest
 
-from integrations.cli import render
-from integrations.cli.main import main
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, Scope
-from memory.store.messages.outcomes import IngestStatus
-from memory.store.pg.schema import migrations as pg_migrations
-from memory.store.sqlite.driver import connect_sync, pick_driver
-from memory.store.sqlite.schema import migrations as sqlite_migrations
+from speakermem.integrations.cli import render
+from speakermem.integrations.cli.main import main
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.store.messages.outcomes import IngestStatus
+from speakermem.memory.store.pg.schema import migrations as pg_migrations
+from speakermem.memory.store.sqlite.driver import connect_sync, pick_driver
+from speakermem.memory.store.sqlite.schema import migrations as sqlite_migrations
 from tests.fixtures.upgrade import make_fixture as scenario
 
 FIXTURES = Path(__file__).parent / "fixtures" / "upgrade"

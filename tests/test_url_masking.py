@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from bot.settings import Settings
-from integrations.doctor import llm_checks
-from integrations.llm.server_profile import detect_server
-from memory.config import StoreConfig
-from memory.store import StoreError
-from memory.store.pg.database import PgDatabase, masked_url, scrub_error
-from memory.url_masking import mask_url
+from speakermem.bot.settings import Settings
+from speakermem.integrations.doctor import llm_checks
+from speakermem.integrations.llm.server_profile import detect_server
+from speakermem.memory.config import StoreConfig
+from speakermem.memory.store import StoreError
+from speakermem.memory.store.pg.database import PgDatabase, masked_url, scrub_error
+from speakermem.memory.url_masking import mask_url
 from tests.pg_fixtures import with_database
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ async def test_store_open_log_and_location_hide_the_password(
 ) -> None:
     url = with_password(pg_url, "s3cr3t-in-query")  # the test server trusts local sockets
     db = PgDatabase(StoreConfig(db_url=url, readers=1))  # type: ignore[arg-type]
-    with caplog.at_level(logging.INFO, logger="memory.store.pg.database"):
+    with caplog.at_level(logging.INFO, logger="speakermem.memory.store.pg.database"):
         await db.open()
     try:
         opened = [r.getMessage() for r in caplog.records if "store open" in r.getMessage()]
@@ -139,7 +139,14 @@ def test_config_masks_credentials_inside_url_settings(tmp_path: Path) -> None:
         PYTHONPATH=str(ROOT),
     )
     proc = subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "--log-level", "DEBUG", "config"],
+        [
+            sys.executable,
+            "-m",
+            "speakermem.integrations.cli.main",
+            "--log-level",
+            "DEBUG",
+            "config",
+        ],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -170,7 +177,7 @@ async def test_doctor_llm_check_masks_credentials_in_the_url(tmp_path: Path) -> 
 
 
 async def test_llm_server_probe_log_masks_credentials(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="integrations.llm.server_profile"):
+    with caplog.at_level(logging.INFO, logger="speakermem.integrations.llm.server_profile"):
         # (aiohttp refuses user info beside the probe's own Authorization header)
         url = f"http://127.0.0.1:{free_port()}/v1?api-key=sk-key-0123456789"
         found = await detect_server(url, "k", "m", timeout_s=2)

@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 from pydantic import SecretStr
 
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, RosterAction, RosterEvent, Scope
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, RosterAction, RosterEvent, Scope
 from tests.standins.oauth import DiscordOAuthStandIn, SlackSignInStandIn
 from tests.test_web_routes import cases
 from tests.web_fixtures import (
@@ -116,9 +116,9 @@ async def test_a_generated_token_is_printed_as_a_link_and_a_set_one_never_is(
     console_store: Path,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    from integrations.web.server import WebConsole
-    from memory.console import ConsoleReads
-    from memory.governance.service import Governance
+    from speakermem.integrations.web.server import WebConsole
+    from speakermem.memory.console import ConsoleReads
+    from speakermem.memory.governance.service import Governance
 
     db = copy_store(console_store, tmp_path)
     for token in (None, SecretStr(OPERATOR_TOKEN)):
@@ -541,8 +541,8 @@ async def test_no_token_or_secret_in_any_page_or_log(
 
 
 def test_sessions_are_signed_and_unknown_ones_refused() -> None:
-    from integrations.web.access import Principal
-    from integrations.web.sessions import Sessions, Signer
+    from speakermem.integrations.web.access import Principal
+    from speakermem.integrations.web.sessions import Sessions, Signer
 
     sessions = Sessions(Signer(), ttl_s=60)
     session = sessions.create(Principal(name="x", operator=True), provider=None)

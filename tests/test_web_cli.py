@@ -16,8 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bot.settings import Settings
-from integrations.runtime import run
+from speakermem.bot.settings import Settings
+from speakermem.integrations.runtime import run
 from tests.standins.slack_api import TEAM_ID, SlackApiStandIn, sign
 from tests.test_run import free_port
 from tests.web_fixtures import OPERATOR_TOKEN, console_store, copy_store, running_console  # noqa: F401
@@ -33,7 +33,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _speakermem(*args: str, cwd: Path, **popen: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "integrations.cli.main", *args],
+        [sys.executable, "-m", "speakermem.integrations.cli.main", *args],
         cwd=cwd,
         env=_env(),
         text=True,
@@ -99,7 +99,7 @@ async def test_demo_then_web_serves_the_demo_behind_the_printed_login_link(
 @pytest.mark.e2e
 def test_web_without_a_store_says_what_to_do(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "integrations.cli.main", "web", "--port", "0"],
+        [sys.executable, "-m", "speakermem.integrations.cli.main", "web", "--port", "0"],
         cwd=tmp_path,
         env=_env(),
         capture_output=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from integrations.web.server import CSP
+from speakermem.integrations.web.server import CSP
 from tests.web_fixtures import (
     RunningConsole,
     console_store,  # noqa: F401 - fixture

@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from bot.settings import MIN_ADMIN_TOKEN_CHARS, Settings
-from integrations.cli.main import main
-from integrations.web.client_address import client_address, parse_networks
+from speakermem.bot.settings import MIN_ADMIN_TOKEN_CHARS, Settings
+from speakermem.integrations.cli.main import main
+from speakermem.integrations.web.client_address import client_address, parse_networks
 from tests.web_fixtures import (
     OPERATOR_TOKEN,
     RunningConsole,

@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 from pydantic import SecretStr
 
-from integrations.web.graph import MAX_WIDTH, SIZE, layout
-from memory.console import Edge, Graph
+from speakermem.integrations.web.graph import MAX_WIDTH, SIZE, layout
+from speakermem.memory.console import Edge, Graph
 from tests.web_fixtures import (
     GENERAL,
     LEADS,

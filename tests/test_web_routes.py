@@ -327,7 +327,7 @@ async def test_a_member_who_leaves_a_channel_stops_seeing_it_at_once(
     tmp_path: Path,
 ) -> None:
     """Access is decided per request: leaving #general hides it on the next page."""
-    from bot.events import RosterAction, RosterEvent
+    from speakermem.bot.events import RosterAction, RosterEvent
 
     db = copy_store(console_store, tmp_path)
     async with (

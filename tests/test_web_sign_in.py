@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from memory.engine import MemoryEngine
+from speakermem.memory.engine import MemoryEngine
 from tests.test_web_auth import G1, _guild, discord_console, jar, slack_console
 from tests.web_fixtures import (
     RunningConsole,
@@ -32,9 +32,9 @@ async def test_without_a_terminal_the_login_link_goes_to_a_private_file(
     import os
     import stat
 
-    from integrations.web.server import WebConsole
-    from memory.console import ConsoleReads
-    from memory.governance.service import Governance
+    from speakermem.integrations.web.server import WebConsole
+    from speakermem.memory.console import ConsoleReads
+    from speakermem.memory.governance.service import Governance
 
     db = copy_store(console_store, tmp_path)
     settings = settings_for(db, web_admin_token=None)
@@ -100,8 +100,8 @@ async def test_a_slack_account_of_another_workspace_gets_no_session(tmp_path: Pa
 
 
 def test_sessions_are_capped_per_identity_and_never_evict_the_operator() -> None:
-    from integrations.web.access import Membership, Principal
-    from integrations.web.sessions import MAX_PER_IDENTITY, Sessions, Signer
+    from speakermem.integrations.web.access import Membership, Principal
+    from speakermem.integrations.web.sessions import MAX_PER_IDENTITY, Sessions, Signer
 
     sessions = Sessions(Signer(), ttl_s=600, max_sessions=20)
     operator = sessions.create(Principal(name="operator", operator=True), provider=None)

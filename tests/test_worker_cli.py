@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from bot.scheduler import WriterScheduler
-from integrations.cli.commands_worker import work
-from integrations.llm.openai_compat import OpenAICompatLLM
-from memory.config import WriterConfig
-from memory.engine import MemoryEngine
-from memory.models import MessageEvent, Scope
-from memory.writer.runner import Writer
+from speakermem.bot.scheduler import WriterScheduler
+from speakermem.integrations.cli.commands_worker import work
+from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
+from speakermem.memory.config import WriterConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.writer.runner import Writer
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
 from tests.llm_server import Delay, Handler, LLMServer, Reply
@@ -236,7 +236,7 @@ async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "integrations.cli.main",
+        "speakermem.integrations.cli.main",
         *args,
         cwd=ROOT,
         env=env,
@@ -299,8 +299,8 @@ async def test_the_runtime_honours_writer_mode(
     monkeypatch: pytest.MonkeyPatch,
     mode: str,
 ) -> None:
-    from bot.settings import load_settings
-    from integrations import runtime
+    from speakermem.bot.settings import load_settings
+    from speakermem.integrations import runtime
 
     await _fill(engine, channels=1, windows=1)
     monkeypatch.setattr(runtime, "build_adapters", lambda *a: [_NoPlatform()])
@@ -336,7 +336,7 @@ async def test_the_runtime_honours_writer_mode(
 async def test_a_worker_works_the_rederive_queue_unless_another_holds_it(
     tmp_path: Path, llm_server: LLMServer, backend: str
 ) -> None:
-    from memory.governance.service import Governance
+    from speakermem.memory.governance.service import Governance
     from tests.test_governance_forget import GENERAL, seed
 
     embedder = HashEmbedder()

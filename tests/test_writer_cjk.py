@@ -3,8 +3,8 @@ words are grounded by the cited message's bigrams, and the head selection's BM25
 
 from __future__ import annotations
 
-from memory.writer.gate import DEFAULT_LEXICAL_THRESHOLD, EvidenceGate
-from memory.writer.validate import RejectReason, normalize_content
+from speakermem.memory.writer.gate import DEFAULT_LEXICAL_THRESHOLD, EvidenceGate
+from speakermem.memory.writer.validate import RejectReason, normalize_content
 from tests.test_writer_validate import add, make_ctx, msg, reasons, validate_actions
 
 CJK_SEGMENT = {

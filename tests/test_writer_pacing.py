@@ -8,15 +8,15 @@ from datetime import timedelta
 
 import pytest
 
-from memory.config import WriterConfig
-from memory.context_budget import (
+from speakermem.memory.config import WriterConfig
+from speakermem.memory.context_budget import (
     EndpointLimits,
     PromptBudget,
     chat_tokens,
     prompt_budget,
     scaled_budgets,
 )
-from memory.models import (
+from speakermem.memory.models import (
     DerivedRecord,
     Layer,
     RecordScope,
@@ -25,9 +25,9 @@ from memory.models import (
     Scope,
     StoredMessage,
 )
-from memory.writer.pacing import ConcurrencyController, Pacer
-from memory.writer.sizing import merge_reports, plan_prompts
-from memory.writer.validate import AcceptedAction, RejectReason, ValidationReport
+from speakermem.memory.writer.pacing import ConcurrencyController, Pacer
+from speakermem.memory.writer.sizing import merge_reports, plan_prompts
+from speakermem.memory.writer.validate import AcceptedAction, RejectReason, ValidationReport
 from tests.conftest import T0
 
 # ---- pacing ----------------------------------------------------------------------------------

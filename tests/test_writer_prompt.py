@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from memory.models import (
+from speakermem.memory.models import (
     GROUP,
     DerivedRecord,
     Layer,
@@ -16,7 +16,7 @@ from memory.models import (
     Scope,
     StoredMessage,
 )
-from memory.writer.prompt import (
+from speakermem.memory.writer.prompt import (
     WRITER_PROMPT_VERSION,
     WRITER_SCHEMA,
     AddAction,

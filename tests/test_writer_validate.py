@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memory.models import (
+from speakermem.memory.models import (
     GROUP,
     DerivedRecord,
     Layer,
@@ -16,8 +16,8 @@ from memory.models import (
     Scope,
     StoredMessage,
 )
-from memory.writer.gate import EvidenceGate
-from memory.writer.validate import (
+from speakermem.memory.writer.gate import EvidenceGate
+from speakermem.memory.writer.validate import (
     BATCH_INDEX,
     RejectReason,
     ValidationContext,

@@ -27,18 +27,18 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from bot.events import MessageEvent, RosterAction, RosterEvent
-from bot.settings import Settings
-from integrations.shell import demo
-from integrations.shell.session import local_bot
-from integrations.web.access import Membership, Principal
-from integrations.web.server import WebConsole
-from integrations.web.sessions import SESSION_COOKIE, Session
-from memory.console import ConsoleReads
-from memory.engine import MemoryEngine
-from memory.governance.service import Governance
-from memory.models import DerivedRecord, Scope
-from memory.query.pipeline import RecallPipeline
+from speakermem.bot.events import MessageEvent, RosterAction, RosterEvent
+from speakermem.bot.settings import Settings
+from speakermem.integrations.shell import demo
+from speakermem.integrations.shell.session import local_bot
+from speakermem.integrations.web.access import Membership, Principal
+from speakermem.integrations.web.server import WebConsole
+from speakermem.integrations.web.sessions import SESSION_COOKIE, Session
+from speakermem.memory.console import ConsoleReads
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.governance.service import Governance
+from speakermem.memory.models import DerivedRecord, Scope
+from speakermem.memory.query.pipeline import RecallPipeline
 from tests.llm_server import Handler, LLMServer, one_add_per_segment
 
 OPERATOR_TOKEN = "operator-token-for-tests-0123456789"

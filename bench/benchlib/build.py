@@ -19,9 +19,9 @@ from benchlib.cli import Progress
 from benchlib.host import own_rss_mb
 from benchlib.pg import connect, with_database
 from benchlib.vectors import DIM, unit_vectors
-from memory.config import MemoryConfig, StoreConfig
-from memory.engine import MemoryEngine
-from memory.models import LAYER_SCOPE, Layer, MessageEvent, NewRecord
+from speakermem.memory.config import MemoryConfig, StoreConfig
+from speakermem.memory.engine import MemoryEngine
+from speakermem.memory.models import LAYER_SCOPE, Layer, MessageEvent, NewRecord
 
 
 @dataclass

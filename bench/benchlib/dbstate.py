@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memory.engine import MemoryEngine
+from speakermem.memory.engine import MemoryEngine
 
 _PG_TABLES = (
     "SELECT s.relname, s.n_live_tup, s.n_mod_since_analyze, s.n_ins_since_vacuum,"

@@ -62,7 +62,7 @@ def load_minilm(*, warm: bool = False, **options: Any) -> Any:
     """The real MiniLM embedder (`options`: MiniLMEmbedder's, e.g. quantize, threads),
     loaded (and with `warm`, one text embedded); None, with a message, where it cannot run."""
     try:
-        from integrations.embeddings.minilm import MiniLMEmbedder
+        from speakermem.integrations.embeddings.minilm import MiniLMEmbedder
 
         emb = MiniLMEmbedder(**options)
         emb.load()
@@ -81,7 +81,7 @@ def bot_embedder(kind: str, *, warm: bool = False) -> tuple[Any, str]:
     if kind == "none":
         return None, "none (--embedder none)"
     try:
-        from integrations.embeddings.minilm import MiniLMEmbedder
+        from speakermem.integrations.embeddings.minilm import MiniLMEmbedder
 
         emb = MiniLMEmbedder(quantize=True)
         emb.load()  # the bot loads the model at start-up, before traffic

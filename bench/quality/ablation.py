@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from memory.query.system1 import (
+from speakermem.memory.query.system1 import (
     context_ranking,
     dominant_session,
     focus_ranking,
     rerank_by_sessions,
     session_bm25,
 )
-from memory.search.fusion import rrf
+from speakermem.memory.search.fusion import rrf
 
 WEIGHTS = {"issue": 1.0, "question": 0.5, "phrase": 1.0, "speaker": 1.0, "time": 1.0, "dense": 1.0}
 

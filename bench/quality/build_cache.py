@@ -19,14 +19,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bot.settings import load_settings
-from integrations.app import open_engine
-from memory.datasets.friendsqa import read_friendsqa
-from memory.datasets.locomo import read_locomo
-from memory.query.projection import fallback_projection
-from memory.query.system1 import phrase_match, recall_rankings
-from memory.query.timewords import resolve_time
-from memory.search.fts_query import build_match, query_terms, quote
+from speakermem.bot.settings import load_settings
+from speakermem.integrations.app import open_engine
+from speakermem.memory.datasets.friendsqa import read_friendsqa
+from speakermem.memory.datasets.locomo import read_locomo
+from speakermem.memory.query.projection import fallback_projection
+from speakermem.memory.query.system1 import phrase_match, recall_rankings
+from speakermem.memory.query.timewords import resolve_time
+from speakermem.memory.search.fts_query import build_match, query_terms, quote
 
 SPEAKER_WEIGHTS = (0.5, 1.0, 2.0)
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bot.settings import load_settings
-from integrations.app import open_engine
-from memory.datasets.locomo import read_locomo
-from memory.query.claims import CLAIM_THRESHOLD
-from memory.writer.gate import EvidenceGate, date_terms
+from speakermem.bot.settings import load_settings
+from speakermem.integrations.app import open_engine
+from speakermem.memory.datasets.locomo import read_locomo
+from speakermem.memory.query.claims import CLAIM_THRESHOLD
+from speakermem.memory.writer.gate import EvidenceGate, date_terms
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ablation import half  # type: ignore[import-not-found]

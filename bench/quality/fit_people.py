@@ -39,14 +39,14 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import memory.query.pool as pool_module  # noqa: E402
-from bot.settings import load_settings  # noqa: E402
-from integrations.app import open_engine  # noqa: E402
-from memory.datasets.socialmembench import read_socialmembench  # noqa: E402
-from memory.eval.answer_metrics import evidence_recall  # noqa: E402
-from memory.eval.harness import EvalHarness  # noqa: E402
-from memory.query.people_rank import PEOPLE_WEIGHTS, PeopleWeights, people_order  # noqa: E402
-from memory.query.pipeline import RecallPipeline  # noqa: E402
+import speakermem.memory.query.pool as pool_module  # noqa: E402
+from speakermem.bot.settings import load_settings  # noqa: E402
+from speakermem.integrations.app import open_engine  # noqa: E402
+from speakermem.memory.datasets.socialmembench import read_socialmembench  # noqa: E402
+from speakermem.memory.eval.answer_metrics import evidence_recall  # noqa: E402
+from speakermem.memory.eval.harness import EvalHarness  # noqa: E402
+from speakermem.memory.query.people_rank import PEOPLE_WEIGHTS, PeopleWeights, people_order  # noqa: E402
+from speakermem.memory.query.pipeline import RecallPipeline  # noqa: E402
 
 K = 10
 PEOPLE_GRID = {

@@ -31,13 +31,13 @@ import numpy as np
 from ablation import half  # type: ignore[import-not-found]
 from scipy.optimize import minimize
 
-import memory.query.pool as pool_module
-from bot.settings import load_settings
-from integrations.app import open_engine
-from memory.datasets import DATASET_READERS
-from memory.eval.answer_metrics import evidence_recall
-from memory.query.pipeline import RecallPipeline, RecallRequest
-from memory.query.rerank import FEATURES, rerank
+import speakermem.memory.query.pool as pool_module
+from speakermem.bot.settings import load_settings
+from speakermem.integrations.app import open_engine
+from speakermem.memory.datasets import DATASET_READERS
+from speakermem.memory.eval.answer_metrics import evidence_recall
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.memory.query.rerank import FEATURES, rerank
 
 
 async def dump(args: argparse.Namespace) -> list[dict[str, Any]]:

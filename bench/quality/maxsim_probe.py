@@ -28,11 +28,11 @@ from ablation import half  # type: ignore[import-not-found]
 from fit_rerank import pairwise, recall_at  # type: ignore[import-not-found]
 from scipy.optimize import minimize
 
-from bot.settings import load_settings
-from integrations.app import open_engine
-from integrations.embeddings.minilm import MiniLMEmbedder, locate_model_dir
-from memory.datasets import DATASET_READERS
-from memory.models import Scope
+from speakermem.bot.settings import load_settings
+from speakermem.integrations.app import open_engine
+from speakermem.integrations.embeddings.minilm import MiniLMEmbedder, locate_model_dir
+from speakermem.memory.datasets import DATASET_READERS
+from speakermem.memory.models import Scope
 
 
 class StaticTokens:

@@ -20,11 +20,11 @@ from typing import Any
 
 from ablation import half  # type: ignore[import-not-found]
 
-from bot.settings import load_settings
-from integrations.app import open_engine
-from memory.datasets import DATASET_READERS
-from memory.eval.answer_metrics import evidence_recall
-from memory.query.pipeline import RecallPipeline, RecallRequest
+from speakermem.bot.settings import load_settings
+from speakermem.integrations.app import open_engine
+from speakermem.memory.datasets import DATASET_READERS
+from speakermem.memory.eval.answer_metrics import evidence_recall
+from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
 
 
 def _value(text: str) -> Any:

@@ -20,14 +20,14 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from tests.standins.discord_gateway import (
+from tests.standins.discord_gateway import DiscordStandIn
+from tests.standins.discord_guild import (
     APP_ID,
     CATEGORY,
     GENERAL,
     GUILD_ID,
     SECRET,
     THREAD,
-    DiscordStandIn,
     default_guild,
 )
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memory.models import Layer, NewRecord, RecordScope, Scope
-from memory.store import Store, make_store
+from speakermem.memory.models import Layer, NewRecord, RecordScope, Scope
+from speakermem.memory.store import Store, make_store
 from tests.conftest import BACKENDS, T0, make_config
 from tests.fakes import HashEmbedder
 

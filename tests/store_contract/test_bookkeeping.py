@@ -3,8 +3,8 @@ tombstones, forgets in progress, job locks."""
 
 from __future__ import annotations
 
-from memory.models import Scope
-from memory.store import Store
+from speakermem.memory.models import Scope
+from speakermem.memory.store import Store
 from tests.conftest import msg
 from tests.store_contract.conftest import at, record
 

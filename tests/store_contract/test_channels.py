@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from memory.models import RosterAction, RosterEvent, Scope
-from memory.store import Store
+from speakermem.memory.models import RosterAction, RosterEvent, Scope
+from speakermem.memory.store import Store
 from tests.conftest import msg
 
 GENERAL = Scope(platform="test", workspace="w1", channel="general")

@@ -7,10 +7,10 @@ or more characters is found inside a run, beside English words in the same messa
 
 from __future__ import annotations
 
-from memory.models import EditEvent, Scope
-from memory.search.fts_query import build_match, quote
-from memory.store import Store
-from memory.store.messages import speaker_phrase
+from speakermem.memory.models import EditEvent, Scope
+from speakermem.memory.search.fts_query import build_match, quote
+from speakermem.memory.store import Store
+from speakermem.memory.store.messages import speaker_phrase
 from tests.conftest import T0, msg
 from tests.store_contract.conftest import pks_of, record
 

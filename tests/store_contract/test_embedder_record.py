@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from memory.models import Scope
-from memory.store import Store
+from speakermem.memory.models import Scope
+from speakermem.memory.store import Store
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.store_contract.conftest import embed_pending, pks_of, record, vector

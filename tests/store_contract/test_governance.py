@@ -3,10 +3,10 @@ the forgetting cascade."""
 
 from __future__ import annotations
 
-from memory.governance.policy import Receipt
-from memory.models import Scope
-from memory.search.fts_query import quote
-from memory.store import IngestStatus, Store
+from speakermem.memory.governance.policy import Receipt
+from speakermem.memory.models import Scope
+from speakermem.memory.search.fts_query import quote
+from speakermem.memory.store import IngestStatus, Store
 from tests.conftest import msg
 from tests.store_contract.conftest import pks_of, record
 

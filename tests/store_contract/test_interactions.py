@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from memory.interactions import NameIndex
-from memory.models import Scope
-from memory.store import Store
+from speakermem.memory.interactions import NameIndex
+from speakermem.memory.models import Scope
+from speakermem.memory.store import Store
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.store_contract.conftest import embed_pending, pks_of, record, vector

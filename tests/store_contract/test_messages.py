@@ -7,9 +7,9 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from memory.models import DeleteEvent, EditEvent, Scope
-from memory.search.fts_query import quote
-from memory.store import ChangeStatus, IngestStatus, Store
+from speakermem.memory.models import DeleteEvent, EditEvent, Scope
+from speakermem.memory.search.fts_query import quote
+from speakermem.memory.store import ChangeStatus, IngestStatus, Store
 from tests.conftest import T0, msg
 from tests.fakes import HashEmbedder
 from tests.store_contract.conftest import at, embed_pending, pks_of, vector

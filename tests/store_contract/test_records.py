@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from memory.models import GROUP, Layer, RecordScope, RecordState, Scope
-from memory.search.fts_query import quote
-from memory.store import ChainConflict, LeaseLost, Store, WriterRunLog
+from speakermem.memory.models import GROUP, Layer, RecordScope, RecordState, Scope
+from speakermem.memory.search.fts_query import quote
+from speakermem.memory.store import ChainConflict, LeaseLost, Store, WriterRunLog
 from tests.conftest import msg
 from tests.fakes import HashEmbedder
 from tests.store_contract.conftest import pks_of, record, vector

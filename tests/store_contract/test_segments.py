@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from memory.models import Scope
-from memory.store import Store, WriterRunLog
+from speakermem.memory.models import Scope
+from speakermem.memory.store import Store, WriterRunLog
 from tests.conftest import T0, msg
 from tests.store_contract.conftest import WINDOW
 

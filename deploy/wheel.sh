@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The install a user without a clone gets, end to end (what CI runs): build the sdist and the
+# wheel, install the wheel into a fresh venv outside the work tree, add the embedding weights
+# (`speakermem model install`), then run the demo from there. Catches package data left out
+# of the wheel (templates, static files, SQL, the demo conversation).
+#   bash deploy/wheel.sh            # PYTHON picks the interpreter that builds (needs `build`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+OUT="$(mktemp -d)"
+trap 'rm -rf "$OUT"' EXIT
+echo "== python -m build (sdist and wheel)"
+"$PY" -m build --outdir "$OUT/dist" . >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+ls -l "$OUT/dist"
+echo "== pip install the wheel into a fresh venv in $OUT"
+"$PY" -m venv "$OUT/venv"
+"$OUT/venv/bin/python" -m pip install --quiet "$OUT"/dist/speakermem-*.whl
+"$OUT/venv/bin/speakermem" model install >/dev/null
+cd "$OUT"  # nothing of the work tree is importable from here
+"$OUT/venv/bin/speakermem" --version
+"$OUT/venv/bin/python" -m speakermem --version
+for generic in memory bot integrations; do
+  if "$OUT/venv/bin/python" -c "import $generic" 2>/dev/null; then
+    echo "error: the installed wheel put a top-level '$generic' package on the path" >&2
+    exit 1
+  fi
+done
+echo "== speakermem demo --no-input (from the installed wheel)"
+"$OUT/venv/bin/speakermem" --db "$OUT/demo.db" demo --no-input | tee "$OUT/demo.txt"
+grep -Eq "^Embeddings: sentence-transformers/all-MiniLM-L6-v2; [1-9]" "$OUT/demo.txt" \
+  || { echo "error: the demo ran without dense search" >&2; exit 1; }
+grep -q "^\[1\] " "$OUT/demo.txt" || { echo "error: the demo cited nothing" >&2; exit 1; }
+echo "== the wheel installs and answers with citations"

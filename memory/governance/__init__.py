@@ -1,5 +1,0 @@
-"""Governance: channel switches, retention, forgetting with receipts, export, audit."""
-
-from memory.governance.policy import Receipt
-
-__all__ = ["Receipt"]

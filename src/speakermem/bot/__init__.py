@@ -1,0 +1,1 @@
+"""The bot layer: platform-neutral events, dispatch, chat commands and settings."""
