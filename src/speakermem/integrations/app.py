@@ -42,9 +42,16 @@ def build_embedder(settings: Settings, *, foreground: bool = False) -> Embedder 
             quantize=settings.embed_quantize,
             threads=settings.embed_threads,
         )
-    from speakermem.integrations.embeddings.minilm import BACKGROUND_NICE, MiniLMEmbedder
+    from speakermem.integrations.embeddings.minilm import (
+        BACKGROUND_NICE,
+        MiniLMEmbedder,
+        locate_model_dir,
+    )
 
+    # found now, so a missing install stops the command at once with the command that fixes
+    # it, not after an import or at the first message
     return MiniLMEmbedder(
+        model_dir=locate_model_dir(),
         cache_dir=settings.model_cache_dir,
         quantize=settings.embed_quantize,
         threads=settings.embed_threads,

@@ -87,7 +87,7 @@ async def cmd_model_install(settings: Settings, args: argparse.Namespace) -> int
     if args.print_only:
         console.print(shown, markup=False, highlight=False)
         return 0
-    err_console.print(f"running: {shown}", markup=False, highlight=False)
+    err_console.print(f"running: {shown}", markup=False, highlight=False, soft_wrap=True)
     done = await asyncio.to_thread(subprocess.run, command, check=False)
     if done.returncode != 0:
         err_console.print(f"error: the install failed (exit {done.returncode})", markup=False)

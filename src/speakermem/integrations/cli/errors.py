@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from speakermem.integrations.embeddings.minilm import EmbedderUnavailable
 from speakermem.memory.datasets import DatasetError
 from speakermem.memory.engine import DriverUnavailable, StoreError, UnknownChannel
 
@@ -21,6 +22,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     UnknownChannel,
     StoreError,
     DriverUnavailable,
+    EmbedderUnavailable,
     json.JSONDecodeError,
     ValueError,
 )
