@@ -27,6 +27,7 @@ from speakermem.memory.admin import StoreAdmin
 from speakermem.memory.background import Foreground, WakeWorker
 from speakermem.memory.config import MemoryConfig
 from speakermem.memory.cursors import HistoryCursors
+from speakermem.memory.embed_order import SORT_WINDOW, length_sorted_batches
 from speakermem.memory.governance.policy import Refusal, admission
 from speakermem.memory.interaction_graph import InteractionGraph
 from speakermem.memory.models import (
@@ -356,18 +357,21 @@ class MemoryEngine:
             return 0
         embed = embed or self.embedder.embed
         done = 0
+        window = max(batch_size, SORT_WINDOW)
         while True:
-            if before_batch is not None:
-                await before_batch()
-            items = await self.store.messages.pending_embeddings(batch_size)
+            items = await self.store.messages.pending_embeddings(window)
             if not items:
                 break
-            vectors = await embed([text for _, _, text in items])
-            stored = await self.store.messages.store_vectors(items, vectors)
+            stored = 0
+            for batch in length_sorted_batches(items, batch_size):
+                if before_batch is not None:
+                    await before_batch()
+                vectors = await embed([text for _, _, text in batch])
+                stored += await self.store.messages.store_vectors(batch, vectors)
+                if on_progress:
+                    on_progress(len(batch))
             done += stored
-            if on_progress:
-                on_progress(len(items))
-            if stored == 0 and len(items) < batch_size:
+            if stored == 0 and len(items) < window:
                 break
         if done >= BULK_SETTLE_ROWS:
             await self.store.settle()
