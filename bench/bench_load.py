@@ -80,7 +80,7 @@ def bot_settings() -> Any:
 
 
 def guild_with_channels(n: int) -> tuple[dict[str, Any], list[str]]:
-    from tests.standins.discord_gateway import CATEGORY, GUILD_ID, default_guild
+    from tests.standins.discord_guild import CATEGORY, GUILD_ID, default_guild
 
     guild = default_guild()
     ids = [f"7000000000000{i + 100:05d}" for i in range(n)]
@@ -138,7 +138,8 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from speakermem.memory.engine import MemoryEngine
     from speakermem.memory.models import Scope
     from tests.llm_server import Delay, Handler, LLMServer, Reply
-    from tests.standins.discord_gateway import GUILD_ID, DiscordStandIn
+    from tests.standins.discord_gateway import DiscordStandIn
+    from tests.standins.discord_guild import GUILD_ID
     from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn, sign
     from tests.test_run import free_port
 

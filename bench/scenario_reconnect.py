@@ -44,7 +44,8 @@ from speakermem.integrations.runtime import run
 from speakermem.memory.config import MemoryConfig, StoreConfig
 from speakermem.memory.engine import MemoryEngine
 from speakermem.memory.models import Scope
-from tests.standins.discord_gateway import GENERAL, GUILD_ID, DiscordStandIn
+from tests.standins.discord_gateway import DiscordStandIn
+from tests.standins.discord_guild import GENERAL, GUILD_ID
 from tests.standins.slack_api import BOT_USER_ID, TEAM_ID, SlackApiStandIn
 
 log = logging.getLogger("scenario_reconnect")
