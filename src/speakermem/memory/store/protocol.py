@@ -567,6 +567,7 @@ class Store(Protocol):
     async def close(self) -> None: ...
     async def db_size_bytes(self) -> int: ...
     async def settle(self) -> list[str]:
-        """After a bulk write: bring planner statistics and the visibility map up to date
-        where the write outgrew them (PostgreSQL); returns the tables settled."""
+        """After a bulk write: bring planner statistics (both backends) and the visibility
+        map (PostgreSQL) up to date where the write outgrew them; returns the tables
+        settled."""
         ...

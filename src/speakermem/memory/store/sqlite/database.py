@@ -45,6 +45,8 @@ class SqliteDatabase:
         self._readers: asyncio.Queue[aiosqlite.Connection] = asyncio.Queue()
         self._all_readers: list[aiosqlite.Connection] = []
         self._write_lock = asyncio.Lock()
+        self.migrated: list[int] = []
+        """Versions the last open applied (the first is 1 on a new database)."""
 
     async def open(self) -> None:
         # 0600 before SQLite opens it: the -wal and -shm files take the database's mode
@@ -109,9 +111,11 @@ class SqliteDatabase:
         )
         async with conn.execute("SELECT version FROM schema_migrations") as cur:
             done = {row[0] for row in await cur.fetchall()}
+        self.migrated = []
         for migration in migrations(self.config.vec_chunk_size):
             if migration.version in done:
                 continue
+            self.migrated.append(migration.version)
             async with self.transaction() as tx:
                 if migration.sql:
                     await tx.executescript_in_tx(migration.sql)

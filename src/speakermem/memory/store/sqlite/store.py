@@ -55,9 +55,19 @@ class SqliteStore(BaseStore):
         return size
 
     async def settle_migrations(self) -> None:
-        """SQLite needs no settling after a migration."""
+        """Settle what the migrations changed on an existing database (a new one, created
+        now, is empty)."""
+        if self.db.migrated and self.db.migrated[0] != 1:
+            await self.settle()
 
     async def settle(self) -> list[str]:
-        """Nothing to do: SQLite's planner keeps no statistics here (no ANALYZE is run, so
-        none go stale), and its WAL checkpoints itself."""
-        return []
+        """After a bulk write, give the planner statistics (`PRAGMA optimize` over every
+        table: ANALYZE where a table has none or has outgrown them), which SQLite otherwise
+        gathers only when the store is closed, so a bot importing or catching up in-process
+        planned its next questions without them. Merging the full-text index's segments
+        (FTS5 `optimize`) was measured too and left out: no difference in /recall p95 at
+        100k messages, and it rewrites the whole index under the write lock."""
+        async with self.db.transaction() as tx:
+            await tx.execute("PRAGMA optimize = 0x10002")
+        rows = await self.db.read("SELECT DISTINCT tbl FROM sqlite_stat1 ORDER BY tbl")
+        return [str(r[0]) for r in rows]
