@@ -13,7 +13,10 @@ import unicodedata
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from speakermem.memory import prompt_quoting
 from speakermem.memory.models import RosterMember, Scope, StoredMessage
 from speakermem.memory.prompt_quoting import neutral, quote_block, quote_line
 from speakermem.memory.query.answer import render_answer_messages
@@ -123,3 +126,19 @@ def test_project_and_select_prompts_keep_their_blocks(payload: str) -> None:
         "1",
         "2",
     ]
+
+
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F)))
+def test_ascii_text_takes_the_fast_path_to_the_same_result(text: str) -> None:
+    """One translate for ASCII, a category lookup per character otherwise: the same text."""
+    slow = "".join(
+        ""
+        if unicodedata.category(ch) == "Cf"
+        else " "
+        if unicodedata.category(ch) == "Cc" and ch not in "\t\n"
+        else ch
+        for ch in text
+    )
+    assert prompt_quoting._drop_invisible(text) == slow
+    # and the non-ASCII path still drops format characters beside ASCII controls
+    assert prompt_quoting._drop_invisible(text + "\u200b\u00e9") == slow + "\u00e9"

@@ -76,8 +76,16 @@ _CONFUSABLES = str.maketrans(
 )
 
 
+_ASCII_CONTROLS = {c: " " for c in (*range(0x20), 0x7F) if chr(c) not in "\t\n"}
+"""ASCII's control characters (Cc) but tab and newline; ASCII has no format character (Cf)."""
+
+
 def _drop_invisible(text: str) -> str:
-    """Remove format characters (Cf) and turn other control characters (but tab) to spaces."""
+    """Remove format characters (Cf) and turn other control characters (but tab) to spaces.
+    ASCII text, most chat text, takes one translate instead of a lookup per character (the
+    Writer quotes every message of every segment)."""
+    if text.isascii():
+        return text.translate(_ASCII_CONTROLS)
     out = []
     for ch in text:
         cat = unicodedata.category(ch)
