@@ -56,13 +56,11 @@ class BaseStore(ABC):
         self.forget_jobs = ForgetJobRepo(db)
 
     async def open(self) -> None:
+        """Open the database, then settle what its migrations just changed on an existing
+        one (a new database, created by migration 1 now, is empty)."""
         await self.db.open()
-        await self.settle_migrations()
-
-    @abstractmethod
-    async def settle_migrations(self) -> None:
-        """After opening: settle what the migrations just changed on an existing database
-        (PostgreSQL vacuums and analyses its tables, SQLite analyses them)."""
+        if self.db.migrated and self.db.migrated[0] != 1:
+            await self.settle()
 
     async def close(self) -> None:
         await self.db.close()

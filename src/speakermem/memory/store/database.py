@@ -87,6 +87,10 @@ class Database(Protocol):
     async def open(self) -> None:
         """Connect and apply every migration not applied yet."""
 
+    @property
+    def migrated(self) -> list[int]:
+        """The versions the last `open` applied, in order (1 first on a new database)."""
+
     async def close(self) -> None: ...
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:

@@ -53,12 +53,6 @@ class PgStore(BaseStore):
         rows = await self.db.read("SELECT pg_database_size(current_database())")
         return int(rows[0][0])
 
-    async def settle_migrations(self) -> None:
-        """Settle what the migrations changed on an existing database (a new one, created
-        now, is empty)."""
-        if self.db.migrated and self.db.migrated[0] != 1:
-            await self.settle()
-
     async def settle(self) -> list[str]:
         """VACUUM (ANALYZE) the tables a bulk write outgrew (memory/store/pg/upkeep.py), so
         the next questions neither plan without statistics nor wait on autovacuum."""

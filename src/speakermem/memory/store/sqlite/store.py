@@ -54,12 +54,6 @@ class SqliteStore(BaseStore):
                 size += path.stat().st_size
         return size
 
-    async def settle_migrations(self) -> None:
-        """Settle what the migrations changed on an existing database (a new one, created
-        now, is empty)."""
-        if self.db.migrated and self.db.migrated[0] != 1:
-            await self.settle()
-
     async def settle(self) -> list[str]:
         """After a bulk write, give the planner statistics (`PRAGMA optimize` over every
         table: ANALYZE where a table has none or has outgrown them), which SQLite otherwise
