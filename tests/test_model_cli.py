@@ -20,6 +20,17 @@ from speakermem.integrations.cli.main import main
 from speakermem.integrations.embeddings.minilm import MODEL_REQUIREMENT, locate_model_dir
 
 
+@pytest.fixture
+def no_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The weights' package is nowhere: neither importable nor an installed distribution."""
+
+    def no_dist(name: str) -> Any:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(importlib.metadata, "distribution", no_dist)
+
+
 def test_this_pip_then_uv_then_a_pip_on_path_then_nothing() -> None:
     py = "/venv/bin/python"
     assert install_command(py, True, "/usr/bin/uv") == [
@@ -58,7 +69,6 @@ def test_the_requirement_is_pinned_once() -> None:
 async def test_print_shows_this_interpreters_pip_command(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "300")
     code = await asyncio.to_thread(main, ["model", "install", "--print"])
     out = capsys.readouterr().out
     assert code == 0
@@ -88,21 +98,16 @@ async def test_a_successful_install_ends_by_saying_where_the_weights_are(
 ) -> None:
     marker = [sys.executable, "-c", "print('installed')"]
     monkeypatch.setattr(commands_model, "install_command", lambda *a: marker)
-    monkeypatch.setenv("COLUMNS", "300")
     assert await asyncio.to_thread(main, ["model", "install"]) == 0
     captured = capsys.readouterr()
     assert "running: " in captured.err
     assert str(locate_model_dir()) in captured.out
 
 
+@pytest.mark.usefixtures("no_weights")
 async def test_where_without_the_weights_names_the_command(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    def no_dist(name: str) -> Any:
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    monkeypatch.setattr(importlib.metadata, "distribution", no_dist)
     assert await asyncio.to_thread(main, ["model", "where"]) == 1
     assert "speakermem model install" in capsys.readouterr().err
 
@@ -118,16 +123,12 @@ def test_model_help_says_what_it_installs() -> None:
     assert MODEL_REQUIREMENT in out and "torch" in out
 
 
+@pytest.mark.usefixtures("no_weights")
 async def test_without_the_weights_a_command_stops_at_once_and_says_what_to_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before any message is loaded: no traceback, the install command, nothing half-done."""
 
-    def no_dist(name: str) -> Any:
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    monkeypatch.setattr(importlib.metadata, "distribution", no_dist)
     monkeypatch.setenv("SPEAKERMEM_EMBEDDER", "minilm")
     db = tmp_path / "demo.db"
     code = await asyncio.to_thread(main, ["--db", str(db), "demo", "--no-input"])

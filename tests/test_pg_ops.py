@@ -298,7 +298,6 @@ async def test_cli_reads_a_postgres_store_without_a_file(
     missing = tmp_path / "never-created.db"
     monkeypatch.setenv("SPEAKERMEM_DB_PATH", str(missing))
     monkeypatch.setenv("SPEAKERMEM_EMBEDDER", "none")
-    monkeypatch.setenv("COLUMNS", "250")  # rich tables unwrapped
     # the SQLite configuration refuses: no file there
     assert await asyncio.to_thread(main, ["stats", "--json"]) != 0
     assert "no database yet" in capsys.readouterr().err

@@ -198,7 +198,6 @@ async def test_explain_shows_who_was_read_and_what_was_cut(
     monkeypatch.setenv("SPEAKERMEM_EMBEDDER", "none")
     monkeypatch.setenv("SPEAKERMEM_RECALL_S2_PACK_TOKENS", "100")
     monkeypatch.setenv("SPEAKERMEM_RECALL_S1_PACK_TOKENS", "100")
-    monkeypatch.setenv("COLUMNS", "400")
     from speakermem.integrations.cli.main import main
 
     question = "What does everyone think about the launch plan?"
