@@ -216,6 +216,7 @@ async def test_llm_down_backs_off_reports_queue_answers_extractively_and_catches
         assert decide(after).status == "ok"
     finally:
         await scheduler.shutdown()
+        await base.aclose()
         await engine.close()
 
 
@@ -261,6 +262,7 @@ async def test_a_kicked_scheduler_makes_no_calls_while_the_breaker_is_open(
         assert int(rows[0][0]) == 1  # untried segments keep their attempt count at 0
     finally:
         await scheduler.shutdown()
+        await base.aclose()
         await engine.close()
 
 
@@ -293,4 +295,5 @@ async def test_shutdown_finishes_the_segments_in_flight_not_the_backlog(
         assert counts["segments_pending"] == CHANNELS - len(llm_server.times)
         assert took < 0.5 * CHANNELS / FAST.concurrency  # not the time to write them all
     finally:
+        await base.aclose()
         await engine.close()

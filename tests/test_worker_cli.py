@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 
 from speakermem.bot.scheduler import WriterScheduler
+from speakermem.bot.settings import Settings
 from speakermem.integrations.cli.commands_worker import work
 from speakermem.integrations.llm.openai_compat import OpenAICompatLLM
 from speakermem.memory.config import WriterConfig
 from speakermem.memory.engine import MemoryEngine
 from speakermem.memory.models import MessageEvent, Scope
+from speakermem.memory.ports import LLM
 from speakermem.memory.writer.runner import Writer
 from tests.conftest import make_config
 from tests.fakes import HashEmbedder
@@ -300,10 +302,20 @@ async def test_the_runtime_honours_writer_mode(
     mode: str,
 ) -> None:
     from speakermem.bot.settings import load_settings
-    from speakermem.integrations import runtime
+    from speakermem.integrations import app, runtime
 
     await _fill(engine, channels=1, windows=1)
     monkeypatch.setattr(runtime, "build_adapters", lambda *a: [_NoPlatform()])
+    built: list[OpenAICompatLLM] = []
+
+    def build_llm(settings: Settings) -> LLM | None:
+        llm = real_build_llm(settings)
+        assert isinstance(llm, OpenAICompatLLM)
+        built.append(llm)
+        return llm
+
+    real_build_llm = app.build_llm
+    monkeypatch.setattr(app, "build_llm", build_llm)
     settings = load_settings(
         db_path=tmp_path / "test.db",
         embedder="none",
@@ -331,6 +343,8 @@ async def test_the_runtime_honours_writer_mode(
         assert seg[1] == "done" and len(llm_server.requests) == 1
     else:
         assert seg[1] == "pending" and llm_server.requests == []
+    # the bot's LLM client ends with the bot (its connections closed on this loop)
+    assert len(built) == 1 and built[0]._client.is_closed()
 
 
 async def test_a_worker_works_the_rederive_queue_unless_another_holds_it(

@@ -77,6 +77,19 @@ def build_llm(settings: Settings) -> LLM | None:
     )
 
 
+@asynccontextmanager
+async def open_llm(settings: Settings) -> AsyncIterator[LLM | None]:
+    """`build_llm`'s client, closed on the way out: its HTTP connections end with the
+    command, not at garbage collection on a loop that has already closed."""
+    llm = build_llm(settings)
+    try:
+        yield llm
+    finally:
+        close = getattr(llm, "aclose", None)
+        if close is not None:
+            await close()
+
+
 def llm_probe(llm: LLM) -> Callable[[], Awaitable[bool]]:
     """Whether the LLM endpoint answers (for `status`); never raises."""
 

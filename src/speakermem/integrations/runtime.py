@@ -21,7 +21,7 @@ from speakermem.bot.health import LLMHealth
 from speakermem.bot.scheduler import WriterScheduler
 from speakermem.bot.settings import Settings
 from speakermem.bot.spill import Spill
-from speakermem.integrations.app import build_llm, llm_probe, open_engine
+from speakermem.integrations.app import llm_probe, open_engine, open_llm
 from speakermem.integrations.ops.heap import fix_mmap_threshold, trim_every
 from speakermem.integrations.ops.metrics import MeteredLLM, Metrics
 from speakermem.integrations.ops.server import OpsServer
@@ -172,7 +172,14 @@ async def run(settings: Settings, *, stop: asyncio.Event | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    llm = build_llm(settings)
+    async with open_llm(settings) as llm:
+        return await _serve(settings, platforms, stop, llm)
+
+
+async def _serve(
+    settings: Settings, platforms: list[str], stop: asyncio.Event, llm: LLM | None
+) -> int:
+    """`run` once its signals and LLM client are set up."""
     metrics = Metrics(
         prompt_price_per_mtok=settings.llm_prompt_price_per_mtok,
         completion_price_per_mtok=settings.llm_completion_price_per_mtok,

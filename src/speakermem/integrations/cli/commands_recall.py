@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from speakermem.bot.settings import Settings
-from speakermem.integrations.app import build_llm, open_engine
+from speakermem.integrations.app import open_engine, open_llm
 from speakermem.integrations.cli.errors import CliError
 from speakermem.integrations.cli.ingest import embed_all, ingest_events
 from speakermem.integrations.cli.render import advance, console, err_console, progress_bar
@@ -129,8 +129,7 @@ def answer_json(result: RecallResult) -> dict[str, Any]:
 
 
 async def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
-    llm = build_llm(settings)
-    async with open_engine(settings) as engine:
+    async with open_llm(settings) as llm, open_engine(settings) as engine:
         scope = await resolve_channel(engine, args.channel, args.platform)
         asker = await resolve_asker(engine, scope, args.asker) if args.asker else None
         pipeline = RecallPipeline(engine, llm=llm)
@@ -213,12 +212,11 @@ async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
     dataset = read_dataset(args.dataset, args.paths, sessions=not args.no_sessions)
     if args.interleave and args.dataset != "socialmembench":
         raise CliError("--interleave is for socialmembench (networks to interleave)")
-    llm = build_llm(settings)
-    if args.writer == "llm" and llm is None:
+    if args.writer == "llm" and not settings.llm_configured:
         raise CliError("--writer llm needs an LLM: set SPEAKERMEM_LLM_BASE_URL")
     if args.writer == "replay" and not dataset.observations:
         raise CliError(f"{args.dataset} has no observations to replay; use --writer none")
-    async with open_engine(settings) as engine:
+    async with open_llm(settings) as llm, open_engine(settings) as engine:
         await ingest_events(engine, dataset.messages, f"importing {args.dataset}")
         await embed_all(engine)
         if args.writer == "replay":

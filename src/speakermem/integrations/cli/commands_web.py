@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from speakermem.bot.settings import Settings
-from speakermem.integrations.app import build_llm, llm_probe, open_engine
+from speakermem.integrations.app import llm_probe, open_engine, open_llm
 from speakermem.integrations.cli.errors import CliError
 from speakermem.integrations.shell.session import DEMO_DB
 from speakermem.integrations.web.server import DEFAULT_PORT, WebConsole
@@ -66,9 +66,8 @@ async def serve(settings: Settings, *, host: str | None, port: int | None) -> in
     settings, note = choose_store(settings)
     if note:
         print(note)
-    llm = build_llm(settings)
-    probe = llm_probe(llm) if llm is not None else None
-    async with open_engine(settings) as engine:
+    async with open_llm(settings) as llm, open_engine(settings) as engine:
+        probe = llm_probe(llm) if llm is not None else None
         governance = Governance(engine, llm_probe=probe)
         console = WebConsole(
             settings,

@@ -139,7 +139,7 @@ async def work(
 
 
 async def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
-    from speakermem.integrations.app import build_llm, open_engine
+    from speakermem.integrations.app import open_engine, open_llm
     from speakermem.integrations.cli.errors import CliError
     from speakermem.integrations.cli.render import err_console
     from speakermem.memory.writer.runner import Writer
@@ -160,14 +160,13 @@ async def cmd_worker(settings: Settings, args: argparse.Namespace) -> int:
             raise CliError("--concurrency must be between 1 and 64")
         cfg = cfg.model_copy(update={"concurrency": args.concurrency})
     worker_id = args.id or default_worker_id()
-    llm = build_llm(settings)
-    assert llm is not None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    async with open_engine(settings) as engine:
+    async with open_llm(settings) as llm, open_engine(settings) as engine:
+        assert llm is not None
         writer = Writer(engine, llm, cfg)
         log.info(
             "worker %s: writing segments of %s with %s (lease %g s, concurrency %d)",

@@ -140,7 +140,7 @@ async def _write_channel(
 
 
 async def cmd_write(settings: Settings, args: argparse.Namespace) -> int:
-    from speakermem.integrations.app import build_llm, open_engine
+    from speakermem.integrations.app import open_engine, open_llm
     from speakermem.integrations.cli.errors import CliError
     from speakermem.integrations.cli.render import advance, console, err_console, progress_bar
     from speakermem.integrations.cli.targets import resolve_channel
@@ -157,63 +157,57 @@ async def cmd_write(settings: Settings, args: argparse.Namespace) -> int:
             "Writer is off (see `speakermem replay` for offline System 2 data)"
         )
     _require_db(settings)
-    llm = build_llm(settings)
-    assert llm is not None
-    try:
-        async with open_engine(settings) as engine:
-            scope = None if args.all else await resolve_channel(engine, args.channel, args.platform)
-            if scope is None:
-                closed = await engine.segments.close_idle(0.0)
-            else:
-                closed = await engine.segments.close_channel(scope)
-            due = await engine.segments.due(
-                limit=1_000_000, now=time.time() + _FAR_FUTURE_S, scope=scope
-            )
-            where = "every channel" if scope is None else str(scope)
-            if not due:
-                console.print(f"nothing to write in {where}: no pending segments")
-                return 0
-            err_console.print(
-                f"writing {len(due)} segment(s) of {where} with {llm.model} "
-                f"({closed} open segment(s) closed)"
-            )
-            writer = Writer(engine, llm, settings.memory_config().writer)
-            before = await engine.admin.writer_stats()
-            by_channel: dict[tuple[str, str, str], list[Segment]] = {}
-            for seg in due:
-                by_channel.setdefault(seg.scope.key(), []).append(seg)
-            slots = asyncio.Semaphore(writer.cfg.concurrency)
-            started = time.perf_counter()
-            with progress_bar("writing segments", len(due)) as bar:
+    async with open_llm(settings) as llm, open_engine(settings) as engine:
+        assert llm is not None
+        scope = None if args.all else await resolve_channel(engine, args.channel, args.platform)
+        if scope is None:
+            closed = await engine.segments.close_idle(0.0)
+        else:
+            closed = await engine.segments.close_channel(scope)
+        due = await engine.segments.due(
+            limit=1_000_000, now=time.time() + _FAR_FUTURE_S, scope=scope
+        )
+        where = "every channel" if scope is None else str(scope)
+        if not due:
+            console.print(f"nothing to write in {where}: no pending segments")
+            return 0
+        err_console.print(
+            f"writing {len(due)} segment(s) of {where} with {llm.model} "
+            f"({closed} open segment(s) closed)"
+        )
+        writer = Writer(engine, llm, settings.memory_config().writer)
+        before = await engine.admin.writer_stats()
+        by_channel: dict[tuple[str, str, str], list[Segment]] = {}
+        for seg in due:
+            by_channel.setdefault(seg.scope.key(), []).append(seg)
+        slots = asyncio.Semaphore(writer.cfg.concurrency)
+        started = time.perf_counter()
+        with progress_bar("writing segments", len(due)) as bar:
 
-                def report(seg: Segment, o: FlushOutcome) -> None:
-                    advance(bar, 1)
-                    if o.status == "deferred":
-                        detail = f"deferred: {o.error}"
-                    else:
-                        detail = (
-                            f"{o.status}: proposed {o.proposed}, accepted {o.accepted}, "
-                            f"rejected {_fmt_rejected(o.rejected)}"
-                        )
-                    console.print(
-                        f"segment {seg.id} {seg.scope} ({seg.n_messages} msgs) {detail}; "
-                        f"{o.latency_ms:.0f} ms",
-                        markup=False,
-                        highlight=False,
-                        soft_wrap=True,
+            def report(seg: Segment, o: FlushOutcome) -> None:
+                advance(bar, 1)
+                if o.status == "deferred":
+                    detail = f"deferred: {o.error}"
+                else:
+                    detail = (
+                        f"{o.status}: proposed {o.proposed}, accepted {o.accepted}, "
+                        f"rejected {_fmt_rejected(o.rejected)}"
                     )
+                console.print(
+                    f"segment {seg.id} {seg.scope} ({seg.n_messages} msgs) {detail}; "
+                    f"{o.latency_ms:.0f} ms",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
+                )
 
-                async def channel(segs: list[Segment]) -> list[FlushOutcome]:
-                    async with slots:
-                        return await _write_channel(writer, segs, report)
+            async def channel(segs: list[Segment]) -> list[FlushOutcome]:
+                async with slots:
+                    return await _write_channel(writer, segs, report)
 
-                results = await asyncio.gather(*(channel(s) for s in by_channel.values()))
-            wall_s = time.perf_counter() - started
-            after = await engine.admin.writer_stats()
-    finally:
-        close = getattr(llm, "aclose", None)
-        if close is not None:
-            await close()
+            results = await asyncio.gather(*(channel(s) for s in by_channel.values()))
+        wall_s = time.perf_counter() - started
+        after = await engine.admin.writer_stats()
     outcomes = [o for chan in results for o in chan]
     _print_write_totals(outcomes, before, after, wall_s, len(due))
     deferred = [o for o in outcomes if o.status == "deferred"]

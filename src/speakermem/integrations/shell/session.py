@@ -14,7 +14,7 @@ from pathlib import Path
 from speakermem.bot.dispatch import Dispatcher
 from speakermem.bot.scheduler import WriterScheduler
 from speakermem.bot.settings import Settings
-from speakermem.integrations.app import build_llm, open_engine
+from speakermem.integrations.app import open_engine, open_llm
 from speakermem.memory.engine import MemoryEngine
 from speakermem.memory.ports import LLM
 from speakermem.memory.query.pipeline import RecallPipeline
@@ -57,8 +57,7 @@ class LocalBot:
 @asynccontextmanager
 async def local_bot(settings: Settings, *, background: bool = True) -> AsyncIterator[LocalBot]:
     """Open the store and start the scheduler and background embedding; stop them on exit."""
-    llm = build_llm(settings)
-    async with open_engine(settings) as engine:
+    async with open_llm(settings) as llm, open_engine(settings) as engine:
         writer = Writer(engine, llm) if llm is not None else None
         scheduler = WriterScheduler(
             engine, writer, idle_seconds=settings.session_gap_minutes * 60.0
