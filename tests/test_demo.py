@@ -13,10 +13,10 @@ import pytest
 
 from speakermem.bot.events import DeleteEvent, EditEvent, MessageEvent, RosterAction, RosterEvent
 from speakermem.bot.settings import Settings
-from speakermem.integrations.cli.commands_demo import run_demo
 from speakermem.integrations.embeddings import minilm
 from speakermem.integrations.embeddings.minilm import EmbedderUnavailable
 from speakermem.integrations.shell import demo
+from speakermem.integrations.shell.commands import run_demo
 from speakermem.integrations.shell.session import local_bot
 from tests.llm_server import LLMServer
 

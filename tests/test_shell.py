@@ -13,8 +13,8 @@ import pytest
 
 from speakermem.bot.events import MessageEvent, RosterAction
 from speakermem.bot.settings import Settings
-from speakermem.integrations.cli.commands_demo import open_shell
 from speakermem.integrations.shell.adapter import StreamLines, line_source
+from speakermem.integrations.shell.commands import open_shell
 from speakermem.integrations.shell.session import DEMO_DB, local_bot, local_settings
 from speakermem.integrations.shell.translate import (
     ShellError,

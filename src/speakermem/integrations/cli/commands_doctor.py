@@ -10,7 +10,6 @@ from rich.table import Table
 
 from speakermem.bot.settings import Settings
 from speakermem.integrations.cli.render import console
-from speakermem.integrations.doctor import run_checks
 from speakermem.integrations.doctor_checks import Check, exit_code
 
 MARK = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]", "skip": "skip"}
@@ -58,6 +57,10 @@ def render(checks: list[Check]) -> None:
 
 
 async def cmd_doctor(settings: Settings, args: argparse.Namespace) -> int:
+    # imported here: the checks pull in the OpenAI client, which every other command's
+    # start would otherwise pay for
+    from speakermem.integrations.doctor import run_checks
+
     checks = await run_checks(
         settings, network=not (args.offline or args.quick), embedder=not args.quick
     )

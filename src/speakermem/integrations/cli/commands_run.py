@@ -8,7 +8,6 @@ from typing import Any
 
 from speakermem.bot.settings import Settings
 from speakermem.integrations.cli.errors import CliError
-from speakermem.integrations.runtime import NothingToRun, configured_platforms, run
 from speakermem.memory.url_masking import mask_url
 
 
@@ -31,6 +30,9 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 
 
 async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    # the runtime (both platforms' libraries) is imported by the commands that need it
+    from speakermem.integrations.runtime import NothingToRun, run
+
     try:
         return await run(settings)
     except NothingToRun as exc:
@@ -38,6 +40,8 @@ async def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def cmd_config(settings: Settings, args: argparse.Namespace) -> int:
+    from speakermem.integrations.runtime import configured_platforms
+
     data = json.loads(settings.model_dump_json())
     for name, value in data.items():  # a URL setting may carry user:pass@ or ?api-key=
         if name.endswith("_url") and isinstance(value, str):

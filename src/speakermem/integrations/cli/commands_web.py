@@ -12,13 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from speakermem.bot.settings import Settings
-from speakermem.integrations.app import llm_probe, open_engine, open_llm
 from speakermem.integrations.cli.errors import CliError
-from speakermem.integrations.shell.session import DEMO_DB
 from speakermem.integrations.web.server import DEFAULT_PORT, WebConsole
-from speakermem.memory.console import ConsoleReads
-from speakermem.memory.governance.service import Governance
-from speakermem.memory.query.pipeline import RecallPipeline
 
 
 def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ignore[type-arg]
@@ -48,6 +43,8 @@ def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ign
 def choose_store(settings: Settings) -> tuple[Settings, str | None]:
     """The settings to serve, and a note when the demo's store was picked because the bot's
     is absent. A SQLite file that does not exist is an error (nothing to show)."""
+    from speakermem.integrations.shell.session import DEMO_DB
+
     if settings.db_url is not None:
         return settings, None
     chosen = "db_path" in settings.model_fields_set
@@ -63,6 +60,12 @@ def choose_store(settings: Settings) -> tuple[Settings, str | None]:
 
 
 async def serve(settings: Settings, *, host: str | None, port: int | None) -> int:
+    # the store and the recall pipeline are imported here, not when the CLI starts
+    from speakermem.integrations.app import llm_probe, open_engine, open_llm
+    from speakermem.memory.console import ConsoleReads
+    from speakermem.memory.governance.service import Governance
+    from speakermem.memory.query.pipeline import RecallPipeline
+
     settings, note = choose_store(settings)
     if note:
         print(note)
