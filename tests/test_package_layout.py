@@ -67,3 +67,26 @@ def test_no_source_file_grows_past_600_lines() -> None:
         and (n := len((ROOT / name).read_text(errors="replace").splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+def test_the_cli_starts_without_the_platform_and_model_clients() -> None:
+    """`speakermem --version`, `--help` and every command's start load the parser, not the
+    modules a command runs: the OpenAI client, discord.py, Bolt, ONNX Runtime and the
+    runtime are imported by the commands that use them."""
+    heavy = [
+        "openai",
+        "discord",
+        "slack_bolt",
+        "slack_sdk",
+        "onnxruntime",
+        "speakermem.integrations.runtime",
+        "speakermem.integrations.shell.session",
+    ]
+    code = (
+        "import sys, speakermem.integrations.cli.main as m; m.build_parser(); "
+        f"print(','.join(n for n in {heavy!r} if n in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == ""
