@@ -3,12 +3,17 @@
 # wheel, install the wheel into a fresh venv outside the work tree, add the embedding weights
 # (`speakermem model install`), then run the demo from there. Catches package data left out
 # of the wheel (templates, static files, SQL, the demo conversation).
-#   bash deploy/wheel.sh            # PYTHON picks the interpreter that builds (needs `build`)
+#   bash deploy/wheel.sh            # PYTHON picks the interpreter that builds (default python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
+if ! "$PY" -c "import build" 2>/dev/null; then  # an interpreter without `build`: a venv with it
+  "$PY" -m venv "$OUT/build-venv"
+  "$OUT/build-venv/bin/python" -m pip install --quiet --quiet build
+  PY="$OUT/build-venv/bin/python"
+fi
 echo "== python -m build (sdist and wheel)"
 "$PY" -m build --outdir "$OUT/dist" . >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
 ls -l "$OUT/dist"
