@@ -15,6 +15,12 @@ recorded with every row.
 
     python bench/bench_embed.py --n 1000 --threads 1 2 --batch 16 64 --order arrival sorted \
         --json docs/benchmarks/embed.json
+
+`--questions K [K ...]` measures the /recall side instead: LoCoMo's questions through
+`embed_query`, K asked at once (as K members' /recall in flight together), reporting CPU
+milliseconds per question and how many shared each model run:
+
+    python bench/bench_embed.py --questions 1 2 4 8 --json docs/benchmarks/embed-questions.json
 """
 
 from __future__ import annotations
@@ -59,6 +65,84 @@ def load_turns(path: Path, n: int) -> list[str]:
     return turns[:n]
 
 
+def load_questions(path: Path, n: int) -> list[str]:
+    """The first n questions of the LoCoMo samples, in order."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    questions = [
+        q["question"] for sample in data for q in sample.get("qa", []) if q.get("question")
+    ]
+    if not questions:
+        raise SystemExit(f"no questions found in {path}")
+    while len(questions) < n:
+        questions += questions
+    return questions[:n]
+
+
+async def ask(emb: MiniLMEmbedder, questions: list[str], at_once: int) -> None:
+    """`at_once` questions asked together, group after group."""
+    for i in range(0, len(questions), at_once):
+        await asyncio.gather(*(emb.embed_query(q) for q in questions[i : i + at_once]))
+
+
+def measure_questions(args: argparse.Namespace) -> None:
+    questions = load_questions(args.data, args.n)
+    print(
+        f"{len(questions)} questions, mean {statistics.mean(len(q) for q in questions):.0f} chars"
+    )
+    emb = MiniLMEmbedder(cache_dir=args.cache_dir)
+    emb.embed_sync(questions[:8])  # load + warm up
+    cpus: dict[int, list[float]] = {k: [] for k in args.questions}
+    walls: dict[int, list[float]] = {k: [] for k in args.questions}
+    runs: dict[int, int] = {}
+    loads: dict[int, list[float]] = {k: [] for k in args.questions}
+    for _ in range(args.repeat):
+        for k in args.questions:  # interleaved, so drift in the machine's load spreads evenly
+            runs_before = emb.query_runs
+            c0, t0 = time.process_time(), time.perf_counter()
+            asyncio.run(ask(emb, questions, k))
+            walls[k].append(time.perf_counter() - t0)
+            cpus[k].append(time.process_time() - c0)
+            runs[k] = emb.query_runs - runs_before
+            loads[k].append(os.getloadavg()[0])
+    emb.close()
+    rows = []
+    print(f"{'at once':>7} {'cpu ms/q':>8} {'wall ms/q':>9} {'q/run':>6} {'load':>5}")
+    for k in args.questions:
+        row = {
+            "at_once": k,
+            "cpu_ms_per_question": round(statistics.median(cpus[k]) * 1000 / len(questions), 3),
+            "wall_ms_per_question": round(min(walls[k]) * 1000 / len(questions), 3),
+            "questions_per_run": round(len(questions) / runs[k], 2),
+            "loadavg_1m": [round(x, 2) for x in loads[k]],
+        }
+        rows.append(row)
+        print(
+            f"{k:>7} {row['cpu_ms_per_question']:>8.2f} {row['wall_ms_per_question']:>9.2f}"
+            f" {row['questions_per_run']:>6.2f} {statistics.mean(loads[k]):>5.1f}",
+            flush=True,
+        )
+    if args.json:
+        info = host_info()
+        write_json(
+            args.json,
+            {
+                "benchmark": "bench/bench_embed.py --questions",
+                "command": "python bench/bench_embed.py " + " ".join(sys.argv[1:]),
+                "run": {
+                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                    "commit": commit(short=True),
+                    "machine": f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores",
+                    "questions": len(questions),
+                    "mean_chars": round(statistics.mean(len(q) for q in questions), 1),
+                    "data": str(args.data),
+                    "repeat": args.repeat,
+                },
+                "rows": rows,
+            },
+        )
+        print(f"JSON written to {args.json}")
+
+
 async def embed_all(emb: MiniLMEmbedder, texts: list[str], order: str, batch: int) -> np.ndarray:
     if order == "sorted":
         return await emb.embed(texts)
@@ -87,8 +171,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--questions",
+        type=int,
+        nargs="+",
+        metavar="K",
+        help="measure questions (embed_query), K asked at once, instead of messages",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.questions:
+        measure_questions(args)
+        return
 
     texts = load_turns(args.data, args.n)
     print(f"{len(texts)} messages, mean {statistics.mean(len(t) for t in texts):.0f} chars")

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -312,6 +312,12 @@ class MiniLMEmbedder:
         # /recall questions get their own thread, at normal priority: a question never
         # queues behind a background batch.
         self._query_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minilm-q")
+        self._query_lock = threading.Lock()
+        self._queued_queries: list[tuple[str, Future[np.ndarray]]] = []
+        self._query_run_scheduled = False
+        self.query_runs = 0
+        """Model runs for questions (with `queries_embedded`: how far they were batched)."""
+        self.queries_embedded = 0
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -478,10 +484,53 @@ class MiniLMEmbedder:
         return np.concatenate(parts)
 
     async def embed_query(self, text: str) -> np.ndarray:
-        """One question's vector on the query thread, ahead of queued background batches."""
-        loop = asyncio.get_running_loop()
-        vecs = await loop.run_in_executor(self._query_executor, self.embed_sync, [text])
-        return vecs[0]
+        """One question's vector on the query thread, ahead of queued background batches.
+
+        Questions that arrive while the thread is busy wait for it together and share its
+        next model run: a short question's run mostly streams the weights through the
+        cache, and a run of several costs little more than a run of one (`bench_embed.py
+        --questions`). A question that finds the thread idle runs at once."""
+        if not isinstance(text, str):
+            raise TypeError("embed_query() takes one string")
+        future: Future[np.ndarray] = Future()
+        with self._query_lock:
+            self._queued_queries.append((text, future))
+            start = not self._query_run_scheduled
+            self._query_run_scheduled = True
+        if start:
+            try:
+                self._query_executor.submit(self._run_queued_queries)
+            except RuntimeError:  # closed: nothing will run what is queued
+                with self._query_lock:
+                    queued, self._queued_queries = self._queued_queries, []
+                    self._query_run_scheduled = False
+                for _, f in queued:
+                    if f.set_running_or_notify_cancel():
+                        f.set_exception(EmbedderUnavailable("the embedder is closed"))
+        return await asyncio.wrap_future(future)
+
+    def _run_queued_queries(self) -> None:
+        """On the query thread: embed everything queued, in one run, until nothing is."""
+        while True:
+            with self._query_lock:
+                queued, self._queued_queries = self._queued_queries, []
+                if not queued:
+                    self._query_run_scheduled = False
+                    return
+            # a caller that gave up (cancelled) before its run started costs nothing
+            live = [(t, f) for t, f in queued if f.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            try:
+                vecs = self.embed_sync([t for t, _ in live])
+            except BaseException as exc:  # every waiter hears of it, none hangs
+                for _, f in live:
+                    f.set_exception(exc)
+                continue
+            self.query_runs += 1
+            self.queries_embedded += len(live)
+            for row, (_, f) in enumerate(live):
+                f.set_result(vecs[row])
 
     def close(self) -> None:
         """Stop the worker threads; pending calls finish first."""
