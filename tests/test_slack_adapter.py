@@ -231,6 +231,21 @@ async def test_web_api_calls_share_one_connection(rig: Rig) -> None:
 
 
 @pytest.mark.e2e
+async def test_recall_answers_share_one_connection(rig: Rig) -> None:
+    """Bolt's respond() opens a session per call: each answer would pay for a connection
+    (a TLS handshake to Slack). The answers go through the adapter's session instead, on
+    the connections its Web API calls opened."""
+    await seed(rig)
+    for _ in range(3):
+        _, _, posted = await rig.recall("U1", GENERAL, "when is the trip to Lisbon?", wait_s=10)
+        assert "Lisbon" in section_text(posted["blocks"])
+    answered = [peer[1] for peer in rig.standin.response_peers]
+    web_api = {peer[1] for peer in rig.standin.peers}  # the permalink lookups' connections
+    # no answer opened a connection of its own
+    assert len(answered) == 3 and set(answered) <= web_api, (answered, web_api)
+
+
+@pytest.mark.e2e
 async def test_recall_acks_then_answers_with_permalink_citations(rig: Rig) -> None:
     await seed(rig)
     status, ack_body, posted = await rig.recall("U1", GENERAL, "when is the trip to Lisbon?")

@@ -90,6 +90,8 @@ class SlackApiStandIn:
         """The client's (host, port) of each Web API call, in order: one port = one connection."""
         self.posted: list[dict[str, Any]] = []
         self.responses: list[tuple[str, dict[str, Any]]] = []
+        self.response_peers: list[Any] = []
+        """The client's (host, port) of each response_url post, in order."""
         self.acks: list[dict[str, Any]] = []
         self.socket_connections = 0
         self._rate_limits: dict[str, list[int]] = {}
@@ -458,6 +460,9 @@ class SlackApiStandIn:
         except json.JSONDecodeError:
             body = {"raw": raw.decode(errors="replace")}
         self.responses.append((request.match_info["key"], body))
+        self.response_peers.append(
+            request.transport.get_extra_info("peername") if request.transport else None
+        )
         return web.Response(text="ok")
 
     # --- Socket Mode -----------------------------------------------------------------------

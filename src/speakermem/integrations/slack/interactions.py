@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from speakermem.bot.dispatch import Dispatcher
 from speakermem.bot.events import Scope
@@ -147,16 +148,31 @@ class SlackInteractions:
         ephemeral: bool,
         replace_original: bool,
     ) -> None:
-        """Post to response_url, never unfurling links; a failure is counted and logged."""
+        """Post to response_url, never unfurling links; a failure is counted and logged.
+
+        Through the adapter's HTTP session where there is one: Bolt's `respond()` opens a
+        session, and so a new connection (a TLS handshake to Slack), for every answer."""
+        message: dict[str, Any] = {
+            "text": text,
+            "blocks": blocks,
+            "response_type": "ephemeral" if ephemeral else "in_channel",
+            "replace_original": replace_original,
+            "unfurl_links": False,
+            "unfurl_media": False,
+        }
+        url = getattr(respond, "response_url", None)
+        session = self.client.session
         try:
-            await respond(
-                text=text,
-                blocks=blocks,
-                response_type="ephemeral" if ephemeral else "in_channel",
-                replace_original=replace_original,
-                unfurl_links=False,
-                unfurl_media=False,
-            )
+            if isinstance(url, str) and session is not None and not session.closed:
+                webhook = AsyncWebhookClient(
+                    url=url,
+                    session=session,
+                    proxy=getattr(respond, "proxy", None),
+                    ssl=getattr(respond, "ssl", None),
+                )
+                await webhook.send(**message)
+            else:
+                await respond(**message)
         except Exception as exc:
             self.stats["respond_failed"] += 1
             log.warning("could not post %s to response_url (%s)", what, brief(exc))
