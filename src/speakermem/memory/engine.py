@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from speakermem.memory.admin import StoreAdmin
-from speakermem.memory.background import Foreground, WakeWorker
+from speakermem.memory.background import EMBED_BEHIND_AFTER_S, EmbedPace, Foreground, WakeWorker
 from speakermem.memory.config import MemoryConfig
 from speakermem.memory.cursors import HistoryCursors
 from speakermem.memory.embed_order import SORT_WINDOW, length_sorted_batches
@@ -118,6 +118,8 @@ class MemoryEngine:
         self._embed_batch = BACKGROUND_EMBED_BATCH
         self.foreground = Foreground()
         """/recall marks itself here; the background workers give way to it."""
+        self.embed_pace = EmbedPace(EMBED_BEHIND_AFTER_S)
+        """Whether background embedding has fallen behind (then it stops giving way)."""
         self.graph = InteractionGraph(store, self.members, self.foreground, BULK_SETTLE_ROWS)
         """Who spoke to whom, kept current in the background (memory.interaction_graph)."""
         self.cursors = HistoryCursors(store)
@@ -349,10 +351,15 @@ class MemoryEngine:
         on_progress: Progress | None = None,
         before_batch: Callable[[], Awaitable[None]] | None = None,
         embed: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
+        on_window: Callable[[int, int], None] | None = None,
+        whole_window: Callable[[], bool] | None = None,
     ) -> int:
         """Embed every message that has no vector yet; returns how many were stored.
         `before_batch` runs before each batch (the background worker gives way to /recall);
-        `embed` replaces the embedder's `embed` (the worker's choice of priority)."""
+        `embed` replaces the embedder's `embed` (the worker's choice of priority);
+        `on_window(read, window)` hears how many waiting messages each read found;
+        `whole_window()`, asked after it, makes that read one batch (fewer round trips to
+        the model and the store per message, for a worker that has fallen behind)."""
         if self.embedder is None:
             return 0
         embed = embed or self.embedder.embed
@@ -360,10 +367,13 @@ class MemoryEngine:
         window = max(batch_size, SORT_WINDOW)
         while True:
             items = await self.store.messages.pending_embeddings(window)
+            if on_window is not None:
+                on_window(len(items), window)
             if not items:
                 break
             stored = 0
-            for batch in length_sorted_batches(items, batch_size):
+            size = len(items) if whole_window is not None and whole_window() else batch_size
+            for batch in length_sorted_batches(items, size):
                 if before_batch is not None:
                     await before_batch()
                 vectors = await embed([text for _, _, text in batch])
@@ -391,9 +401,16 @@ class MemoryEngine:
         """One gated pass in small batches: the background worker's work."""
         await self.embed_pending(
             batch_size=self._embed_batch,
-            before_batch=self.foreground.yield_to,
+            before_batch=self._before_background_batch,
             embed=self._background_vectors,
+            on_window=self.embed_pace.saw,
+            whole_window=lambda: self.embed_pace.behind,
         )
+
+    async def _before_background_batch(self) -> None:
+        """Give way to /recall, unless embedding has fallen behind (`EmbedPace`)."""
+        if not self.embed_pace.behind:
+            await self.foreground.yield_to()
 
     async def _background_vectors(self, texts: list[str]) -> np.ndarray:
         """One background batch: at the process's own priority while no /recall is in
@@ -403,7 +420,9 @@ class MemoryEngine:
         `max_defer_s`)."""
         assert self.embedder is not None
         if isinstance(self.embedder, BackgroundEmbedder):
-            return await self.embedder.embed_background(texts, yield_cpu=self.foreground.active > 0)
+            return await self.embedder.embed_background(
+                texts, yield_cpu=self.foreground.active > 0 and not self.embed_pace.behind
+            )
         return await self.embedder.embed(texts)
 
     def start_background_embedding(self, *, batch_size: int = BACKGROUND_EMBED_BATCH) -> None:
