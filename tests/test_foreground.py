@@ -220,7 +220,7 @@ async def test_a_backlog_that_stays_behind_stops_giving_way(tmp_path: Path, scop
     embedder = BatchRecorder()
     engine = await MemoryEngine.open(make_config(tmp_path), embedder)
     try:
-        engine.embed_pace.after_s = 0.0
+        engine.background_embedding.pace.after_s = 0.0
         engine.foreground.max_defer_s = 60.0
         await _fill(engine, scope, window + 10)
         async with engine.foreground.serving():  # a /recall that never ends
@@ -232,7 +232,7 @@ async def test_a_backlog_that_stays_behind_stops_giving_way(tmp_path: Path, scop
             assert await _unembedded(engine) == 10
         await _until(lambda: _is(engine, 0))
         assert embedder.batches[1:] == [(10, False)]
-        assert engine.embed_pace.windows_behind == 1
+        assert engine.background_embedding.pace.windows_behind == 1
     finally:
         await engine.close()
 
@@ -242,7 +242,7 @@ async def test_a_short_burst_still_gives_way(tmp_path: Path, scope: Scope) -> No
     embedder = BatchRecorder()
     engine = await MemoryEngine.open(make_config(tmp_path), embedder)
     try:
-        engine.embed_pace.after_s = 60.0
+        engine.background_embedding.pace.after_s = 60.0
         engine.foreground.max_defer_s = 60.0
         await _fill(engine, scope, SORT_WINDOW + 10)
         async with engine.foreground.serving():

@@ -24,7 +24,8 @@ from typing import Literal
 import numpy as np
 
 from speakermem.memory.admin import StoreAdmin
-from speakermem.memory.background import EMBED_BEHIND_AFTER_S, EmbedPace, Foreground, WakeWorker
+from speakermem.memory.background import Foreground
+from speakermem.memory.background_embedding import BACKGROUND_EMBED_BATCH, BackgroundEmbedding
 from speakermem.memory.config import MemoryConfig
 from speakermem.memory.cursors import HistoryCursors
 from speakermem.memory.embed_order import SORT_WINDOW, length_sorted_batches
@@ -40,7 +41,7 @@ from speakermem.memory.models import (
     SearchHit,
     StoredMessage,
 )
-from speakermem.memory.ports import BackgroundEmbedder, Embedder, QueryEmbedder
+from speakermem.memory.ports import Embedder, QueryEmbedder
 from speakermem.memory.search.fts_query import build_match
 from speakermem.memory.search.fusion import rrf
 from speakermem.memory.segment_queue import SegmentQueue
@@ -79,11 +80,6 @@ SearchMode = Literal["hybrid", "lexical", "dense"]
 Progress = Callable[[int], None]
 
 
-BACKGROUND_EMBED_BATCH = 16
-"""Messages per background embedding batch: small, so a /recall arriving mid-batch waits
-at most one short batch for the embedder's thread and the cores."""
-
-
 BULK_SETTLE_ROWS = 5_000
 """A write of at least this many rows in one call (an import, a backlog of vectors, a graph
 catch-up) is followed by `Store.settle`: on a fresh database the planner would otherwise
@@ -114,12 +110,10 @@ class MemoryEngine:
         self.config = config
         self.store = store
         self.embedder = embedder
-        self._embedding = WakeWorker("embedder", self._embed_batches)
-        self._embed_batch = BACKGROUND_EMBED_BATCH
         self.foreground = Foreground()
         """/recall marks itself here; the background workers give way to it."""
-        self.embed_pace = EmbedPace(EMBED_BEHIND_AFTER_S)
-        """Whether background embedding has fallen behind (then it stops giving way)."""
+        self.background_embedding = BackgroundEmbedding(self)
+        """Vectors for new messages soon after they arrive (memory.background_embedding)."""
         self.graph = InteractionGraph(store, self.members, self.foreground, BULK_SETTLE_ROWS)
         """Who spoke to whom, kept current in the background (memory.interaction_graph)."""
         self.cursors = HistoryCursors(store)
@@ -222,7 +216,7 @@ class MemoryEngine:
         the outcome says whether it was stored, known already, or turned away and why."""
         (outcome,) = await self.store.messages.ingest([event], channel_default=self.channel_default)
         if outcome.status is IngestStatus.STORED:
-            self._embedding.wake()
+            self.background_embedding.wake()
             self.graph.changed([event.scope])
         return outcome
 
@@ -256,7 +250,7 @@ class MemoryEngine:
                 on_progress(len(batch))
         if len(outcomes) >= BULK_SETTLE_ROWS:
             await self.store.settle()
-        self._embedding.wake()
+        self.background_embedding.wake()
         self.graph.changed(scopes)
         return outcomes
 
@@ -265,7 +259,7 @@ class MemoryEngine:
         authors, nor of unknown messages in a channel whose memory is off)."""
         status = await self.store.messages.edit(event, channel_default=self.channel_default)
         if status is ChangeStatus.APPLIED:
-            self._embedding.wake()
+            self.background_embedding.wake()
         return status
 
     async def refusal(self, event: MessageEvent | EditEvent) -> str | None:
@@ -388,52 +382,15 @@ class MemoryEngine:
         return done
 
     async def embed_backlog(self) -> None:
-        """The periodic safety net: embed what the live path left without a vector, through
-        the background worker when it runs (batch by batch, giving way to /recall), else
-        here in the same small batches. Never a long run of its own: under load a backlog
-        of thousands would hold the cores and make shutdown wait for all of it."""
-        if self._embedding.running:
-            self._embedding.wake()
-            return
-        await self._embed_batches()
-
-    async def _embed_batches(self) -> None:
-        """One gated pass in small batches: the background worker's work."""
-        await self.embed_pending(
-            batch_size=self._embed_batch,
-            before_batch=self._before_background_batch,
-            embed=self._background_vectors,
-            on_window=self.embed_pace.saw,
-            whole_window=lambda: self.embed_pace.behind,
-        )
-
-    async def _before_background_batch(self) -> None:
-        """Give way to /recall, unless embedding has fallen behind (`EmbedPace`)."""
-        if not self.embed_pace.behind:
-            await self.foreground.yield_to()
-
-    async def _background_vectors(self, texts: list[str]) -> np.ndarray:
-        """One background batch: at the process's own priority while no /recall is in
-        flight, so the backlog drains whenever /recall is idle (at a lower one it got only
-        what ingestion and the Writer left, and under steady traffic grew without end);
-        below it while a /recall waits (the gate let the batch through after
-        `max_defer_s`)."""
-        assert self.embedder is not None
-        if isinstance(self.embedder, BackgroundEmbedder):
-            return await self.embedder.embed_background(
-                texts, yield_cpu=self.foreground.active > 0 and not self.embed_pace.behind
-            )
-        return await self.embedder.embed(texts)
+        """The periodic safety net (`BackgroundEmbedding.backlog`)."""
+        await self.background_embedding.backlog()
 
     def start_background_embedding(self, *, batch_size: int = BACKGROUND_EMBED_BATCH) -> None:
         """Embed new messages shortly after they arrive, without blocking ingestion."""
-        if self.embedder is None:
-            return
-        self._embed_batch = batch_size
-        self._embedding.start()
+        self.background_embedding.start(batch_size=batch_size)
 
     async def stop_background_embedding(self) -> None:
-        await self._embedding.stop()
+        await self.background_embedding.stop()
 
     async def count_unembedded(self) -> int:
         """Live messages still without a vector (the embedding backlog)."""
