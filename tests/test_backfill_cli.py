@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 
 from speakermem.bot.settings import Settings
-from speakermem.integrations.cli.commands_governance import cmd_status
 from speakermem.integrations.cli.commands_ops import cmd_backfill, parse_since
 from speakermem.integrations.cli.errors import CliError
+from speakermem.integrations.cli.governance import cmd_status
 from speakermem.integrations.cli.main import build_parser, main
 from speakermem.memory.engine import MemoryEngine
 from speakermem.memory.models import Scope

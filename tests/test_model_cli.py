@@ -17,7 +17,7 @@ import pytest
 from speakermem.integrations.cli import commands_model
 from speakermem.integrations.cli.commands_model import install_command
 from speakermem.integrations.cli.main import main
-from speakermem.integrations.embeddings.minilm import MODEL_REQUIREMENT, locate_model_dir
+from speakermem.integrations.embeddings.model_package import MODEL_REQUIREMENT, locate_model_dir
 
 
 @pytest.fixture

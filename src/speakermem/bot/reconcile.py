@@ -39,6 +39,7 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from speakermem.bot.settings import Settings
 from speakermem.memory.cursors import HistoryCursors
 from speakermem.memory.engine import ChangeStatus, StoredRow
 from speakermem.memory.governance.deletions import PlatformDeletions
@@ -50,9 +51,9 @@ log = logging.getLogger(__name__)
 KIND = "reconcile"
 """The catch-up cursor kind that holds a channel's reconciliation state."""
 ACTOR = "reconcile"
-LOOKBACK_S = 24 * 3600.0
+LOOKBACK_S: float = Settings.model_fields["reconcile_lookback_s"].default
 """How far before an outage stored messages are checked (SPEAKERMEM_RECONCILE_LOOKBACK_S)."""
-BUDGET_S = 300.0
+BUDGET_S: float = Settings.model_fields["reconcile_budget_s"].default
 """Seconds one run may spend on one channel, rate-limit waits included
 (SPEAKERMEM_RECONCILE_BUDGET_S)."""
 

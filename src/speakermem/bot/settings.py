@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from speakermem.bot import asks, reconcile, spill
+from speakermem.bot import asks, spill
 from speakermem.memory.config import (
     GovernanceConfig,
     IngestConfig,
@@ -230,10 +230,10 @@ class Settings(BaseSettings):
     when several processes share the shards); unset = all shards in this process."""
 
     # reconciliation after downtime (bot/reconcile.py)
-    reconcile_lookback_s: float = Field(default=reconcile.LOOKBACK_S, ge=0)
+    reconcile_lookback_s: float = Field(default=24 * 3600.0, ge=0)
     """Stored messages this long before an outage are checked against the platform after it
     (deleted ones forgotten, edits applied); 0 = no reconciliation."""
-    reconcile_budget_s: float = Field(default=reconcile.BUDGET_S, gt=0)
+    reconcile_budget_s: float = Field(default=300.0, gt=0)
     """Seconds one catch-up pass spends reconciling one channel, rate-limit waits included;
     what is left is reported in `status` and checked first next time."""
 

@@ -21,7 +21,7 @@ from speakermem.bot.settings import Settings
 from speakermem.integrations.app import build_embedder, open_engine
 from speakermem.integrations.doctor_checks import Check, verdict
 from speakermem.integrations.doctor_llm import writer_probe_checks
-from speakermem.integrations.embeddings.minilm import PIP_INSTALL_HINT
+from speakermem.integrations.embeddings.model_package import PIP_INSTALL_HINT
 from speakermem.integrations.runtime import configured_platforms
 from speakermem.memory import maintenance
 from speakermem.memory.admin import StoreHealth

