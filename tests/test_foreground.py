@@ -11,8 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from speakermem.memory.background import EmbedPace
-from speakermem.memory.embed_order import SORT_WINDOW
 from speakermem.memory.engine import MemoryEngine
 from speakermem.memory.models import Scope
 from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
@@ -209,80 +207,3 @@ async def test_the_backlog_drains_at_full_priority_while_recall_is_idle(
 async def _fill_more(engine: MemoryEngine, scope: Scope, n: int) -> None:
     for i in range(n):
         await engine.ingest(msg(scope, f"more{i}", "Ross", f"the budget review, note {i}", 100 + i))
-
-
-async def test_a_backlog_that_stays_behind_stops_giving_way(tmp_path: Path, scope: Scope) -> None:
-    """A full window of messages waiting past `EmbedPace.after_s`: the worker stops waiting
-    for /recall, runs at the process's priority and embeds each window as one batch (under
-    steady /recall traffic the gated worker fell further behind for as long as it lasted).
-    Once less than a window waits, it gives way again."""
-    window = SORT_WINDOW
-    embedder = BatchRecorder()
-    engine = await MemoryEngine.open(make_config(tmp_path), embedder)
-    try:
-        engine.background_embedding.pace.after_s = 0.0
-        engine.foreground.max_defer_s = 60.0
-        await _fill(engine, scope, window + 10)
-        async with engine.foreground.serving():  # a /recall that never ends
-            engine.start_background_embedding()
-            await _until(lambda: _is(engine, 10))
-            # the full window, at once, not yielding; then the 10 left wait for the member
-            assert embedder.batches == [(window, False)]
-            await asyncio.sleep(0.2)
-            assert await _unembedded(engine) == 10
-        await _until(lambda: _is(engine, 0))
-        assert embedder.batches[1:] == [(10, False)]
-        assert engine.background_embedding.pace.windows_behind == 1
-    finally:
-        await engine.close()
-
-
-async def test_a_short_burst_still_gives_way(tmp_path: Path, scope: Scope) -> None:
-    """A full window that has not waited `after_s` yet is embedded behind /recall."""
-    embedder = BatchRecorder()
-    engine = await MemoryEngine.open(make_config(tmp_path), embedder)
-    try:
-        engine.background_embedding.pace.after_s = 60.0
-        engine.foreground.max_defer_s = 60.0
-        await _fill(engine, scope, SORT_WINDOW + 10)
-        async with engine.foreground.serving():
-            engine.start_background_embedding()
-            await asyncio.sleep(0.3)
-            assert await _unembedded(engine) == SORT_WINDOW + 10
-        await _until(lambda: _is(engine, 0))
-        assert {size for size, _ in embedder.batches} == {16, 10}  # 8 x 16, then 10
-    finally:
-        await engine.close()
-
-
-class BatchRecorder(HashEmbedder):
-    """Records each background batch: (size, asked to yield the CPU)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.batches: list[tuple[int, bool]] = []
-
-    async def embed_background(self, texts: Sequence[str], *, yield_cpu: bool) -> np.ndarray:
-        self.batches.append((len(texts), yield_cpu))
-        return self.embed_sync(texts)
-
-
-def test_embed_pace_is_behind_only_after_a_full_window_outlasts_after_s() -> None:
-    now = [0.0]
-    pace = EmbedPace(10.0, clock=lambda: now[0])
-    pace.saw(128, 128)
-    assert not pace.behind
-    now[0] = 9.9
-    pace.saw(128, 128)
-    assert not pace.behind and pace.windows_behind == 0
-    now[0] = 10.0
-    pace.saw(128, 128)
-    assert pace.behind and pace.windows_behind == 1
-    pace.saw(127, 128)  # less than a window waits: caught up, and the clock starts over
-    assert not pace.behind
-    now[0] = 15.0
-    pace.saw(128, 128)
-    now[0] = 24.9
-    assert not pace.behind
-    now[0] = 25.0
-    assert pace.behind

@@ -16,16 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
 RETRY_PAUSE_S = 1.0
-EMBED_BEHIND_AFTER_S = 10.0
-"""How long a full window of messages may wait for vectors before background embedding
-stops giving way to /recall (`EmbedPace`): a burst is embedded behind /recall, a backlog
-that outlasts it no longer waits."""
 FOREGROUND_MAX_DEFER_S = 2.0
 """Longest a background unit waits for /recall to finish: bounds starvation under a
 continuous stream of /recall calls to one unit per two seconds."""
@@ -68,38 +63,6 @@ class Foreground:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.max_defer_s):
                 await self._quiet.wait()
-
-
-class EmbedPace:
-    """Whether background embedding has fallen behind the messages coming in.
-
-    Behind means a full window of messages has waited for a vector for `after_s` or more
-    (the window: what one pass reads and sorts at once). While behind, the embedding stops
-    giving way to /recall, at the process's own priority, until fewer than a window wait:
-    niced and gated, it got only what /recall and ingestion left, and under steady /recall
-    traffic that was too little to keep pace, so the backlog grew for as long as the load
-    lasted. Pure bookkeeping over a clock; the worker reports each window it reads.
-    """
-
-    def __init__(self, after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.after_s = after_s
-        self._clock = clock
-        self._full_since: float | None = None
-        self.windows_behind = 0
-        """Windows read while behind (a counter for tests and metrics)."""
-
-    def saw(self, pending: int, window: int) -> None:
-        """One pass read `pending` messages, at most `window`: full, or the backlog is gone."""
-        if pending < window:
-            self._full_since = None
-        elif self._full_since is None:
-            self._full_since = self._clock()
-        if self.behind:
-            self.windows_behind += 1
-
-    @property
-    def behind(self) -> bool:
-        return self._full_since is not None and self._clock() - self._full_since >= self.after_s
 
 
 class WakeWorker:

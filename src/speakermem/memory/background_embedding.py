@@ -2,9 +2,7 @@
 
 It gives way to /recall (`memory.background.Foreground`): before each small batch it waits
 while a /recall is in flight (for at most the gate's `max_defer_s`), and a batch let through
-while one waits runs on the embedder's nicer threads. Unless it has fallen behind
-(`memory.background.EmbedPace`): then it neither waits nor yields, and embeds each window
-it reads as one batch, until less than a window waits again.
+while one waits runs on the embedder's nicer threads.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from speakermem.memory.background import EMBED_BEHIND_AFTER_S, EmbedPace, WakeWorker
+from speakermem.memory.background import WakeWorker
 from speakermem.memory.ports import BackgroundEmbedder
 
 if TYPE_CHECKING:
@@ -29,8 +27,6 @@ class BackgroundEmbedding:
 
     def __init__(self, engine: MemoryEngine) -> None:
         self.engine = engine
-        self.pace = EmbedPace(EMBED_BEHIND_AFTER_S)
-        """Whether it has fallen behind (then it stops giving way)."""
         self._worker = WakeWorker("embedder", self._pass)
         self._batch = BACKGROUND_EMBED_BATCH
 
@@ -61,26 +57,18 @@ class BackgroundEmbedding:
         """One pass over what is pending: the worker's work."""
         await self.engine.embed_pending(
             batch_size=self._batch,
-            before_batch=self._before_batch,
+            before_batch=self.engine.foreground.yield_to,
             embed=self._vectors,
-            on_window=self.pace.saw,
-            whole_window=lambda: self.pace.behind,
         )
-
-    async def _before_batch(self) -> None:
-        """Give way to /recall, unless embedding has fallen behind."""
-        if not self.pace.behind:
-            await self.engine.foreground.yield_to()
 
     async def _vectors(self, texts: list[str]) -> np.ndarray:
         """One batch: at the process's own priority while no /recall is in flight, so the
         backlog drains whenever /recall is idle (at a lower one it got only what ingestion
-        and the Writer left, and under steady traffic grew without end), or while behind;
-        below it while a /recall waits (the gate let the batch through after
-        `max_defer_s`)."""
+        and the Writer left, and under steady traffic grew without end); below it while a
+        /recall waits (the gate let the batch through after `max_defer_s`)."""
         embedder = self.engine.embedder
         assert embedder is not None
         if isinstance(embedder, BackgroundEmbedder):
-            yield_cpu = self.engine.foreground.active > 0 and not self.pace.behind
+            yield_cpu = self.engine.foreground.active > 0
             return await embedder.embed_background(texts, yield_cpu=yield_cpu)
         return await embedder.embed(texts)

@@ -345,15 +345,10 @@ class MemoryEngine:
         on_progress: Progress | None = None,
         before_batch: Callable[[], Awaitable[None]] | None = None,
         embed: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
-        on_window: Callable[[int, int], None] | None = None,
-        whole_window: Callable[[], bool] | None = None,
     ) -> int:
         """Embed every message that has no vector yet; returns how many were stored.
         `before_batch` runs before each batch (the background worker gives way to /recall);
-        `embed` replaces the embedder's `embed` (the worker's choice of priority);
-        `on_window(read, window)` hears how many waiting messages each read found;
-        `whole_window()`, asked after it, makes that read one batch (fewer round trips to
-        the model and the store per message, for a worker that has fallen behind)."""
+        `embed` replaces the embedder's `embed` (the worker's choice of priority)."""
         if self.embedder is None:
             return 0
         embed = embed or self.embedder.embed
@@ -361,13 +356,10 @@ class MemoryEngine:
         window = max(batch_size, SORT_WINDOW)
         while True:
             items = await self.store.messages.pending_embeddings(window)
-            if on_window is not None:
-                on_window(len(items), window)
             if not items:
                 break
             stored = 0
-            size = len(items) if whole_window is not None and whole_window() else batch_size
-            for batch in length_sorted_batches(items, size):
+            for batch in length_sorted_batches(items, batch_size):
                 if before_batch is not None:
                     await before_batch()
                 vectors = await embed([text for _, _, text in batch])
