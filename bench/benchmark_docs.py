@@ -61,14 +61,17 @@ def _rss_at(timeline: list[dict[str, Any]], t_s: float) -> float:
     return float(min(timeline, key=lambda row: abs(float(row["t_s"]) - t_s))["rss_mb"])
 
 
-def load_row(run: dict[str, Any], label: str, command: str) -> dict[str, Any]:
+def load_row(
+    run: dict[str, Any], label: str, command: str, at_commit: str | None = None
+) -> dict[str, Any]:
     """One row of load.json from a `bench_load.py --json` run: the fields load.md's tables
-    show, rounded as they are shown, with the run's command, commit and date."""
+    show, rounded as they are shown, with the run's command, commit (`at_commit`, else the
+    checkout's) and date."""
     rec, lag = run["recall_ms"], run["lag_ms"]
     return {
         "label": label,
         "command": command,
-        "commit": commit(short=True),
+        "commit": at_commit or commit(short=True),
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
         "machine": f"{cpu_model()}, {os.cpu_count()} logical CPUs",
         "embedder": run["embedder"],
@@ -93,10 +96,13 @@ def load_row(run: dict[str, Any], label: str, command: str) -> dict[str, Any]:
     }
 
 
-def record_load(block: str, run_path: Path, label: str, command: str) -> Path:
+def record_load(
+    block: str, run_path: Path, label: str, command: str, at_commit: str | None = None
+) -> Path:
     out = DOCS / "load.json"
     doc = json.loads(out.read_text())
-    doc.setdefault(block, []).append(load_row(json.loads(run_path.read_text()), label, command))
+    row = load_row(json.loads(run_path.read_text()), label, command, at_commit)
+    doc.setdefault(block, []).append(row)
     out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     return out
 
@@ -115,9 +121,12 @@ def main() -> int:
     lr.add_argument("run", type=Path, help="the JSON `bench_load.py --json` wrote")
     lr.add_argument("--label", required=True, help="the row's label in the table")
     lr.add_argument("--command", required=True, help="the command that produced the run")
+    lr.add_argument(
+        "--commit", default=None, help="the commit the run measured (default: this checkout's)"
+    )
     args = p.parse_args()
     if args.cmd == "record-load":
-        print(record_load(args.block, args.run, args.label, args.command))
+        print(record_load(args.block, args.run, args.label, args.command, args.commit))
     else:
         print(record(args.name, args.report, args.command))
     return 0

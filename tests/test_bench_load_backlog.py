@@ -64,6 +64,9 @@ def test_a_load_run_becomes_the_row_load_md_renders() -> None:
     assert row["rss_mb"] == {"2min": 510.0, "3min": 515.5, "5min": 520.0}
     assert (row["sent"] - row["found"], row["rows"] - row["found"]) == (1, 1)
     assert row["writer_backlog"] == {"bounded": True} and row["label"] == "defaults"
+    # a run made at another commit (beside a change, for comparison) is recorded with it
+    other = benchmark_docs.load_row(run, "before", "python bench/bench_load.py", "5a578f9")
+    assert other["commit"] == "5a578f9" and row["commit"] != "5a578f9"
 
 
 def test_metric_names_with_digits_are_read() -> None:
