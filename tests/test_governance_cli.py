@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from speakermem.bot.settings import Settings
+from speakermem.integrations import app
 from speakermem.integrations.cli import render
+from speakermem.integrations.cli.governance import cmd_status
 from speakermem.integrations.cli.main import main
 from speakermem.memory.config import MemoryConfig, StoreConfig
 from speakermem.memory.engine import MemoryEngine
 from speakermem.memory.models import RosterAction, RosterEvent, Scope
 from tests.conftest import T0, msg
+from tests.llm_server import LLMServer
 from tests.test_governance_forget import rec
 
 GENERAL = Scope(platform="slack", workspace="T1", channel="C1")
@@ -208,3 +214,31 @@ def test_roster_names_resolve_too(db: Path, capsys: pytest.CaptureFixture[str]) 
     asyncio.run(join())
     assert run(db, "export", "user", "zed", "--out", "zed.json") == 0
     assert json.loads(Path("zed.json").read_text())["user_id"] == "U777"
+
+
+async def test_status_probes_the_llm_and_closes_its_client(
+    db: Path,
+    llm_server: LLMServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`status` asks the endpoint whether it answers, then closes the client on its own
+    loop (left to garbage collection, it printed "Event loop is closed" after the command)."""
+    built: list[Any] = []
+    real = app.build_llm
+
+    def spy(settings: Settings) -> Any:
+        built.append(real(settings))
+        return built[-1]
+
+    monkeypatch.setattr(app, "build_llm", spy)
+    settings = Settings(
+        _env_file=None,  # type: ignore[call-arg]
+        db_path=db,
+        embedder="none",
+        llm_base_url=llm_server.base_url,
+        llm_model="test-model",
+    )
+    assert await cmd_status(settings, argparse.Namespace(json=True)) == 0
+    assert json.loads(capsys.readouterr().out)["llm_reachable"] is True
+    assert len(built) == 1 and built[0]._client.is_closed()

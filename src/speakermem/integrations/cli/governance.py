@@ -22,7 +22,7 @@ from speakermem.bot.governance_commands import writer_lines
 from speakermem.bot.progress import cursor_line
 from speakermem.bot.settings import Settings
 from speakermem.bot.spill import Spill
-from speakermem.integrations.app import build_llm, llm_probe, open_engine
+from speakermem.integrations.app import llm_probe, open_engine, open_llm
 from speakermem.integrations.cli.errors import CliError
 from speakermem.integrations.cli.render import console, err_console
 from speakermem.integrations.cli.targets import resolve_channel
@@ -30,6 +30,7 @@ from speakermem.memory.engine import MemoryEngine
 from speakermem.memory.governance.policy import Forgotten, Receipt
 from speakermem.memory.governance.service import ForgetIncomplete, Governance, GovernanceError
 from speakermem.memory.models import Scope
+from speakermem.memory.ports import LLM
 from speakermem.memory.private_files import write_private_text
 
 ACTOR = "cli"
@@ -106,10 +107,9 @@ async def _member(engine: MemoryEngine, args: argparse.Namespace) -> tuple[str, 
     return await resolve_user(engine, args.user, args.workspace, args.platform)
 
 
-def governance(settings: Settings, engine: MemoryEngine, *, probe: bool = False) -> Governance:
+def governance(settings: Settings, engine: MemoryEngine, *, llm: LLM | None = None) -> Governance:
     """The governance service; its forgets also clear the bot's spill file when one exists
-    (the spill locks itself against the running bot)."""
-    llm = build_llm(settings) if probe else None
+    (the spill locks itself against the running bot). `llm`: the client `status` probes."""
     gov = Governance(
         engine,
         config=settings.memory_config().governance,
@@ -267,8 +267,8 @@ def fmt_at(ts: float | None) -> str:
 
 
 async def cmd_status(settings: Settings, args: argparse.Namespace) -> int:
-    async with open_engine(settings, with_embedder=False) as engine:
-        status = await governance(settings, engine, probe=True).status()
+    async with open_llm(settings) as client, open_engine(settings, with_embedder=False) as engine:
+        status = await governance(settings, engine, llm=client).status()
     if args.json:
         print(json.dumps(status, indent=2, default=str))
         return 0
