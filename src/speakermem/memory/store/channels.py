@@ -9,14 +9,16 @@ from typing import Any
 
 from speakermem.memory.governance.policy import Refusal
 from speakermem.memory.models import RosterAction, RosterEvent, RosterMember, Scope
+from speakermem.memory.roster_cache import ROSTERS
 from speakermem.memory.store.database import Database, Transaction
 from speakermem.memory.store.policy import PolicyRepo
 from speakermem.memory.store.rows import from_ts, to_ts
 
 WORKSPACE_WIDE = "*"
 """Channel value of roster events that concern the whole workspace (renames, guild leaves)."""
-MEMBER_CACHE_CHANNELS = 64
-"""Channels whose member lists stay cached (least recently used beyond)."""
+MEMBER_CACHE_CHANNELS = ROSTERS
+"""Channels whose member lists stay cached (least recently used beyond): as many as keep
+their derived values (name indexes) cached, so a list and what is built from it go together."""
 
 
 def normalise_alias(alias: str) -> str:
