@@ -32,7 +32,10 @@ async def engine(tmp_path: Path) -> AsyncIterator[MemoryEngine]:
 async def seed(engine: MemoryEngine, scope: Scope, n: int) -> None:
     people = [f"Person{n}x{k}" for k in range(3)]
     await engine.ingest_many(
-        [msg(scope, f"m{i}", people[i % 3], f"the budget review moves to week {i}", i) for i in range(6)]
+        [
+            msg(scope, f"m{i}", people[i % 3], f"the budget review moves to week {i}", i)
+            for i in range(6)
+        ]
     )
     for who in people:
         await engine.roster(
@@ -65,7 +68,9 @@ async def test_each_channels_name_index_is_built_once_across_many_channels(
 
     # a roster change is a new list: that channel's index is built again, once
     await engine.roster(
-        RosterEvent(scope=scopes[0], action=RosterAction.JOIN, user_id="newbie", name="Newbie", at=T0)
+        RosterEvent(
+            scope=scopes[0], action=RosterAction.JOIN, user_id="newbie", name="Newbie", at=T0
+        )
     )
     for _ in range(2):
         await pipeline.run(RecallRequest("When is the budget review?", scopes[0]))

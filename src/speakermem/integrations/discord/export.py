@@ -162,7 +162,7 @@ class DiscordExport:
     def _stream(self) -> Iterator[Any]:
         where = f"discord export {self.path.name}"
         try:
-            yield from ijson.items(_parse(self.path), "messages.item")
+            yield from _items(self.path, "messages.item")
         except ijson.JSONError as exc:
             raise PayloadError(f"{where}: not valid JSON ({_brief(exc)})") from exc
 
@@ -344,7 +344,7 @@ def _read_header(path: Path, where: str) -> _Header:
     key: str | None = None
     depth = 0
     try:
-        for event, value in _parse(path, basic=True):
+        for event, value in _parse(path):
             opens = event in ("start_map", "start_array")
             closes = event in ("end_map", "end_array")
             level = depth - 1 if closes else depth  # containers open around this event
@@ -378,30 +378,49 @@ def _read_header(path: Path, where: str) -> _Header:
     return header
 
 
-def _parse(path: Path, *, basic: bool = False) -> Iterator[Any]:
-    """ijson parse events for `path` (``(event, value)`` pairs with `basic`, else
-    ``(prefix, event, value)``): the C backend, and the pure-Python one from where the C
-    one fails on an escaped lone surrogate (it decodes those as UTF-8 and raises), so that
-    one odd message is skipped as malformed instead of ending the file."""
+def _parse(path: Path) -> Iterator[tuple[str, Any]]:
+    """ijson's basic parse events for `path` (``(event, value)`` pairs, checked by `_Depth`):
+    the C backend, and the pure-Python one from where the C one fails on an escaped lone
+    surrogate (it decodes those as UTF-8 and raises), so that one odd message is skipped as
+    malformed instead of ending the file."""
     done = 0
     depth = _Depth(path)
-    at = 0 if basic else 1
-    fast = ijson.basic_parse if basic else ijson.parse
     try:
         with path.open("rb") as fh:
-            for item in fast(fh, use_float=True):
-                depth.see(item[at])
+            for item in ijson.basic_parse(fh, use_float=True):
+                depth.see(item[0])
                 yield item
                 done += 1
         return
     except UnicodeDecodeError:
         log.info("%s: switching to the pure-Python JSON parser at event %d", path.name, done)
     slow = ijson.get_backend("python")
-    slow_parse = slow.basic_parse if basic else slow.parse
     with path.open("rb") as fh:
-        for n, item in enumerate(slow_parse(fh, use_float=True)):
+        for n, item in enumerate(slow.basic_parse(fh, use_float=True)):
             if n >= done:
-                depth.see(item[at])
+                depth.see(item[0])
+                yield item
+
+
+def _items(path: Path, prefix: str) -> Iterator[Any]:
+    """The values at `prefix`, built by the C backend from the file straight (no event passes
+    through Python: an import reads its file twice as fast), and by the pure-Python one from
+    where the C one fails on an escaped lone surrogate, as in `_parse`. The nesting depth is
+    not checked here: `read_discord_export`'s header pass has read the whole file through
+    `_Depth` before any message is."""
+    done = 0
+    try:
+        with path.open("rb") as fh:
+            for item in ijson.items(fh, prefix, use_float=True):
+                yield item
+                done += 1
+        return
+    except UnicodeDecodeError:
+        log.info("%s: switching to the pure-Python JSON parser at item %d", path.name, done)
+    slow = ijson.get_backend("python")
+    with path.open("rb") as fh:
+        for n, item in enumerate(slow.items(fh, prefix, use_float=True)):
+            if n >= done:
                 yield item
 
 
