@@ -310,9 +310,13 @@ def test_ci_runs_the_readmes_test_command_and_it_runs_every_test() -> None:
     assert command == "bash deploy/test.sh" and command in commands(ROOT / ".ci" / "run")
     assert commands(DEPLOY / "test.sh")[-1] == "bash deploy/check.sh"
     check = commands(DEPLOY / "check.sh")
-    assert check[-1].endswith(
-        'python -m pytest ${WORKERS[@]+"${WORKERS[@]}"} ${TESTS[@]+"${TESTS[@]}"}'
+    # every test runs, beside mypy, and either one failing fails the check
+    assert (
+        'python -m pytest ${WORKERS[@]+"${WORKERS[@]}"} ${TESTS[@]+"${TESTS[@]}"} || tests=$?'
+        in check
     )
+    assert 'wait "$MYPY" || types=$?' in check
+    assert check[-4] == "if ((tests || types)); then" and check[-2:] == ["exit 1", "fi"]
     assert "TESTS=()" in check  # no marker expression unless --fast
     # spread over pytest-xdist workers, which select nothing themselves
     assert 'WORKERS=(-n "${SPEAKERMEM_TEST_WORKERS:-auto}" --dist loadgroup)' in check
