@@ -11,9 +11,9 @@ import pytest
 
 import speakermem.memory.query.roster_index as roster_index_module
 from speakermem.memory.engine import MemoryEngine
-from speakermem.memory.models import RosterAction, RosterEvent, Scope
+from speakermem.memory.models import RosterAction, RosterEvent, RosterMember, Scope
 from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
-from speakermem.memory.roster_cache import ROSTERS
+from speakermem.memory.roster_cache import ROSTERS, DerivedCache
 from tests.conftest import T0, make_config, msg
 
 CHANNELS = 12
@@ -75,3 +75,33 @@ async def test_each_channels_name_index_is_built_once_across_many_channels(
     for _ in range(2):
         await pipeline.run(RecallRequest("When is the budget review?", scopes[0]))
     assert len(built) == CHANNELS + 1 and "newbie" in built[-1]
+
+
+def members(n: int, tag: str) -> list[RosterMember]:
+    return [RosterMember(user_id=f"{tag}{i}", display_name=f"{tag} {i}") for i in range(n)]
+
+
+def test_large_rosters_are_bounded_by_their_members_together() -> None:
+    cache = DerivedCache(lists=10, members=100)
+    a, b, c = members(40, "a"), members(40, "b"), members(40, "c")
+    for roster in (a, b, a, b):
+        cache.get(roster, "names", len)
+    assert cache.builds == 2
+    cache.get(c, "names", len)  # 120 members: the least recently used list (a) goes
+    cache.get(b, "names", len)
+    assert cache.builds == 3
+    cache.get(a, "names", len)
+    assert cache.builds == 4  # a was built again; c goes now (b was used after it)
+    big = members(500, "big")
+    assert cache.get(big, "names", len) == 500  # over the budget alone: kept while the latest
+    assert cache.get(big, "index", len) == 500 and cache.builds == 6
+    cache.get(a, "names", len)
+    assert cache.builds == 7
+
+
+def test_a_list_that_changed_length_is_derived_again() -> None:
+    cache = DerivedCache()
+    roster = members(3, "m")
+    assert cache.get(roster, "names", len) == 3
+    roster.append(RosterMember(user_id="late", display_name="Late"))
+    assert cache.get(roster, "names", len) == 4 and cache.builds == 2
