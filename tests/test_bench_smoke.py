@@ -63,3 +63,26 @@ def test_bench_slack_import_writes_an_export_the_importer_reads(tmp_path: Path) 
     assert export.errors == [] and len(events) == held["records"] == 200
     assert [len(r.members) for r in export.rosters()] == [30, 30]
     assert sum(e.speaker_is_bot for e in events) == 4  # one integration post in 50
+
+
+def test_the_synthetic_vocabulary_of_a_seed_does_not_change() -> None:
+    """Recorded benchmark results were measured on these words: a faster generator must draw
+    the same ones (these are what `rng.choice` drew, word by word, before it was replaced)."""
+    import numpy as np
+    from benchlib.words import chat_words
+
+    assert chat_words(np.random.default_rng(1), 8) == [
+        "veetha",
+        "thimoorist",
+        "reawa",
+        "floowoomund",
+        "mes",
+        "goroujain",
+        "flan",
+        "tetreeck",
+    ]
+    assert chat_words(np.random.default_rng(2), 27_000)[-3:] == [
+        "goplovun",
+        "fadosaist",
+        "mizoostoor",
+    ]
