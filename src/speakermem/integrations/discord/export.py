@@ -44,11 +44,11 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import ijson
 
@@ -379,39 +379,29 @@ def _read_header(path: Path, where: str) -> _Header:
 
 
 def _parse(path: Path) -> Iterator[tuple[str, Any]]:
-    """ijson's basic parse events for `path` (``(event, value)`` pairs, checked by `_Depth`):
-    the C backend, and the pure-Python one from where the C one fails on an escaped lone
-    surrogate (it decodes those as UTF-8 and raises), so that one odd message is skipped as
-    malformed instead of ending the file."""
-    done = 0
+    """ijson's basic parse events for `path` (``(event, value)`` pairs), checked by `_Depth`."""
     depth = _Depth(path)
-    try:
-        with path.open("rb") as fh:
-            for item in ijson.basic_parse(fh, use_float=True):
-                depth.see(item[0])
-                yield item
-                done += 1
-        return
-    except UnicodeDecodeError:
-        log.info("%s: switching to the pure-Python JSON parser at event %d", path.name, done)
-    slow = ijson.get_backend("python")
-    with path.open("rb") as fh:
-        for n, item in enumerate(slow.basic_parse(fh, use_float=True)):
-            if n >= done:
-                depth.see(item[0])
-                yield item
+    for item in _c_then_python(path, lambda backend, fh: backend.basic_parse(fh, use_float=True)):
+        depth.see(item[0])
+        yield item
 
 
 def _items(path: Path, prefix: str) -> Iterator[Any]:
-    """The values at `prefix`, built by the C backend from the file straight (no event passes
-    through Python: an import reads its file twice as fast), and by the pure-Python one from
-    where the C one fails on an escaped lone surrogate, as in `_parse`. The nesting depth is
-    not checked here: `read_discord_export`'s header pass has read the whole file through
-    `_Depth` before any message is."""
+    """The values at `prefix`, built by ijson from the file straight (no parse event passes
+    through Python: an import reads its file twice as fast). The nesting depth is not checked
+    here: `read_discord_export`'s header pass has read the whole file through `_Depth` before
+    any message is."""
+    return _c_then_python(path, lambda backend, fh: backend.items(fh, prefix, use_float=True))
+
+
+def _c_then_python(path: Path, read: Callable[[Any, BinaryIO], Iterator[Any]]) -> Iterator[Any]:
+    """`read(backend, file)` with ijson's C backend, and with the pure-Python one from where
+    the C one fails on an escaped lone surrogate (it decodes those as UTF-8 and raises), so
+    that one odd message is skipped as malformed instead of ending the file."""
     done = 0
     try:
         with path.open("rb") as fh:
-            for item in ijson.items(fh, prefix, use_float=True):
+            for item in read(ijson, fh):
                 yield item
                 done += 1
         return
@@ -419,7 +409,7 @@ def _items(path: Path, prefix: str) -> Iterator[Any]:
         log.info("%s: switching to the pure-Python JSON parser at item %d", path.name, done)
     slow = ijson.get_backend("python")
     with path.open("rb") as fh:
-        for n, item in enumerate(slow.items(fh, prefix, use_float=True)):
+        for n, item in enumerate(read(slow, fh)):
             if n >= done:
                 yield item
 
