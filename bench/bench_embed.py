@@ -17,8 +17,9 @@ recorded with every row.
         --json docs/benchmarks/embed.json
 
 `--questions K [K ...]` measures the /recall side instead: LoCoMo's questions through
-`embed_query`, K asked at once (as K members' /recall in flight together), reporting CPU
-milliseconds per question and how many shared each model run:
+`embed_query`, K asked at once (as K members' /recall in flight together), with each
+`--precision` as the question graph (int8 is the bot's default, `query_quantize`), reporting
+CPU milliseconds per question and how many shared each model run:
 
     python bench/bench_embed.py --questions 1 2 4 8 --json docs/benchmarks/embed-questions.json
 """
@@ -113,40 +114,52 @@ async def ask(emb: MiniLMEmbedder, questions: list[str], at_once: int) -> None:
 
 
 def measure_questions(args: argparse.Namespace) -> None:
+    """Each `--precision` is the question graph (int8: `query_quantize`, the bot's default;
+    messages keep fp32 either way), each K of `--questions` run interleaved."""
     questions = load_questions(args.data, args.n)
     print(
         f"{len(questions)} questions, mean {statistics.mean(len(q) for q in questions):.0f} chars"
     )
-    emb = MiniLMEmbedder(cache_dir=args.cache_dir)
-    emb.embed_sync(questions[:8])  # load + warm up
-    cpus: dict[int, list[float]] = {k: [] for k in args.questions}
-    walls: dict[int, list[float]] = {k: [] for k in args.questions}
-    runs: dict[int, int] = {}
-    loads: dict[int, list[float]] = {k: [] for k in args.questions}
+    embedders = {
+        p: MiniLMEmbedder(cache_dir=args.cache_dir, query_quantize=p == "int8")
+        for p in args.precision
+    }
+    for emb in embedders.values():
+        emb.embed_questions_sync(questions[:8])  # load + warm up
+    keys = [(p, k) for p in args.precision for k in args.questions]
+    cpus: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+    walls: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+    runs: dict[tuple[str, int], int] = {}
+    loads: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
     for _ in range(args.repeat):
-        for k in args.questions:  # interleaved, so drift in the machine's load spreads evenly
+        for key in keys:  # interleaved, so drift in the machine's load spreads evenly
+            emb = embedders[key[0]]
             runs_before = emb.query_runs
             c0, t0 = time.process_time(), time.perf_counter()
-            asyncio.run(ask(emb, questions, k))
-            walls[k].append(time.perf_counter() - t0)
-            cpus[k].append(time.process_time() - c0)
-            runs[k] = emb.query_runs - runs_before
-            loads[k].append(os.getloadavg()[0])
-    emb.close()
+            asyncio.run(ask(emb, questions, key[1]))
+            walls[key].append(time.perf_counter() - t0)
+            cpus[key].append(time.process_time() - c0)
+            runs[key] = emb.query_runs - runs_before
+            loads[key].append(os.getloadavg()[0])
+    for emb in embedders.values():
+        emb.close()
     rows = []
-    print(f"{'at once':>7} {'cpu ms/q':>8} {'wall ms/q':>9} {'q/run':>6} {'load':>5}")
-    for k in args.questions:
+    print(f"{'graph':>5} {'at once':>7} {'cpu ms/q':>8} {'wall ms/q':>9} {'q/run':>6} {'load':>5}")
+    for key in keys:
+        precision, k = key
         row = {
+            "question_graph": precision,
             "at_once": k,
-            "cpu_ms_per_question": round(statistics.median(cpus[k]) * 1000 / len(questions), 3),
-            "wall_ms_per_question": round(min(walls[k]) * 1000 / len(questions), 3),
-            "questions_per_run": round(len(questions) / runs[k], 2),
-            "loadavg_1m": [round(x, 2) for x in loads[k]],
+            "cpu_ms_per_question": round(statistics.median(cpus[key]) * 1000 / len(questions), 3),
+            "wall_ms_per_question": round(min(walls[key]) * 1000 / len(questions), 3),
+            "questions_per_run": round(len(questions) / runs[key], 2),
+            "loadavg_1m": [round(x, 2) for x in loads[key]],
         }
         rows.append(row)
         print(
-            f"{k:>7} {row['cpu_ms_per_question']:>8.2f} {row['wall_ms_per_question']:>9.2f}"
-            f" {row['questions_per_run']:>6.2f} {statistics.mean(loads[k]):>5.1f}",
+            f"{precision:>5} {k:>7} {row['cpu_ms_per_question']:>8.2f}"
+            f" {row['wall_ms_per_question']:>9.2f} {row['questions_per_run']:>6.2f}"
+            f" {statistics.mean(loads[key]):>5.1f}",
             flush=True,
         )
     write_rows(

@@ -136,3 +136,83 @@ async def test_a_question_to_a_closed_embedder_is_a_clear_error(cache_dir: Path)
         with pytest.raises(EmbedderUnavailable, match="closed"):
             async with asyncio.timeout(5.0):
                 await emb.embed_query("anyone there?")
+
+
+@needs_model
+async def test_with_query_quantize_questions_use_the_int8_graph_and_messages_fp32() -> None:
+    """The bot's default: a question's vector is the int8 graph's, a message's the fp32
+    graph's, and the store is told the fp32 model wrote its vectors."""
+    from speakermem.integrations.embeddings.minilm import MODEL_NAME
+
+    question = "what did Priya say about the database backup plan last week?"
+    both = MiniLMEmbedder(query_quantize=True)
+    int8 = MiniLMEmbedder(quantize=True)
+    fp32 = MiniLMEmbedder()
+    try:
+        asked = await both.embed_query(question)
+        np.testing.assert_allclose(asked, int8.embed_sync([question])[0], atol=1e-5)
+        as_message = both.embed_sync([question])[0]
+        np.testing.assert_allclose(as_message, fp32.embed_sync([question])[0], atol=1e-5)
+        cosine = float(asked @ as_message)
+        assert 0.9 < cosine < 0.9999  # close, and from another graph
+        assert both.name == MODEL_NAME
+    finally:
+        for emb in (both, int8, fp32):
+            emb.close()
+
+
+@needs_model
+def test_a_recall_process_opens_only_the_question_graph() -> None:
+    """`load_questions` (what a /recall worker process calls before it is ready) opens the
+    int8 graph alone with `query_quantize`, and the message graph without it."""
+    emb = MiniLMEmbedder(query_quantize=True)
+    plain = MiniLMEmbedder()
+    try:
+        emb.load_questions()
+        assert emb._query_session is not None and emb._session is None
+        assert emb.embed_questions_sync(["who is on call?"]).shape == (1, emb.dim)
+        assert emb._session is None  # a question never opened the fp32 graph
+        plain.load_questions()
+        assert plain._session is not None and plain._query_session is None
+    finally:
+        emb.close()
+        plain.close()
+
+
+def test_an_int8_embedder_has_one_graph_for_both(cache_dir: Path) -> None:
+    """With SPEAKERMEM_EMBED_QUANTIZE messages are int8 too: questions use the same graph."""
+    emb = MiniLMEmbedder(cache_dir=cache_dir, quantize=True, query_quantize=True)
+    try:
+        assert emb.query_quantize is False
+        assert MiniLMEmbedder(cache_dir=cache_dir, query_quantize=True).query_quantize
+    finally:
+        emb.close()
+
+
+@needs_model
+def test_the_bot_embeds_questions_with_the_int8_graph_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from speakermem.bot.settings import Settings
+    from speakermem.integrations.app import build_embedder
+
+    monkeypatch.delenv("SPEAKERMEM_EMBED_QUERY_QUANTIZE", raising=False)
+    built = build_embedder(Settings(_env_file=None))  # type: ignore[call-arg]
+    assert isinstance(built, MiniLMEmbedder) and built.query_quantize
+    built.close()
+    monkeypatch.setenv("SPEAKERMEM_EMBED_QUERY_QUANTIZE", "false")
+    built = build_embedder(Settings(_env_file=None))  # type: ignore[call-arg]
+    assert isinstance(built, MiniLMEmbedder) and not built.query_quantize
+    built.close()
+
+
+@needs_model
+def test_warming_opens_the_question_graph_on_the_query_thread() -> None:
+    """The bot warms the question graph at start, so its first /recall does not build it."""
+    emb = MiniLMEmbedder(query_quantize=True)
+    try:
+        emb.warm_questions()
+        emb._query_executor.submit(lambda: None).result(timeout=120)  # after the warm-up
+        assert emb._query_session is not None and emb._session is None
+    finally:
+        emb.close()

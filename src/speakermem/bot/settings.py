@@ -120,9 +120,13 @@ class Settings(BaseSettings):
     BERT-family model.safetensors and config.json; 384-dimensional, e.g. a multilingual
     MiniLM); openai: an OpenAI-compatible /v1/embeddings endpoint; none: lexical search only."""
     embed_quantize: bool = False
-    """Dynamic int8 quantisation of MiniLM (less CPU per message, but cosine to the reference
-    drops to about 0.96, and evidence recall on SocialMemBench with it; docs/benchmarks/
-    embed.json)."""
+    """Dynamic int8 quantisation of MiniLM for messages too (half the CPU per message, but
+    cosine to the reference drops to about 0.96, and evidence recall on SocialMemBench and
+    FriendsQA by more than half a point; docs/benchmarks/embed.json `int8_evidence`)."""
+    embed_query_quantize: bool = True
+    """MiniLM embeds /recall questions with its int8 graph while messages keep fp32 vectors:
+    half the CPU of a question's embedding, and evidence recall within half a point of fp32
+    on LoCoMo, FriendsQA and SocialMemBench (docs/benchmarks/embed.json `int8_evidence`)."""
     embed_threads: int = Field(default=2, ge=1, le=64)
     """MiniLM threads for background embedding (each runs the model on one core: at the
     process's priority while no /recall is in flight, at a lower one while one waits); a

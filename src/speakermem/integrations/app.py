@@ -54,6 +54,7 @@ def build_embedder(settings: Settings, *, foreground: bool = False) -> Embedder 
         model_dir=locate_model_dir(),
         cache_dir=settings.model_cache_dir,
         quantize=settings.embed_quantize,
+        query_quantize=settings.embed_query_quantize,
         threads=settings.embed_threads,
         nice=0 if foreground else BACKGROUND_NICE,
     )

@@ -112,8 +112,10 @@ class _ChildState:
 
 async def _open_child(settings: Settings, answer_llm: bool) -> _ChildState:
     embedder = build_embedder(settings)
-    load = getattr(embedder, "load", None)
-    if load is not None:  # a local model: loaded before "ready", not in the first recall
+    # a local model: loaded before "ready", not in the first recall; only what questions
+    # need (a recall process embeds no messages)
+    load = getattr(embedder, "load_questions", None) or getattr(embedder, "load", None)
+    if load is not None:
         load()
     engine = await start_engine(settings, embedder)
     llm = build_llm(settings) if answer_llm else None

@@ -234,6 +234,9 @@ async def _serve(
         if isinstance(processes, AutoRecallProcesses):
             processes.start()  # watches the dispatcher's stored count
         engine.start_background_embedding()
+        warm_questions = getattr(engine.embedder, "warm_questions", None)
+        if warm_questions is not None:  # the first /recall in this process need not wait
+            warm_questions()
         engine.start_background_interactions()
         scheduler.start()
         await dispatcher.replay_spill()  # what a full disk left behind last run

@@ -225,7 +225,9 @@ class MiniLMEmbedder:
     (`BACKGROUND_NICE`) while a /recall waits and at the process's own while none does
     (`embed_background`). Two single-threaded runs side by side embed a batch faster than one
     run on two intra-op threads (3.3 against 3.6 ms a message on two cores), a question costs
-    4.8 ms of CPU instead of 7.0, and the event loop never blocks on the model.
+    4.8 ms of CPU instead of 7.0, and the event loop never blocks on the model. With
+    `query_quantize` (the bot's default) questions run through the int8 graph: about 5.5 ms
+    of CPU instead of 9 for one alone (docs/benchmarks/embed-questions.json).
     """
 
     dim: int = DIM
@@ -242,6 +244,7 @@ class MiniLMEmbedder:
         model_dir: Path | None = None,
         nice: int = BACKGROUND_NICE,
         intra_op_threads: int = 1,
+        query_quantize: bool = False,
     ) -> None:
         """`nice`: how much lower the batch threads run; 0 for a command whose whole job is
         the embedding (an import), which would otherwise wait behind every other process."""
@@ -251,6 +254,9 @@ class MiniLMEmbedder:
             raise ValueError("threads must be >= 1")
         self.cache_dir = (cache_dir or DEFAULT_CACHE_DIR).expanduser()
         self.quantize = quantize
+        self.query_quantize = query_quantize and not quantize
+        """Questions through the int8 graph while messages keep the fp32 one
+        (SPEAKERMEM_EMBED_QUERY_QUANTIZE; with `quantize` both are int8 already)."""
         self.fused = fused
         self.threads = threads
         self.batch_size = batch_size
@@ -262,6 +268,7 @@ class MiniLMEmbedder:
         self.name = MODEL_NAME + (":int8" if quantize else "")
         self.onnx_path: Path | None = None
         self._session: Any = None
+        self._query_session: Any = None
         self._tokenizer: Any = None
         self._load_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(
@@ -298,12 +305,55 @@ class MiniLMEmbedder:
         with self._load_lock:
             if self._session is not None:
                 return
-            import onnxruntime as ort
-            from tokenizers import Tokenizer
-
-            files = ModelFiles(self._model_dir or locate_model_dir())
+            files = self._files()
             onnx_path = self._onnx_path(files)
+            session = self._open(files, onnx_path)
+            self.onnx_path = onnx_path
+            self._session = session
+            logger.info(
+                "%s embedder ready (%s, %d background threads)",
+                self.name,
+                onnx_path.name,
+                self.threads,
+            )
 
+    def load_questions(self) -> None:
+        """Open what embedding questions needs, and only that: a /recall worker process
+        never embeds a message, so with `query_quantize` it never opens the fp32 graph."""
+        if not self.query_quantize:
+            self.load()
+            return
+        if self._query_session is not None:
+            return
+        with self._load_lock:
+            if self._query_session is not None:
+                return
+            files = self._files()
+            path = ensure_onnx(files, self.cache_dir, quantize=True, fused=self.fused)
+            self._query_session = self._open(files, path)
+            logger.info("%s questions embedded by %s", self.name, path.name)
+
+    def warm_questions(self) -> None:
+        """Open the question graph on the query thread now (the bot at start), not in the
+        first /recall: building the int8 graph the first time takes seconds. A failure is
+        logged here and raised again by the first question."""
+        self._query_executor.submit(self._warm_questions)
+
+    def _warm_questions(self) -> None:
+        try:
+            self.load_questions()
+        except Exception as exc:  # the first question reports it to the member
+            logger.warning("could not open the question graph ahead of /recall: %s", exc)
+
+    def _files(self) -> ModelFiles:
+        return ModelFiles(self._model_dir or locate_model_dir())
+
+    def _open(self, files: ModelFiles, onnx_path: Path) -> Any:
+        """An ONNX Runtime session for `onnx_path` (the tokenizer is loaded with the first)."""
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        if self._tokenizer is None:
             max_len = self._max_seq_length
             if max_len is None:
                 max_len = 256
@@ -316,35 +366,27 @@ class MiniLMEmbedder:
             # sub-batch (dynamic padding to that sub-batch's longest text).
             tok.enable_truncation(max_length=max_len)
             tok.no_padding()
-
-            opts = ort.SessionOptions()
-            # One intra-op thread: each run stays on its caller's thread, and so at that
-            # thread's priority (no shared pool of ONNX Runtime threads to spin or to
-            # serve a background batch at a question's priority).
-            opts.intra_op_num_threads = self.intra_op_threads
-            opts.inter_op_num_threads = 1
-            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            opts.log_severity_level = 3
-            # No memory patterns: ONNX Runtime plans and keeps one per input shape, and with
-            # dynamic padding every new (batch, width) pair adds one, so a long-running bot's
-            # memory stepped up for as long as new shapes came (microsoft/onnxruntime#11118).
-            # Three threads embedding 3,600 batches of 1-16 texts of random lengths: with them
-            # 380 -> 420 MB in steps and still rising, without them 443 MB from the first
-            # minute and flat, at the same speed.
-            opts.enable_mem_pattern = False
-            session = ort.InferenceSession(
-                str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"]
-            )
             self._tokenizer = tok
-            self.onnx_path = onnx_path
-            self._session = session
-            logger.info(
-                "%s embedder ready (%s, %d background threads)",
-                self.name,
-                onnx_path.name,
-                self.threads,
-            )
+
+        opts = ort.SessionOptions()
+        # One intra-op thread: each run stays on its caller's thread, and so at that
+        # thread's priority (no shared pool of ONNX Runtime threads to spin or to
+        # serve a background batch at a question's priority).
+        opts.intra_op_num_threads = self.intra_op_threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.log_severity_level = 3
+        # No memory patterns: ONNX Runtime plans and keeps one per input shape, and with
+        # dynamic padding every new (batch, width) pair adds one, so a long-running bot's
+        # memory stepped up for as long as new shapes came (microsoft/onnxruntime#11118).
+        # Three threads embedding 3,600 batches of 1-16 texts of random lengths: with them
+        # 380 -> 420 MB in steps and still rising, without them 443 MB from the first
+        # minute and flat, at the same speed.
+        opts.enable_mem_pattern = False
+        return ort.InferenceSession(
+            str(onnx_path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
 
     # -- inference -------------------------------------------------------------------------
 
@@ -355,6 +397,10 @@ class MiniLMEmbedder:
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         self.load()
+        return self._embed_with(self._session, texts)
+
+    def _embed_with(self, session: Any, texts: Sequence[str]) -> np.ndarray:
+        """`texts`' vectors from `session` (the tokenizer is loaded)."""
         encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=True)
         # Sort by token length so each sub-batch pads to a similar length.
         lengths = np.array([len(e.ids) for e in encodings], dtype=np.int64)
@@ -369,11 +415,22 @@ class MiniLMEmbedder:
                 n = int(lengths[j])
                 ids[row, :n] = encodings[j].ids[:n]
                 mask[row, :n] = 1
-            (vecs,) = self._session.run(
+            (vecs,) = session.run(
                 ["sentence_embedding"], {"input_ids": ids, "attention_mask": mask}
             )
             out[idx] = vecs
         return out
+
+    def embed_questions_sync(self, texts: Sequence[str]) -> np.ndarray:
+        """Questions' vectors, from the int8 graph with `query_quantize` (else as
+        `embed_sync`): a question's run mostly streams the weights, a quarter of the bytes
+        in int8, and only the question's side of each cosine moves."""
+        if not self.query_quantize:
+            return self.embed_sync(texts)
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self.load_questions()
+        return self._embed_with(self._query_session, texts)
 
     def token_embeddings_sync(
         self, texts: Sequence[str], *, max_tokens: int = 64
@@ -488,7 +545,7 @@ class MiniLMEmbedder:
             if not live:
                 continue
             try:
-                vecs = self.embed_sync([t for t, _ in live])
+                vecs = self.embed_questions_sync([t for t, _ in live])
             except BaseException as exc:  # every waiter hears of it, none hangs
                 for _, f in live:
                     f.set_exception(exc)
