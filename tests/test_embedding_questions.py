@@ -182,11 +182,13 @@ def test_a_recall_process_opens_only_the_question_graph() -> None:
 def test_an_int8_embedder_has_one_graph_for_both(cache_dir: Path) -> None:
     """With SPEAKERMEM_EMBED_QUANTIZE messages are int8 too: questions use the same graph."""
     emb = MiniLMEmbedder(cache_dir=cache_dir, quantize=True, query_quantize=True)
+    fp32 = MiniLMEmbedder(cache_dir=cache_dir, query_quantize=True)
     try:
         assert emb.query_quantize is False
-        assert MiniLMEmbedder(cache_dir=cache_dir, query_quantize=True).query_quantize
+        assert fp32.query_quantize
     finally:
         emb.close()
+        fp32.close()
 
 
 @needs_model
