@@ -355,6 +355,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         m.get("speakermem_writer_tokens_per_1k_messages", 0.0)
                     )
                     row["embed_queue"] = int(m.get("speakermem_embed_queue_messages", -1))
+                    row["embed_drafts"] = int(m.get("speakermem_embed_draft_messages", 0))
                     row["stored"] = int(
                         m.get('speakermem_events_handled_total{outcome="message_stored"}', 0)
                     )

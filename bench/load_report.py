@@ -81,6 +81,11 @@ def embed_backlog(timeline: list[dict[str, Any]], traffic_s: float) -> dict[str,
         "middle_third_peak": max(middle),
         "last_third_peak": max(last),
         "bounded": max(last) <= max(middle),
+        # messages whose vector is an int8 draft still (a vector, but not the final one)
+        "drafts_peak": max(
+            (int(row.get("embed_drafts", 0)) for row in timeline if float(row["t_s"]) <= traffic_s),
+            default=0,
+        ),
     }
 
 
@@ -141,7 +146,8 @@ def report(r: dict[str, Any]) -> str:
                     "embedding backlog (messages without a vector)",
                     f"{eb['first']} -> {eb['last']} in {eb['span_s']} s"
                     f" ({eb['growth_per_s']:+.1f}/s); peak in the middle / last third"
-                    f" {eb['middle_third_peak']} / {eb['last_third_peak']}",
+                    f" {eb['middle_third_peak']} / {eb['last_third_peak']};"
+                    f" int8 drafts at most {eb.get('drafts_peak', 0)}",
                     ok if eb["bounded"] else bad,
                 )
             ]
@@ -196,12 +202,13 @@ def report(r: dict[str, Any]) -> str:
         ),
         "",
         "| t (s) | RSS (MB) | Writer queue (deferred) | oldest pending (s) | Writer calls "
-        "at once | embed queue | stored | cores busy: bot / machine |",
+        "at once | embed queue (drafts) | stored | cores busy: bot / machine |",
         "|---|---|---|---|---|---|---|---|",
         *(
             f"| {row['t_s']} | {row.get('rss_mb', '-')} | {row.get('writer_queue', '-')} "
             f"({row.get('writer_deferred', '-')}) | {row.get('writer_oldest_s', '-')} | "
-            f"{row.get('writer_concurrency', '-')} | {row.get('embed_queue', '-')} | "
+            f"{row.get('writer_concurrency', '-')} | {row.get('embed_queue', '-')} "
+            f"({row.get('embed_drafts', '-')}) | "
             f"{row.get('stored', '-')} | {row.get('bot_cores', '-')} / "
             f"{row.get('machine_cores', '-')} |"
             for row in r["timeline"]

@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,76 +216,114 @@ async def test_concurrent_calls_queue_and_stay_correct(embedder: MiniLMEmbedder)
         np.testing.assert_allclose(res, embedder.embed_sync(g), atol=1e-5)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
-async def test_background_threads_run_nicer_than_questions(embedder: MiniLMEmbedder) -> None:
-    """Background batches give the cores to /recall and ingestion when the machine is busy;
-    the question thread keeps the process's priority. (Needs no model: priority is set
-    when a worker thread starts.)"""
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread scheduling is Linux's")
+async def test_background_threads_run_idle_and_questions_at_the_process_priority(
+    embedder: MiniLMEmbedder,
+) -> None:
+    """Background batches run only on cores nothing else wants (SCHED_IDLE); the question
+    thread keeps the process's class and priority. (Needs no model: the class is set when a
+    worker thread starts.)"""
     import os
-    import threading
-
-    def nice() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     loop = asyncio.get_running_loop()
-    process = os.getpriority(os.PRIO_PROCESS, 0)
+    process = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
     background = await asyncio.gather(
-        *(loop.run_in_executor(embedder._executor, nice) for _ in range(4))
+        *(loop.run_in_executor(embedder._executor, _thread_class) for _ in range(4))
     )
-    question = await loop.run_in_executor(embedder._query_executor, nice)
-    assert set(background) == {min(19, process + minilm.BACKGROUND_NICE)}
+    question = await loop.run_in_executor(embedder._query_executor, _thread_class)
+    assert set(background) == {(os.SCHED_IDLE, process[1])}
     assert question == process
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
-async def test_an_import_embeds_at_the_commands_own_priority() -> None:
-    """An import's embedding is the command's whole job: its batch threads are not niced
-    (`build_embedder(foreground=True)`), else a busy machine starves the import."""
+def test_where_the_idle_class_is_refused_the_thread_runs_nicer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sandbox may refuse SCHED_IDLE: the thread then lowers its nice value instead."""
     import os
     import threading
+
+    def refuse(*args: object) -> None:
+        raise PermissionError("not here")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    seen: list[tuple[int, int]] = []
+
+    def lowered() -> None:
+        minilm.lower_thread_priority()
+        seen.append(_thread_class())
+
+    process = os.getpriority(os.PRIO_PROCESS, 0)
+    thread = threading.Thread(target=lowered)
+    thread.start()
+    thread.join()
+    assert seen == [(os.sched_getscheduler(0), min(19, process + minilm.BACKGROUND_NICE))]
+
+
+def _thread_class() -> tuple[int, int]:
+    """The calling thread's scheduling policy and nice value."""
+    import os
+    import threading
+
+    tid = threading.get_native_id()
+    return os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread scheduling is Linux's")
+async def test_an_import_embeds_at_the_commands_own_priority() -> None:
+    """An import's embedding is the command's whole job: its batch threads keep the
+    process's class and nice value (`build_embedder(foreground=True)`), else a busy machine
+    starves the import; the bot's run in the idle class."""
+    import os
 
     from speakermem.bot.settings import Settings
     from speakermem.integrations.app import build_embedder
 
-    def nice() -> int:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
     loop = asyncio.get_running_loop()
-    process = os.getpriority(os.PRIO_PROCESS, 0)
+    process = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
     settings = Settings(embedder="minilm", _env_file=None)  # type: ignore[call-arg]
-    for foreground, expected in ((True, process), (False, min(19, process + 10))):
+    for foreground, expected in ((True, process), (False, (os.SCHED_IDLE, process[1]))):
         built = build_embedder(settings, foreground=foreground)
         assert isinstance(built, MiniLMEmbedder)
-        got = await loop.run_in_executor(built._executor, nice)
-        built._executor.shutdown()
+        got = await loop.run_in_executor(built._executor, _thread_class)
+        built.close()
         assert got == expected
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
-async def test_a_drained_backlog_runs_at_the_process_priority(cache_dir: Path) -> None:
-    """`embed_background(yield_cpu=False)` (no /recall waiting) runs its slices on threads
-    at the process's priority, `yield_cpu=True` on the nicer ones, each over `threads`
-    threads. (Needs no model: the thread's nice value is read where the model would run.)"""
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread scheduling is Linux's")
+async def test_background_batches_run_idle_and_embed_runs_at_the_process_priority(
+    cache_dir: Path,
+) -> None:
+    """`embed_background` (the backlog, drafts or not) runs its slices on idle-class
+    threads, `embed` (the Writer's records) on threads at the process's priority, each over
+    `threads` threads; a draft runs `embed_draft_sync`. (Needs no model: the thread's class
+    is read where the model would run.)"""
     import os
     import threading
 
     emb = MiniLMEmbedder(cache_dir=cache_dir, threads=2)
-    seen: dict[int, int] = {}
+    seen: dict[int, tuple[str, tuple[int, int]]] = {}
 
-    def record(texts: Sequence[str]) -> np.ndarray:
-        tid = threading.get_native_id()
-        seen[tid] = os.getpriority(os.PRIO_PROCESS, tid)
-        return np.zeros((len(texts), emb.dim), dtype=np.float32)
+    def recorder(kind: str) -> Callable[[Sequence[str]], np.ndarray]:
+        def record(texts: Sequence[str]) -> np.ndarray:
+            seen[threading.get_native_id()] = (kind, _thread_class())
+            return np.zeros((len(texts), emb.dim), dtype=np.float32)
 
-    emb.embed_sync = record  # type: ignore[method-assign]
-    process = os.getpriority(os.PRIO_PROCESS, 0)
+        return record
+
+    emb.embed_sync = recorder("final")  # type: ignore[method-assign]
+    emb.embed_draft_sync = recorder("draft")  # type: ignore[method-assign]
+    process = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+    idle = (os.SCHED_IDLE, process[1])
+    texts = [f"line {i}" for i in range(8)]
     try:
-        out = await emb.embed_background([f"line {i}" for i in range(8)], yield_cpu=False)
-        assert out.shape == (8, emb.dim)
-        assert set(seen.values()) == {process}
-        seen.clear()
-        await emb.embed_background([f"line {i}" for i in range(8)], yield_cpu=True)
-        assert set(seen.values()) == {min(19, process + minilm.BACKGROUND_NICE)}
+        for draft, kind in ((True, "draft"), (False, "final")):
+            out = await emb.embed_background(texts, draft=draft)
+            assert out.shape == (8, emb.dim)
+            assert set(seen.values()) == {(kind, idle)}
+            seen.clear()
+        await emb.embed(texts)
+        assert set(seen.values()) == {("final", process)}
     finally:
         emb.close()
 

@@ -162,6 +162,31 @@ async def test_with_query_quantize_questions_use_the_int8_graph_and_messages_fp3
 
 
 @needs_model
+async def test_a_draft_is_the_int8_graphs_vector_and_an_int8_embedder_drafts_nothing() -> None:
+    """A background draft comes from the int8 graph (also without `query_quantize`), a
+    final vector from fp32; an all-int8 embedder has no quicker graph, so no drafts."""
+    lines = ["Priya: the database backup moved to Sunday night", "Sam: ok"]
+    plain = MiniLMEmbedder(threads=1)
+    int8 = MiniLMEmbedder(quantize=True, threads=1)
+    try:
+        assert plain.drafts and not int8.drafts
+        # one thread: one batch, as embed_sync runs it (int8 activations are quantised with
+        # one scale per batch, so a vector depends on its batch-mates)
+        drafted = await plain.embed_background(lines, draft=True)
+        np.testing.assert_allclose(drafted, int8.embed_sync(lines), atol=1e-5)
+        final = await plain.embed_background(lines, draft=False)
+        np.testing.assert_allclose(final, plain.embed_sync(lines), atol=1e-5)
+        cosines = (drafted * final).sum(axis=1)
+        assert all(0.9 < c < 0.9999 for c in cosines)  # close, and from another graph
+        np.testing.assert_allclose(
+            await int8.embed_background(lines, draft=True), int8.embed_sync(lines), atol=1e-6
+        )
+    finally:
+        plain.close()
+        int8.close()
+
+
+@needs_model
 def test_a_recall_process_opens_only_the_question_graph() -> None:
     """`load_questions` (what a /recall worker process calls before it is ready) opens the
     int8 graph alone with `query_quantize`, and the message graph without it."""

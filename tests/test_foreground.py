@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
@@ -14,8 +13,7 @@ import pytest
 from speakermem.memory.engine import MemoryEngine
 from speakermem.memory.models import Scope
 from speakermem.memory.query.pipeline import RecallPipeline, RecallRequest
-from tests.conftest import make_config, msg
-from tests.fakes import HashEmbedder
+from tests.conftest import msg
 
 pytestmark = pytest.mark.contract
 
@@ -168,42 +166,3 @@ async def test_without_the_worker_the_safety_net_embeds_everything(
     await _fill(engine, scope, 40)
     await engine.embed_backlog()
     assert await _unembedded(engine) == 0
-
-
-class PriorityRecorder(HashEmbedder):
-    """Records, per background batch, whether it was asked to yield the CPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.yielded: list[bool] = []
-
-    async def embed_background(self, texts: Sequence[str], *, yield_cpu: bool) -> np.ndarray:
-        self.yielded.append(yield_cpu)
-        return self.embed_sync(texts)
-
-
-async def test_the_backlog_drains_at_full_priority_while_recall_is_idle(
-    tmp_path: Path, scope: Scope
-) -> None:
-    """No /recall in flight: every background batch runs at the process's own priority, so
-    ingestion and the Writer no longer take the cores from it; with a /recall waiting, the
-    batch the gate lets through after `max_defer_s` yields them."""
-    embedder = PriorityRecorder()
-    engine = await MemoryEngine.open(make_config(tmp_path), embedder)
-    try:
-        await _fill(engine, scope, 40)
-        engine.start_background_embedding()
-        await _until(lambda: _is(engine, 0))
-        assert embedder.yielded == [False, False, False]  # 16 + 16 + 8, none yielding
-        engine.foreground.max_defer_s = 0.05
-        async with engine.foreground.serving():  # a /recall that never ends
-            await _fill_more(engine, scope, 20)
-            await _until(lambda: _is(engine, 0))
-        assert embedder.yielded[3:] and all(embedder.yielded[3:])
-    finally:
-        await engine.close()
-
-
-async def _fill_more(engine: MemoryEngine, scope: Scope, n: int) -> None:
-    for i in range(n):
-        await engine.ingest(msg(scope, f"more{i}", "Ross", f"the budget review, note {i}", 100 + i))

@@ -68,6 +68,8 @@ class HealthFacts(BaseModel):
     writer_queue: WriterQueue = WriterQueue()
     """The backlog in detail (pending, deferred, oldest age); `writer_pending` is its total."""
     embed_pending: int = 0
+    embed_drafts: int = 0
+    """Messages whose vector is a draft (memory/background_embedding.py)."""
     spilled: int = 0
     """Events kept in the disk-full spill, waiting to be stored (bot/spill.py)."""
     llm: LLMHealth = LLMHealth(configured=False)

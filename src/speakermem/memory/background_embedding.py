@@ -1,8 +1,14 @@
 """The background embedding worker: vectors for new messages soon after they arrive.
 
-It gives way to /recall (`memory.background.Foreground`): before each small batch it waits
-while a /recall is in flight (for at most the gate's `max_defer_s`), and a batch let through
-while one waits runs on the embedder's nicer threads.
+It gives way to /recall. An embedder with idle-priority threads (`BackgroundEmbedder`, the
+bot's MiniLM on Linux) gives way at the CPU: its batches run only on cores that nothing else
+wants, so they need no gate and use every idle moment, also while a /recall is in flight. Any
+other embedder waits before each small batch while a /recall is in flight (the
+`memory.background.Foreground` gate, for at most its `max_defer_s`).
+
+When more than one batch waits (`falling_behind`), a `BackgroundEmbedder` with drafts embeds
+from its quicker graph, and once nothing waits for a first vector the worker writes the
+drafts again at full precision, one batch at a time, newest messages first in line.
 """
 
 from __future__ import annotations
@@ -54,21 +60,28 @@ class BackgroundEmbedding:
         await self._pass()
 
     async def _pass(self) -> None:
-        """One pass over what is pending: the worker's work."""
-        await self.engine.embed_pending(
-            batch_size=self._batch,
-            before_batch=self.engine.foreground.yield_to,
-            embed=self._vectors,
-        )
-
-    async def _vectors(self, texts: list[str]) -> np.ndarray:
-        """One batch: at the process's own priority while no /recall is in flight, so the
-        backlog drains whenever /recall is idle (at a lower one it got only what ingestion
-        and the Writer left, and under steady traffic grew without end); below it while a
-        /recall waits (the gate let the batch through after `max_defer_s`)."""
+        """One pass: everything pending, then the drafts batch by batch for as long as no
+        new message waits (each batch of drafts is followed by a look at what is pending)."""
         embedder = self.engine.embedder
-        assert embedder is not None
-        if isinstance(embedder, BackgroundEmbedder):
-            yield_cpu = self.engine.foreground.active > 0
-            return await embedder.embed_background(texts, yield_cpu=yield_cpu)
-        return await embedder.embed(texts)
+        if not isinstance(embedder, BackgroundEmbedder):
+            await self.engine.embed_pending(
+                batch_size=self._batch, before_batch=self.engine.foreground.yield_to
+            )
+            return
+        draft = self._drafts if embedder.drafts else None
+        while True:
+            await self.engine.embed_pending(batch_size=self._batch, embed=self._finals, draft=draft)
+            if draft is None or not await self.engine.replace_drafts(
+                batch_size=self._batch, embed=self._finals
+            ):
+                return
+
+    async def _finals(self, texts: list[str]) -> np.ndarray:
+        embedder = self.engine.embedder
+        assert isinstance(embedder, BackgroundEmbedder)
+        return await embedder.embed_background(texts, draft=False)
+
+    async def _drafts(self, texts: list[str]) -> np.ndarray:
+        embedder = self.engine.embedder
+        assert isinstance(embedder, BackgroundEmbedder)
+        return await embedder.embed_background(texts, draft=True)

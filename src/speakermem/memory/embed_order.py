@@ -1,4 +1,5 @@
-"""The order pending messages are embedded in: by length, within a window.
+"""The order pending messages are embedded in: by length, within a window; and when
+background embedding is behind (`falling_behind`).
 
 A model batch is padded to its longest text, so a batch of one long message and fifteen
 short ones costs sixteen long ones. Reading a window of pending messages (oldest first) and
@@ -26,3 +27,10 @@ def length_sorted_batches(items: Sequence[T], batch_size: int) -> list[list[T]]:
         raise ValueError("batch_size must be >= 1")
     ordered = sorted(items, key=lambda item: len(item[2]))
     return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+
+
+def falling_behind(pending: int, batch_size: int) -> bool:
+    """Whether background embedding is behind: more than one batch waits for a first vector.
+    Then each message gets a draft vector from the quicker graph (a message without one is
+    found only by its words), and the full-precision vector once nothing waits."""
+    return pending > batch_size

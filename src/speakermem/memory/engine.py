@@ -28,7 +28,7 @@ from speakermem.memory.background import Foreground
 from speakermem.memory.background_embedding import BACKGROUND_EMBED_BATCH, BackgroundEmbedding
 from speakermem.memory.config import MemoryConfig
 from speakermem.memory.cursors import HistoryCursors
-from speakermem.memory.embed_order import SORT_WINDOW, length_sorted_batches
+from speakermem.memory.embed_order import SORT_WINDOW, falling_behind, length_sorted_batches
 from speakermem.memory.governance.policy import Refusal, admission
 from speakermem.memory.interaction_graph import InteractionGraph
 from speakermem.memory.models import (
@@ -345,10 +345,13 @@ class MemoryEngine:
         on_progress: Progress | None = None,
         before_batch: Callable[[], Awaitable[None]] | None = None,
         embed: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
+        draft: Callable[[list[str]], Awaitable[np.ndarray]] | None = None,
     ) -> int:
         """Embed every message that has no vector yet; returns how many were stored.
         `before_batch` runs before each batch (the background worker gives way to /recall);
-        `embed` replaces the embedder's `embed` (the worker's choice of priority)."""
+        `embed` replaces the embedder's `embed` (the worker's choice of priority); `draft`
+        embeds quicker vectors, used while more than one batch waits (`falling_behind`) and
+        written again later by `replace_drafts`."""
         if self.embedder is None:
             return 0
         embed = embed or self.embedder.embed
@@ -358,12 +361,18 @@ class MemoryEngine:
             items = await self.store.messages.pending_embeddings(window)
             if not items:
                 break
+            behind = draft is not None and falling_behind(len(items), batch_size)
             stored = 0
             for batch in length_sorted_batches(items, batch_size):
                 if before_batch is not None:
                     await before_batch()
-                vectors = await embed([text for _, _, text in batch])
-                stored += await self.store.messages.store_vectors(batch, vectors)
+                texts = [text for _, _, text in batch]
+                if behind:
+                    assert draft is not None
+                    vectors = await draft(texts)
+                else:
+                    vectors = await embed(texts)
+                stored += await self.store.messages.store_vectors(batch, vectors, draft=behind)
                 if on_progress:
                     on_progress(len(batch))
             done += stored
@@ -372,6 +381,22 @@ class MemoryEngine:
         if done >= BULK_SETTLE_ROWS:
             await self.store.settle()
         return done
+
+    async def replace_drafts(
+        self, *, batch_size: int, embed: Callable[[list[str]], Awaitable[np.ndarray]]
+    ) -> int:
+        """One batch of draft vectors written again by `embed` (full precision); returns
+        how many were replaced, 0 when no draft is left."""
+        items = await self.store.messages.draft_vectors(batch_size)
+        if not items:
+            return 0
+        vectors = await embed([text for _, _, text in items])
+        await self.store.messages.replace_drafts(items, vectors)
+        return len(items)
+
+    async def count_draft_vectors(self) -> int:
+        """Live messages whose vector is still a draft (`embed_pending`'s `draft`)."""
+        return await self.store.messages.count_draft_vectors()
 
     async def embed_backlog(self) -> None:
         """The periodic safety net (`BackgroundEmbedding.backlog`)."""

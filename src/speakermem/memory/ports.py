@@ -35,11 +35,14 @@ class QueryEmbedder(Embedder, Protocol):
 
 @runtime_checkable
 class BackgroundEmbedder(Embedder, Protocol):
-    """An embedder whose background batches run either at the process's priority (the
-    backlog drains while no /recall waits) or below it (while one does)."""
+    """An embedder whose background batches run only on cores nothing else wants (so they
+    need no gate in front of /recall), and that can embed quicker draft vectors."""
 
-    async def embed_background(self, texts: Sequence[str], *, yield_cpu: bool) -> np.ndarray:
-        """`embed`, at a lower CPU priority when `yield_cpu`, else at the process's own."""
+    drafts: bool
+    """Whether `draft=True` gives quicker vectors than the final ones (False: the same)."""
+
+    async def embed_background(self, texts: Sequence[str], *, draft: bool) -> np.ndarray:
+        """`embed` on the idle-priority threads; from the quicker graph when `draft`."""
         ...
 
 

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +51,9 @@ THREADS: int = Settings.model_fields["embed_threads"].default
 """Background threads unless told otherwise: SPEAKERMEM_EMBED_THREADS's default."""
 
 BACKGROUND_NICE = 10
-"""How much nicer than the process the background embedding threads run (Linux): on a busy
-machine the scheduler gives a /recall, ingestion and the event loop the cores first, and
-background embedding the rest (about a tenth of a normal thread's share while the cores are
-full)."""
+"""How much nicer than the process the background embedding threads run where the idle
+scheduling class is refused (`lower_thread_priority`): about a tenth of a normal thread's
+share of a full core."""
 
 # Incremented whenever a graph is actually built (not loaded from cache); tests read it.
 build_count = 0
@@ -202,12 +201,20 @@ def ensure_onnx(
 
 
 def lower_thread_priority(increment: int = BACKGROUND_NICE) -> None:
-    """Raise the calling thread's nice value by `increment` (at most to 19): on Linux a
-    thread id names one thread, so only this thread yields. Elsewhere the same call would
-    renice the whole process: left alone."""
-    if sys.platform != "linux":
+    """Put the calling thread in Linux's idle scheduling class (SCHED_IDLE): it runs only
+    on a core that no other thread wants, so a /recall, ingestion and the event loop never
+    wait for it, and it still uses every idle moment. Where that is refused, raise its nice
+    value by `increment` (at most to 19). On Linux a thread id names one thread, so only
+    this thread yields; elsewhere the same calls would change the whole process: left
+    alone. An `increment` of 0 leaves the thread as it is (an import's embedding)."""
+    if sys.platform != "linux" or increment <= 0:
         return
     tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except OSError as exc:
+        logger.debug("no idle scheduling class for the embedding thread: %s", exc)
     try:
         os.setpriority(
             os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment)
@@ -221,11 +228,11 @@ class MiniLMEmbedder:
 
     Every model run is single-threaded on the thread that calls it (ONNX Runtime sessions
     accept concurrent runs): a question's vector on a thread of its own at normal priority,
-    background batches split over `threads` worker threads, at a lower priority
-    (`BACKGROUND_NICE`) while a /recall waits and at the process's own while none does
-    (`embed_background`). Two single-threaded runs side by side embed a batch faster than one
-    run on two intra-op threads (3.3 against 3.6 ms a message on two cores), a question costs
-    4.8 ms of CPU instead of 7.0, and the event loop never blocks on the model. With
+    background batches split over `threads` worker threads in the idle scheduling class
+    (`lower_thread_priority`), from the int8 graph for drafts (`embed_background`). Two
+    single-threaded runs side by side embed a batch faster than one run on two intra-op
+    threads (3.3 against 3.6 ms a message on two cores), a question costs 4.8 ms of CPU
+    instead of 7.0, and the event loop never blocks on the model. With
     `query_quantize` (the bot's default) questions run through the int8 graph: about 5.5 ms
     of CPU instead of 9 for one alone (docs/benchmarks/embed-questions.json).
     """
@@ -246,8 +253,9 @@ class MiniLMEmbedder:
         intra_op_threads: int = 1,
         query_quantize: bool = False,
     ) -> None:
-        """`nice`: how much lower the batch threads run; 0 for a command whose whole job is
-        the embedding (an import), which would otherwise wait behind every other process."""
+        """`nice`: above 0 the batch threads run only on idle cores (nicer by `nice` where
+        that is refused); 0 for a command whose whole job is the embedding (an import),
+        which would otherwise wait behind every other process."""
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         if threads < 1:
@@ -276,11 +284,10 @@ class MiniLMEmbedder:
             thread_name_prefix="minilm",
             initializer=functools.partial(lower_thread_priority, nice),
         )
-        # The same number of threads at the process's priority, for background batches
-        # while no /recall waits (`embed_background`): a thread's nice value cannot be
-        # lowered again without privileges, so each priority keeps threads of its own.
-        self._drain_executor = ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="minilm-drain"
+        # The same number of threads at the process's priority for `embed` (the Writer's
+        # records, an import, `reembed`): work someone waits for, not a backlog.
+        self._direct_executor = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="minilm-direct"
         )
         # /recall questions get their own thread, at normal priority: a question never
         # queues behind a background batch.
@@ -323,6 +330,10 @@ class MiniLMEmbedder:
         if not self.query_quantize:
             self.load()
             return
+        self._load_int8()
+
+    def _load_int8(self) -> None:
+        """Open the int8 graph (questions with `query_quantize`, and drafts)."""
         if self._query_session is not None:
             return
         with self._load_lock:
@@ -331,7 +342,7 @@ class MiniLMEmbedder:
             files = self._files()
             path = ensure_onnx(files, self.cache_dir, quantize=True, fused=self.fused)
             self._query_session = self._open(files, path)
-            logger.info("%s questions embedded by %s", self.name, path.name)
+            logger.info("%s int8 graph ready (%s)", self.name, path.name)
 
     def warm_questions(self) -> None:
         """Open the question graph on the query thread now (the bot at start), not in the
@@ -421,6 +432,23 @@ class MiniLMEmbedder:
             out[idx] = vecs
         return out
 
+    @property
+    def drafts(self) -> bool:
+        """Whether a draft (`embed_background(draft=True)`) is quicker than a final vector:
+        the int8 graph beside fp32 ones, none when every vector is int8 already."""
+        return not self.quantize
+
+    def embed_draft_sync(self, texts: Sequence[str]) -> np.ndarray:
+        """Draft vectors from the int8 graph: about half the CPU of fp32 a message, and a
+        mean cosine of 0.99 to the fp32 vector (docs/benchmarks/load.md), close enough to
+        find a message until its fp32 vector replaces the draft."""
+        if not self.drafts:
+            return self.embed_sync(texts)
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self._load_int8()
+        return self._embed_with(self._query_session, texts)
+
     def embed_questions_sync(self, texts: Sequence[str]) -> np.ndarray:
         """Questions' vectors, from the int8 graph with `query_quantize` (else as
         `embed_sync`): a question's run mostly streams the weights, a quarter of the bytes
@@ -483,24 +511,32 @@ class MiniLMEmbedder:
         )
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed on the background threads, one slice of `texts` each; returns
+        """Embed at the process's priority, one slice of `texts` per thread; returns
         (len(texts), 384) float32 in the order of `texts`."""
-        return await self.embed_background(texts, yield_cpu=True)
+        return await self._split(self._direct_executor, self.embed_sync, texts)
 
-    async def embed_background(self, texts: Sequence[str], *, yield_cpu: bool) -> np.ndarray:
-        """`embed` on the nicer threads (`yield_cpu`) or on threads at the process's own
-        priority (a backlog drained while no /recall waits)."""
+    async def embed_background(self, texts: Sequence[str], *, draft: bool) -> np.ndarray:
+        """`embed` on the background threads (idle class, `lower_thread_priority`), from
+        the int8 graph when `draft` (`embed_draft_sync`)."""
+        run = self.embed_draft_sync if draft else self.embed_sync
+        return await self._split(self._executor, run, texts)
+
+    async def _split(
+        self,
+        executor: ThreadPoolExecutor,
+        run: Callable[[Sequence[str]], np.ndarray],
+        texts: Sequence[str],
+    ) -> np.ndarray:
         if isinstance(texts, str):
             raise TypeError("embed() takes a sequence of strings, not a single string")
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         texts = list(texts)
         size = math.ceil(len(texts) / self.threads)
-        executor = self._executor if yield_cpu else self._drain_executor
         loop = asyncio.get_running_loop()
         parts = await asyncio.gather(
             *(
-                loop.run_in_executor(executor, self.embed_sync, texts[i : i + size])
+                loop.run_in_executor(executor, run, texts[i : i + size])
                 for i in range(0, len(texts), size)
             )
         )
@@ -558,5 +594,5 @@ class MiniLMEmbedder:
     def close(self) -> None:
         """Stop the worker threads; pending calls finish first."""
         self._executor.shutdown(wait=True)
-        self._drain_executor.shutdown(wait=True)
+        self._direct_executor.shutdown(wait=True)
         self._query_executor.shutdown(wait=True)

@@ -191,6 +191,11 @@ class Metrics:
         self.embed_pending = Gauge(
             "speakermem_embed_queue_messages", "Messages waiting for a vector", registry=r
         )
+        self.embed_drafts = Gauge(
+            "speakermem_embed_draft_messages",
+            "Messages whose vector is an int8 draft, waiting for the full-precision one",
+            registry=r,
+        )
         self.db_up = Gauge("speakermem_db_up", "1 when the database answered the probe", registry=r)
         self.platform_up = Gauge(
             "speakermem_platform_connected",

@@ -57,7 +57,7 @@ class OpsServer:
         self.port = port
         self.queue_warn = queue_warn
         self._runner: web.AppRunner | None = None
-        self._queues: tuple[WriterQueue, int] = (WriterQueue(), 0)
+        self._queues: tuple[WriterQueue, int, int] = (WriterQueue(), 0, 0)
         """The last Writer queue and embedding backlog measured."""
 
     async def start(self) -> None:
@@ -87,7 +87,7 @@ class OpsServer:
             latency = round((time.perf_counter() - started) * 1000, 1)
         except Exception as exc:  # any failure here means the store cannot serve
             db_ok, db_error = False, f"{type(exc).__name__}: {str(exc)[:120]}"
-        queue, embed_pending = self._queues
+        queue, embed_pending, embed_drafts = self._queues
         if db_ok:
             # Counting a long queue under load can outlast the probe: that is a slow count,
             # not a store that cannot serve, so the last counts stand until one finishes.
@@ -95,16 +95,17 @@ class OpsServer:
                 async with asyncio.timeout(PROBE_TIMEOUT_S):
                     queue = await measure_writer_queue(self.engine.segments)
                     embed_pending = await self.engine.count_unembedded()
+                    embed_drafts = await self.engine.count_draft_vectors()
                     usage = await self.engine.admin.writer_usage()
                     stats = await self.engine.admin.writer_stats()
-                self._queues = (queue, embed_pending)
+                self._queues = (queue, embed_pending, embed_drafts)
                 self.metrics.set_writer_usage(usage.tokens_per_run, usage.tokens_per_1k_messages)
                 rejected = stats.get("rejected")
                 if isinstance(rejected, dict):
                     self.metrics.set_writer_rejected(rejected)
             except Exception as exc:
                 log.warning("queue depths not measured this time (%s)", type(exc).__name__)
-                queue, embed_pending = self._queues
+                queue, embed_pending, embed_drafts = self._queues
         platforms: dict[str, bool] = {}
         for name, adapter in self.adapters.items():
             try:
@@ -115,6 +116,7 @@ class OpsServer:
         m.db_up.set(1 if db_ok else 0)
         m.set_writer_queue(queue)
         m.embed_pending.set(embed_pending)
+        m.embed_drafts.set(embed_drafts)
         for name, up in platforms.items():
             m.platform_up.labels(name).set(1 if up else 0)
         return HealthFacts(
@@ -125,6 +127,7 @@ class OpsServer:
             writer_pending=queue.pending,
             writer_queue=queue,
             embed_pending=embed_pending,
+            embed_drafts=embed_drafts,
             spilled=self.spill.count if self.spill is not None else 0,
             llm=self.llm.health if self.llm is not None else LLMHealth(configured=False),
         )

@@ -88,3 +88,11 @@ CREATE TABLE store_meta (
     value TEXT NOT NULL
 );
 """
+
+VECTOR_DRAFTS = """
+-- A message vector written from the quicker int8 graph while background embedding was behind
+-- (draft = 1) is written again from the full-precision one once nothing waits for a first
+-- vector (src/speakermem/memory/background_embedding.py); the index lists what still waits.
+ALTER TABLE message_vectors ADD COLUMN draft INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX message_vectors_drafts ON message_vectors (id) WHERE draft = 1;
+"""

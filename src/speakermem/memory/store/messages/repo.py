@@ -22,6 +22,7 @@ from speakermem.memory.store.inlists import in_list
 from speakermem.memory.store.messages.changes import MessageChanges
 from speakermem.memory.store.messages.ingest import MessageIngest
 from speakermem.memory.store.messages.outcomes import ChangeStatus, IngestOutcome
+from speakermem.memory.store.messages.text import embed_text
 from speakermem.memory.store.rows import MESSAGE_COLUMNS, message_from_row
 from speakermem.memory.store.vectors import rescore
 
@@ -65,6 +66,25 @@ class MessageRepo:
             "SELECT EXISTS (SELECT 1 FROM message_vectors) OR EXISTS (SELECT 1 FROM records_vec)"
         )
         return bool(rows[0][0])
+
+    async def draft_vectors(self, limit: int) -> list[tuple[int, int, str]]:
+        """(pk, channel_pk, text to embed) for live messages whose vector is a draft, the
+        oldest first (`replace_drafts` writes their full-precision vectors)."""
+        rows = await self.db.read(
+            "SELECT m.id, m.channel_pk, m.speaker_name, m.text FROM message_vectors v"
+            " JOIN messages m ON m.id = v.id WHERE v.draft = 1 AND m.deleted_at IS NULL"
+            " ORDER BY v.id LIMIT ?",
+            (limit,),
+        )
+        return [(r[0], r[1], embed_text(r[2], r[3])) for r in rows]
+
+    async def count_draft_vectors(self) -> int:
+        """Live messages whose vector is still a draft."""
+        rows = await self.db.read(
+            "SELECT count(*) FROM message_vectors v JOIN messages m ON m.id = v.id"
+            " WHERE v.draft = 1 AND m.deleted_at IS NULL"
+        )
+        return int(rows[0][0])
 
     # ---- writes -------------------------------------------------------------------------
 

@@ -90,9 +90,53 @@ async def store_vectors(
     binary: BinaryVectors,
     items: Sequence[tuple[int, int, str]],
     vectors: np.ndarray,
+    *,
+    draft: bool = False,
 ) -> int:
     """Write vectors for messages still pending whose text did not change since they
     were read; they leave the pending set (the `messages` rows are not written)."""
+    return await _write_vectors(
+        db,
+        binary,
+        items,
+        vectors,
+        "SELECT m.id, m.speaker_name, m.text FROM messages_unembedded u"
+        " JOIN messages m ON m.id = u.id WHERE u.id = ANY(?) AND m.deleted_at IS NULL",
+        draft=draft,
+    )
+
+
+async def replace_drafts(
+    db: PgDatabase,
+    binary: BinaryVectors,
+    items: Sequence[tuple[int, int, str]],
+    vectors: np.ndarray,
+) -> int:
+    """Write full-precision vectors over the drafts of messages whose text did not change
+    since they were read."""
+    return await _write_vectors(
+        db,
+        binary,
+        items,
+        vectors,
+        "SELECT m.id, m.speaker_name, m.text FROM message_vectors v"
+        " JOIN messages m ON m.id = v.id WHERE v.id = ANY(?) AND v.draft = 1"
+        " AND m.deleted_at IS NULL",
+        draft=False,
+    )
+
+
+async def _write_vectors(
+    db: PgDatabase,
+    binary: BinaryVectors,
+    items: Sequence[tuple[int, int, str]],
+    vectors: np.ndarray,
+    still: str,
+    *,
+    draft: bool,
+) -> int:
+    """Write vectors for the messages `still` (a query of ids, texts) returns with the text
+    read; they leave the pending set."""
     if not items:
         return 0
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -100,12 +144,7 @@ async def store_vectors(
         ids = [pk for pk, _, _ in items]
         current: dict[int, str] = {}
         for start in range(0, len(ids), IN_CHUNK):
-            for r in await tx.fetchall(
-                "SELECT m.id, m.speaker_name, m.text FROM messages_unembedded u"
-                " JOIN messages m ON m.id = u.id WHERE u.id = ANY(?)"
-                " AND m.deleted_at IS NULL",
-                (ids[start : start + IN_CHUNK],),
-            ):
+            for r in await tx.fetchall(still, (ids[start : start + IN_CHUNK],)):
                 current[r[0]] = embed_text(r[1], r[2])
         keep = [i for i, (pk, _, text) in enumerate(items) if current.get(pk) == text]
         if not keep:
@@ -120,14 +159,14 @@ async def store_vectors(
             (pks, [items[i][1] for i in keep], vector_binaries(vectors[keep])),
         )
         await cur.execute(
-            "INSERT INTO message_vectors (id, embedding)"
-            " SELECT * FROM unnest(%b::bigint[], %b::bytea[])"
-            " ON CONFLICT (id) DO UPDATE SET embedding = excluded.embedding",
-            (pks, [vectors[i].tobytes() for i in keep]),
+            "INSERT INTO message_vectors (id, embedding, draft)"
+            " SELECT p.id, p.embedding, %b::integer FROM unnest(%b::bigint[], %b::bytea[])"
+            " AS p(id, embedding)"
+            " ON CONFLICT (id) DO UPDATE SET embedding = excluded.embedding,"
+            " draft = excluded.draft",
+            (int(draft), pks, [vectors[i].tobytes() for i in keep]),
         )
-        await tx.execute(
-            "DELETE FROM messages_unembedded WHERE id = ANY(?)", ([items[i][0] for i in keep],)
-        )
+        await tx.execute("DELETE FROM messages_unembedded WHERE id = ANY(?)", (pks,))
     return len(keep)
 
 

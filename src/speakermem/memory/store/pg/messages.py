@@ -107,11 +107,19 @@ class PgMessageRepo(MessageRepo):
         return await message_vectors.count_pending_embeddings(self.db)
 
     async def store_vectors(
-        self, items: Sequence[tuple[int, int, str]], vectors: np.ndarray
+        self, items: Sequence[tuple[int, int, str]], vectors: np.ndarray, *, draft: bool = False
     ) -> int:
         """Write vectors for messages still pending whose text did not change since they
-        were read."""
-        return await message_vectors.store_vectors(self.db, self._binary, items, vectors)
+        were read (`draft`: from the quicker graph, written again by `replace_drafts`)."""
+        return await message_vectors.store_vectors(
+            self.db, self._binary, items, vectors, draft=draft
+        )
+
+    async def replace_drafts(
+        self, items: Sequence[tuple[int, int, str]], vectors: np.ndarray
+    ) -> int:
+        """Write full-precision vectors over these messages' drafts."""
+        return await message_vectors.replace_drafts(self.db, self._binary, items, vectors)
 
     # ---- lexical ------------------------------------------------------------------------
 

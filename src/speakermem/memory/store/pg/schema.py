@@ -35,6 +35,7 @@ from speakermem.memory.store.schema import (
     PENDING_SEGMENT_INDEXES,
     RECONCILE_DETAIL,
     STORE_META,
+    VECTOR_DRAFTS,
     Migration,
     tombstone_backfill,
 )
@@ -516,6 +517,7 @@ def migrations(config: StoreConfig) -> list[Migration]:
         tombstone_backfill(15),
         Migration(16, "search: CJK text indexed as character n-grams", CJK_INDEX, reindex_cjk),
         Migration(17, "embeddings: the model that wrote the store's vectors", STORE_META),
+        Migration(18, "embeddings: draft vectors to write again at full precision", VECTOR_DRAFTS),
     ]
 
 

@@ -72,9 +72,35 @@ class SqliteMessageRepo(MessageRepo):
         return int(rows[0][0])
 
     async def store_vectors(
+        self, items: Sequence[tuple[int, int, str]], vectors: np.ndarray, *, draft: bool = False
+    ) -> int:
+        """Write vectors for messages whose text did not change since they were read
+        (`draft`: from the quicker graph, to be written again by `replace_drafts`)."""
+        return await self._write_vectors(
+            items, vectors, "embedded = 0 AND deleted_at IS NULL", draft=draft
+        )
+
+    async def replace_drafts(
         self, items: Sequence[tuple[int, int, str]], vectors: np.ndarray
     ) -> int:
-        """Write vectors for messages whose text did not change since they were read."""
+        """Write full-precision vectors over the drafts of messages whose text did not
+        change since `draft_vectors` read them."""
+        return await self._write_vectors(
+            items,
+            vectors,
+            "deleted_at IS NULL AND id IN (SELECT id FROM message_vectors WHERE draft = 1)",
+            draft=False,
+        )
+
+    async def _write_vectors(
+        self,
+        items: Sequence[tuple[int, int, str]],
+        vectors: np.ndarray,
+        still: str,
+        *,
+        draft: bool,
+    ) -> int:
+        """Write vectors for the messages that still match `still` with the text read."""
         if not items:
             return 0
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -86,7 +112,7 @@ class SqliteMessageRepo(MessageRepo):
                 marks, chunk = in_list(ids[start : start + IN_CHUNK])
                 for r in await tx.fetchall(
                     f"SELECT id, speaker_name, text FROM messages WHERE id IN ({marks})"
-                    " AND embedded = 0 AND deleted_at IS NULL",
+                    f" AND {still}",
                     chunk,
                 ):
                     current[r[0]] = embed_text(r[1], r[2])
@@ -99,8 +125,8 @@ class SqliteMessageRepo(MessageRepo):
                 [(items[i][0], items[i][1], bits[i]) for i in keep],
             )
             await tx.executemany(
-                "INSERT OR REPLACE INTO message_vectors (id, embedding) VALUES (?, ?)",
-                [(items[i][0], vectors[i].tobytes()) for i in keep],
+                "INSERT OR REPLACE INTO message_vectors (id, embedding, draft) VALUES (?, ?, ?)",
+                [(items[i][0], vectors[i].tobytes(), int(draft)) for i in keep],
             )
             await tx.executemany(
                 "UPDATE messages SET embedded = 1 WHERE id = ?", [(items[i][0],) for i in keep]

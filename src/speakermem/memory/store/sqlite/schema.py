@@ -11,6 +11,7 @@ from speakermem.memory.store.schema import (
     PENDING_SEGMENT_INDEXES,
     RECONCILE_DETAIL,
     STORE_META,
+    VECTOR_DRAFTS,
     Migration,
     tombstone_backfill,
 )
@@ -500,4 +501,5 @@ def migrations(chunk_size: int) -> list[Migration]:
         tombstone_backfill(11),
         Migration(12, "search: CJK text indexed as character n-grams", CJK_INDEX, reindex_cjk),
         Migration(13, "embeddings: the model that wrote the store's vectors", STORE_META),
+        Migration(14, "embeddings: draft vectors to write again at full precision", VECTOR_DRAFTS),
     ]
