@@ -8,7 +8,8 @@ other embedder waits before each small batch while a /recall is in flight (the
 
 When more than one batch waits (`falling_behind`), a `BackgroundEmbedder` with drafts embeds
 from its quicker graph, and once nothing waits for a first vector the worker writes the
-drafts again at full precision, one batch at a time, newest messages first in line.
+drafts again at full precision, one batch at a time, looking for new messages between
+batches (a message without any vector always comes first).
 """
 
 from __future__ import annotations

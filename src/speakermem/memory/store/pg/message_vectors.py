@@ -123,7 +123,26 @@ async def replace_drafts(
         " JOIN messages m ON m.id = v.id WHERE v.id = ANY(?) AND v.draft = 1"
         " AND m.deleted_at IS NULL",
         draft=False,
+        replace=True,
     )
+
+
+_VECTORS = (
+    "INSERT INTO message_vectors (id, embedding)"
+    " SELECT * FROM unnest(%b::bigint[], %b::bytea[])"
+    " ON CONFLICT (id) DO UPDATE SET embedding = excluded.embedding"
+)
+"""A message's first vector, final: no `draft` column named (a new row's default, 0, is
+right), so it works on every schema since the first."""
+_DRAFT_VECTORS = (
+    "INSERT INTO message_vectors (id, embedding, draft)"
+    " SELECT p.id, p.embedding, 1 FROM unnest(%b::bigint[], %b::bytea[]) AS p(id, embedding)"
+    " ON CONFLICT (id) DO UPDATE SET embedding = excluded.embedding, draft = 1"
+)
+_FINAL_VECTORS = (
+    "UPDATE message_vectors AS v SET embedding = p.embedding, draft = 0"
+    " FROM unnest(%b::bigint[], %b::bytea[]) AS p(id, embedding) WHERE v.id = p.id"
+)
 
 
 async def _write_vectors(
@@ -134,6 +153,7 @@ async def _write_vectors(
     still: str,
     *,
     draft: bool,
+    replace: bool = False,
 ) -> int:
     """Write vectors for the messages `still` (a query of ids, texts) returns with the text
     read; they leave the pending set."""
@@ -159,12 +179,8 @@ async def _write_vectors(
             (pks, [items[i][1] for i in keep], vector_binaries(vectors[keep])),
         )
         await cur.execute(
-            "INSERT INTO message_vectors (id, embedding, draft)"
-            " SELECT p.id, p.embedding, %b::integer FROM unnest(%b::bigint[], %b::bytea[])"
-            " AS p(id, embedding)"
-            " ON CONFLICT (id) DO UPDATE SET embedding = excluded.embedding,"
-            " draft = excluded.draft",
-            (int(draft), pks, [vectors[i].tobytes() for i in keep]),
+            _DRAFT_VECTORS if draft else _FINAL_VECTORS if replace else _VECTORS,
+            (pks, [vectors[i].tobytes() for i in keep]),
         )
         await tx.execute("DELETE FROM messages_unembedded WHERE id = ANY(?)", (pks,))
     return len(keep)

@@ -124,9 +124,13 @@ class SqliteMessageRepo(MessageRepo):
                 "INSERT INTO messages_vec (rowid, channel_pk, embedding) VALUES (?, ?, vec_bit(?))",
                 [(items[i][0], items[i][1], bits[i]) for i in keep],
             )
+            # a final vector names no `draft` column (a new row's default, 0, is right), so
+            # writing one works on every schema since the first
             await tx.executemany(
-                "INSERT OR REPLACE INTO message_vectors (id, embedding, draft) VALUES (?, ?, ?)",
-                [(items[i][0], vectors[i].tobytes(), int(draft)) for i in keep],
+                "INSERT OR REPLACE INTO message_vectors (id, embedding, draft) VALUES (?, ?, 1)"
+                if draft
+                else "INSERT OR REPLACE INTO message_vectors (id, embedding) VALUES (?, ?)",
+                [(items[i][0], vectors[i].tobytes()) for i in keep],
             )
             await tx.executemany(
                 "UPDATE messages SET embedded = 1 WHERE id = ?", [(items[i][0],) for i in keep]
