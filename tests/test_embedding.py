@@ -291,13 +291,13 @@ async def test_an_import_embeds_at_the_commands_own_priority() -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread scheduling is Linux's")
-async def test_background_batches_run_idle_and_embed_runs_at_the_process_priority(
+async def test_final_background_batches_run_idle_and_drafts_at_the_process_priority(
     cache_dir: Path,
 ) -> None:
-    """`embed_background` (the backlog, drafts or not) runs its slices on idle-class
-    threads, `embed` (the Writer's records) on threads at the process's priority, each over
-    `threads` threads; a draft runs `embed_draft_sync`. (Needs no model: the thread's class
-    is read where the model would run.)"""
+    """`embed_background` runs final vectors on idle-class threads and drafts
+    (`embed_draft_sync`) on threads at the process's priority, as `embed` (the Writer's
+    records), each over `threads` threads. (Needs no model: the thread's class is read
+    where the model would run.)"""
     import os
     import threading
 
@@ -317,10 +317,10 @@ async def test_background_batches_run_idle_and_embed_runs_at_the_process_priorit
     idle = (os.SCHED_IDLE, process[1])
     texts = [f"line {i}" for i in range(8)]
     try:
-        for draft, kind in ((True, "draft"), (False, "final")):
+        for draft, expected in ((True, ("draft", process)), (False, ("final", idle))):
             out = await emb.embed_background(texts, draft=draft)
             assert out.shape == (8, emb.dim)
-            assert set(seen.values()) == {(kind, idle)}
+            assert set(seen.values()) == {expected}
             seen.clear()
         await emb.embed(texts)
         assert set(seen.values()) == {("final", process)}

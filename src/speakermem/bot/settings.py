@@ -128,9 +128,9 @@ class Settings(BaseSettings):
     half the CPU of a question's embedding, and evidence recall within half a point of fp32
     on LoCoMo, FriendsQA and SocialMemBench (docs/benchmarks/embed.json `int8_evidence`)."""
     embed_threads: int = Field(default=2, ge=1, le=64)
-    """MiniLM threads for background embedding (each runs the model on one core: at the
-    process's priority while no /recall is in flight, at a lower one while one waits); a
-    question is embedded on a thread of its own."""
+    """MiniLM threads for background embedding (each runs the model on one core, in Linux's
+    idle scheduling class: only on a core nothing else wants); a question is embedded on a
+    thread of its own."""
     model_cache_dir: Path = Path.home() / ".cache" / "speakermem" / "models"
     """Where the ONNX graph built from the MiniLM weights is cached."""
     embedding_base_url: str | None = None

@@ -1,15 +1,17 @@
 """The background embedding worker: vectors for new messages soon after they arrive.
 
-It gives way to /recall. An embedder with idle-priority threads (`BackgroundEmbedder`, the
-bot's MiniLM on Linux) gives way at the CPU: its batches run only on cores that nothing else
-wants, so they need no gate and use every idle moment, also while a /recall is in flight. Any
-other embedder waits before each small batch while a /recall is in flight (the
-`memory.background.Foreground` gate, for at most its `max_defer_s`).
+It gives way to /recall. A `BackgroundEmbedder` (the bot's MiniLM) gives way at the CPU, so
+it needs no gate: its final vectors run only on cores that nothing else wants (Linux's idle
+class), using every idle moment, also while a /recall is in flight. Any other embedder waits
+before each small batch while a /recall is in flight (the `memory.background.Foreground` gate,
+for at most its `max_defer_s`).
 
 When more than one batch waits (`falling_behind`), a `BackgroundEmbedder` with drafts embeds
-from its quicker graph, and once nothing waits for a first vector the worker writes the
-drafts again at full precision, one batch at a time, looking for new messages between
-batches (a message without any vector always comes first).
+them from its quicker graph, at the process's priority: a message without any vector is found
+only by its words, and on a busy machine the idle class alone left the backlog growing. Once
+nothing waits for a first vector the worker writes the drafts again at full precision, one
+batch at a time, looking for new messages between batches (a message without any vector always
+comes first).
 """
 
 from __future__ import annotations

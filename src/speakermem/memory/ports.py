@@ -35,14 +35,16 @@ class QueryEmbedder(Embedder, Protocol):
 
 @runtime_checkable
 class BackgroundEmbedder(Embedder, Protocol):
-    """An embedder whose background batches run only on cores nothing else wants (so they
-    need no gate in front of /recall), and that can embed quicker draft vectors."""
+    """An embedder whose background batches give way to /recall at the CPU (so they need
+    no gate in front of it): final vectors only on cores nothing else wants, and quicker
+    drafts for messages that wait without any vector."""
 
     drafts: bool
     """Whether `draft=True` gives quicker vectors than the final ones (False: the same)."""
 
     async def embed_background(self, texts: Sequence[str], *, draft: bool) -> np.ndarray:
-        """`embed` on the idle-priority threads; from the quicker graph when `draft`."""
+        """`embed` for the backlog: final vectors at idle priority, drafts (`draft`) from
+        the quicker graph."""
         ...
 
 

@@ -229,7 +229,8 @@ class MiniLMEmbedder:
     Every model run is single-threaded on the thread that calls it (ONNX Runtime sessions
     accept concurrent runs): a question's vector on a thread of its own at normal priority,
     background batches split over `threads` worker threads in the idle scheduling class
-    (`lower_thread_priority`), from the int8 graph for drafts (`embed_background`). Two
+    (`lower_thread_priority`), drafts from the int8 graph at the process's priority
+    (`embed_background`). Two
     single-threaded runs side by side embed a batch faster than one run on two intra-op
     threads (3.3 against 3.6 ms a message on two cores), a question costs 4.8 ms of CPU
     instead of 7.0, and the event loop never blocks on the model. With
@@ -285,7 +286,7 @@ class MiniLMEmbedder:
             initializer=functools.partial(lower_thread_priority, nice),
         )
         # The same number of threads at the process's priority for `embed` (the Writer's
-        # records, an import, `reembed`): work someone waits for, not a backlog.
+        # records, an import, `reembed`) and drafts: work someone waits for.
         self._direct_executor = ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="minilm-direct"
         )
@@ -516,10 +517,15 @@ class MiniLMEmbedder:
         return await self._split(self._direct_executor, self.embed_sync, texts)
 
     async def embed_background(self, texts: Sequence[str], *, draft: bool) -> np.ndarray:
-        """`embed` on the background threads (idle class, `lower_thread_priority`), from
-        the int8 graph when `draft` (`embed_draft_sync`)."""
-        run = self.embed_draft_sync if draft else self.embed_sync
-        return await self._split(self._executor, run, texts)
+        """A background batch: final vectors on the idle-class threads
+        (`lower_thread_priority`), drafts from the int8 graph (`embed_draft_sync`) at the
+        process's priority. Drafts are asked for only while messages wait without any
+        vector, found by their words alone: on a busy machine the idle class left them
+        waiting (at 200 msg/s on 2 cores the backlog grew about four times as fast, load.md),
+        and at half the CPU of an fp32 vector they cost /recall little."""
+        if draft:
+            return await self._split(self._direct_executor, self.embed_draft_sync, texts)
+        return await self._split(self._executor, self.embed_sync, texts)
 
     async def _split(
         self,
