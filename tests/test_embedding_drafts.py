@@ -95,10 +95,10 @@ async def test_the_worker_drafts_only_while_behind(tmp_path: Path, scope: Scope)
     embedder = DraftingEmbedder()
     engine = await MemoryEngine.open(make_config(tmp_path), embedder)
     try:
-        await _fill(engine, scope, 10)  # one batch waits: final vectors at once
+        await _fill(engine, scope, 10)  # one batch waits: final vectors at once (`embed`)
         engine.start_background_embedding()
         await _until(lambda: _settled(engine))
-        assert embedder.batches == [(False, 10)]
+        assert embedder.batches == [] and embedder.calls >= 1
         await engine.stop_background_embedding()
 
         embedder.batches.clear()
@@ -167,3 +167,39 @@ async def test_a_deleted_message_leaves_no_draft(tmp_path: Path, scope: Scope) -
         assert len(left) == 19 and all("note 3" not in text for _, _, text in left)
     finally:
         await engine.close()
+
+
+class SlowFinals(DraftingEmbedder):
+    """Final vectors wait for `release` (an idle-class batch waiting for a core)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def embed_background(self, texts: Sequence[str], *, draft: bool) -> np.ndarray:
+        if not draft:
+            await self.release.wait()
+        return await super().embed_background(texts, draft=draft)
+
+
+async def test_new_messages_get_drafts_while_a_replacement_waits(
+    tmp_path: Path, scope: Scope
+) -> None:
+    """The drafts' replacement runs beside the worker: new messages never wait for it."""
+    embedder = SlowFinals()
+    engine = await MemoryEngine.open(make_config(tmp_path), embedder)
+    try:
+        await _fill(engine, scope, 40)
+        await engine.embed_pending(batch_size=16, draft=embedder.embed_draft)
+        engine.start_background_embedding()  # the replacer takes a batch of drafts and waits
+        await _fill(engine, scope, 40, start=40)
+        await _until(lambda: _is_unembedded(engine, 0))  # while every replacement waits
+        assert await engine.count_draft_vectors() >= 40
+        embedder.release.set()
+        await _until(lambda: _settled(engine))
+    finally:
+        await engine.close()
+
+
+async def _is_unembedded(engine: MemoryEngine, n: int) -> bool:
+    return await engine.count_unembedded() == n

@@ -1,17 +1,16 @@
 """The background embedding worker: vectors for new messages soon after they arrive.
 
-It gives way to /recall. A `BackgroundEmbedder` (the bot's MiniLM) gives way at the CPU, so
-it needs no gate: its final vectors run only on cores that nothing else wants (Linux's idle
-class), using every idle moment, also while a /recall is in flight. Any other embedder waits
-before each small batch while a /recall is in flight (the `memory.background.Foreground` gate,
-for at most its `max_defer_s`).
-
-When more than one batch waits (`falling_behind`), a `BackgroundEmbedder` with drafts embeds
-them from its quicker graph, at the process's priority: a message without any vector is found
-only by its words, and on a busy machine the idle class alone left the backlog growing. Once
-nothing waits for a first vector the worker writes the drafts again at full precision, one
-batch at a time, looking for new messages between batches (a message without any vector always
-comes first).
+It gives way to /recall. Any embedder but a `BackgroundEmbedder` waits before each small batch
+while a /recall is in flight (the `memory.background.Foreground` gate, for at most its
+`max_defer_s`). A `BackgroundEmbedder` with drafts (the bot's MiniLM) needs no gate:
+- when more than one batch waits (`falling_behind`), it embeds them from its quicker int8
+  graph at the process's priority: a message without any vector is found only by its words,
+  and on a busy machine idle-priority work alone left the backlog growing;
+- a batch or less waiting gets its final vectors at once, at the process's priority;
+- a second worker writes full-precision vectors over the drafts in Linux's idle class, on
+  cores nothing else wants. It runs beside the first and never in its way: on a busy machine
+  an idle-class batch can wait seconds for a core, and new messages must not wait for it.
+Without drafts, a `BackgroundEmbedder`'s batches all run in the idle class.
 """
 
 from __future__ import annotations
@@ -37,6 +36,7 @@ class BackgroundEmbedding:
     def __init__(self, engine: MemoryEngine) -> None:
         self.engine = engine
         self._worker = WakeWorker("embedder", self._pass)
+        self._replacer = WakeWorker("draft-replacer", self._replace_drafts)
         self._batch = BACKGROUND_EMBED_BATCH
 
     def wake(self) -> None:
@@ -48,9 +48,12 @@ class BackgroundEmbedding:
             return
         self._batch = batch_size
         self._worker.start()
+        if self._drafting():
+            self._replacer.start()
 
     async def stop(self) -> None:
         await self._worker.stop()
+        await self._replacer.stop()
 
     async def backlog(self) -> None:
         """The periodic safety net: embed what the live path left without a vector, through
@@ -62,22 +65,37 @@ class BackgroundEmbedding:
             return
         await self._pass()
 
+    def _drafting(self) -> bool:
+        embedder = self.engine.embedder
+        return isinstance(embedder, BackgroundEmbedder) and embedder.drafts
+
     async def _pass(self) -> None:
-        """One pass: everything pending, then the drafts batch by batch for as long as no
-        new message waits (each batch of drafts is followed by a look at what is pending)."""
+        """One pass over everything pending; then the drafts are replaced (by the replacer
+        when it runs, else here)."""
         embedder = self.engine.embedder
         if not isinstance(embedder, BackgroundEmbedder):
             await self.engine.embed_pending(
                 batch_size=self._batch, before_batch=self.engine.foreground.yield_to
             )
             return
-        draft = self._drafts if embedder.drafts else None
-        while True:
-            await self.engine.embed_pending(batch_size=self._batch, embed=self._finals, draft=draft)
-            if draft is None or not await self.engine.replace_drafts(
-                batch_size=self._batch, embed=self._finals
-            ):
-                return
+        if not self._drafting():
+            await self.engine.embed_pending(batch_size=self._batch, embed=self._finals)
+            return
+        # A batch or less waiting gets its final vectors at once, at the process's priority
+        # (`embed`): it is little work, and in the idle class it could keep the worker, and
+        # the messages after it, waiting for a core.
+        await self.engine.embed_pending(
+            batch_size=self._batch, embed=embedder.embed, draft=self._drafts
+        )
+        if self._replacer.running:
+            self._replacer.wake()
+        else:
+            await self._replace_drafts()
+
+    async def _replace_drafts(self) -> None:
+        """Full-precision vectors over every draft, a batch at a time."""
+        while await self.engine.replace_drafts(batch_size=self._batch, embed=self._finals):
+            pass
 
     async def _finals(self, texts: list[str]) -> np.ndarray:
         embedder = self.engine.embedder
