@@ -203,3 +203,19 @@ async def test_new_messages_get_drafts_while_a_replacement_waits(
 
 async def _is_unembedded(engine: MemoryEngine, n: int) -> bool:
     return await engine.count_unembedded() == n
+
+
+async def test_the_safety_net_without_workers_writes_final_vectors(
+    tmp_path: Path, scope: Scope
+) -> None:
+    """Drafts only while the workers run (the replacer is there to replace them): the
+    periodic safety net's own pass embeds final vectors."""
+    embedder = DraftingEmbedder()
+    engine = await MemoryEngine.open(make_config(tmp_path), embedder)
+    try:
+        await _fill(engine, scope, 40)
+        await engine.embed_backlog()
+        assert await _settled(engine)
+        assert embedder.batches == [] and embedder.calls == 3  # 16 + 16 + 8 through `embed`
+    finally:
+        await engine.close()

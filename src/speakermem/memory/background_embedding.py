@@ -70,8 +70,8 @@ class BackgroundEmbedding:
         return isinstance(embedder, BackgroundEmbedder) and embedder.drafts
 
     async def _pass(self) -> None:
-        """One pass over everything pending; then the drafts are replaced (by the replacer
-        when it runs, else here)."""
+        """One pass over everything pending, then a word to the replacer. Drafts only while
+        the workers run: the safety net's own pass (no workers) writes final vectors."""
         embedder = self.engine.embedder
         if not isinstance(embedder, BackgroundEmbedder):
             await self.engine.embed_pending(
@@ -84,16 +84,16 @@ class BackgroundEmbedding:
         # A batch or less waiting gets its final vectors at once, at the process's priority
         # (`embed`): it is little work, and in the idle class it could keep the worker, and
         # the messages after it, waiting for a core.
+        drafting = self._replacer.running
         await self.engine.embed_pending(
-            batch_size=self._batch, embed=embedder.embed, draft=self._drafts
+            batch_size=self._batch, embed=embedder.embed, draft=self._drafts if drafting else None
         )
-        if self._replacer.running:
+        if drafting:
             self._replacer.wake()
-        else:
-            await self._replace_drafts()
 
     async def _replace_drafts(self) -> None:
-        """Full-precision vectors over every draft, a batch at a time."""
+        """Full-precision vectors over every draft, a batch at a time (until a batch replaces
+        none: drafts that changed meanwhile wait for the next wake-up)."""
         while await self.engine.replace_drafts(batch_size=self._batch, embed=self._finals):
             pass
 

@@ -386,13 +386,12 @@ class MemoryEngine:
         self, *, batch_size: int, embed: Callable[[list[str]], Awaitable[np.ndarray]]
     ) -> int:
         """One batch of draft vectors written again by `embed` (full precision); returns
-        how many were replaced, 0 when no draft is left."""
+        how many were replaced (0: no draft left, or none unchanged since it was read)."""
         items = await self.store.messages.draft_vectors(batch_size)
         if not items:
             return 0
         vectors = await embed([text for _, _, text in items])
-        await self.store.messages.replace_drafts(items, vectors)
-        return len(items)
+        return await self.store.messages.replace_drafts(items, vectors)
 
     async def count_draft_vectors(self) -> int:
         """Live messages whose vector is still a draft (`embed_pending`'s `draft`)."""
