@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -39,6 +38,10 @@ from speakermem.integrations.embeddings.onnx_graph import (
     UnsupportedModel,
     build_onnx_model,
 )
+from speakermem.integrations.embeddings.thread_priority import (
+    BACKGROUND_NICE,
+    lower_thread_priority,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +53,6 @@ DEFAULT_CACHE_DIR: Path = Settings.model_fields["model_cache_dir"].default
 THREADS: int = Settings.model_fields["embed_threads"].default
 """Background threads unless told otherwise: SPEAKERMEM_EMBED_THREADS's default."""
 
-BACKGROUND_NICE = 10
-"""How much nicer than the process the background embedding threads run where the idle
-scheduling class is refused (`lower_thread_priority`): about a tenth of a normal thread's
-share of a full core."""
 
 # Incremented whenever a graph is actually built (not loaded from cache); tests read it.
 build_count = 0
@@ -198,29 +197,6 @@ def ensure_onnx(
 # --------------------------------------------------------------------------------------------
 # Embedder
 # --------------------------------------------------------------------------------------------
-
-
-def lower_thread_priority(increment: int = BACKGROUND_NICE) -> None:
-    """Put the calling thread in Linux's idle scheduling class (SCHED_IDLE): it runs only
-    on a core that no other thread wants, so a /recall, ingestion and the event loop never
-    wait for it, and it still uses every idle moment. Where that is refused, raise its nice
-    value by `increment` (at most to 19). On Linux a thread id names one thread, so only
-    this thread yields; elsewhere the same calls would change the whole process: left
-    alone. An `increment` of 0 leaves the thread as it is (an import's embedding)."""
-    if sys.platform != "linux" or increment <= 0:
-        return
-    tid = threading.get_native_id()
-    try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        return
-    except OSError as exc:
-        logger.debug("no idle scheduling class for the embedding thread: %s", exc)
-    try:
-        os.setpriority(
-            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-        )
-    except OSError as exc:  # a sandbox may forbid it; the work still runs, at normal priority
-        logger.debug("cannot lower the embedding thread's priority: %s", exc)
 
 
 class MiniLMEmbedder:
