@@ -361,18 +361,17 @@ class MemoryEngine:
             items = await self.store.messages.pending_embeddings(window)
             if not items:
                 break
-            behind = draft is not None and falling_behind(len(items), batch_size)
+            run = embed
+            if draft is not None and falling_behind(len(items), batch_size):
+                run = draft
             stored = 0
             for batch in length_sorted_batches(items, batch_size):
                 if before_batch is not None:
                     await before_batch()
-                texts = [text for _, _, text in batch]
-                if behind:
-                    assert draft is not None
-                    vectors = await draft(texts)
-                else:
-                    vectors = await embed(texts)
-                stored += await self.store.messages.store_vectors(batch, vectors, draft=behind)
+                vectors = await run([text for _, _, text in batch])
+                stored += await self.store.messages.store_vectors(
+                    batch, vectors, draft=run is draft
+                )
                 if on_progress:
                     on_progress(len(batch))
             done += stored

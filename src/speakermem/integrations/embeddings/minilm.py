@@ -206,10 +206,9 @@ class MiniLMEmbedder:
     accept concurrent runs): a question's vector on a thread of its own at normal priority,
     background batches split over `threads` worker threads in the idle scheduling class
     (`lower_thread_priority`), drafts from the int8 graph at the process's priority
-    (`embed_background`). Two
-    single-threaded runs side by side embed a batch faster than one run on two intra-op
-    threads (3.3 against 3.6 ms a message on two cores), a question costs 4.8 ms of CPU
-    instead of 7.0, and the event loop never blocks on the model. With
+    (`embed_background`). Two single-threaded runs side by side embed a batch faster than
+    one run on two intra-op threads (3.3 against 3.6 ms a message on two cores), a question
+    costs 4.8 ms of CPU instead of 7.0, and the event loop never blocks on the model. With
     `query_quantize` (the bot's default) questions run through the int8 graph: about 5.5 ms
     of CPU instead of 9 for one alone (docs/benchmarks/embed-questions.json).
     """
@@ -421,10 +420,7 @@ class MiniLMEmbedder:
         find a message until its fp32 vector replaces the draft."""
         if not self.drafts:
             return self.embed_sync(texts)
-        if len(texts) == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        self._load_int8()
-        return self._embed_with(self._query_session, texts)
+        return self._embed_int8(texts)
 
     def embed_questions_sync(self, texts: Sequence[str]) -> np.ndarray:
         """Questions' vectors, from the int8 graph with `query_quantize` (else as
@@ -432,9 +428,13 @@ class MiniLMEmbedder:
         in int8, and only the question's side of each cosine moves."""
         if not self.query_quantize:
             return self.embed_sync(texts)
+        return self._embed_int8(texts)
+
+    def _embed_int8(self, texts: Sequence[str]) -> np.ndarray:
+        """`texts`' vectors from the int8 graph (questions and drafts)."""
         if len(texts) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
-        self.load_questions()
+        self._load_int8()
         return self._embed_with(self._query_session, texts)
 
     def token_embeddings_sync(

@@ -102,7 +102,7 @@ async def store_vectors(
         vectors,
         "SELECT m.id, m.speaker_name, m.text FROM messages_unembedded u"
         " JOIN messages m ON m.id = u.id WHERE u.id = ANY(?) AND m.deleted_at IS NULL",
-        draft=draft,
+        _DRAFT_VECTORS if draft else _VECTORS,
     )
 
 
@@ -122,8 +122,7 @@ async def replace_drafts(
         "SELECT m.id, m.speaker_name, m.text FROM message_vectors v"
         " JOIN messages m ON m.id = v.id WHERE v.id = ANY(?) AND v.draft = 1"
         " AND m.deleted_at IS NULL",
-        draft=False,
-        replace=True,
+        _FINAL_VECTORS,
     )
 
 
@@ -151,12 +150,11 @@ async def _write_vectors(
     items: Sequence[tuple[int, int, str]],
     vectors: np.ndarray,
     still: str,
-    *,
-    draft: bool,
-    replace: bool = False,
+    write: str,
 ) -> int:
     """Write vectors for the messages `still` (a query of ids, texts) returns with the text
-    read; they leave the pending set."""
+    read, `write` (one of the statements above) into message_vectors; they leave the
+    pending set."""
     if not items:
         return 0
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
@@ -179,7 +177,7 @@ async def _write_vectors(
             (pks, [items[i][1] for i in keep], vector_binaries(vectors[keep])),
         )
         await cur.execute(
-            _DRAFT_VECTORS if draft else _FINAL_VECTORS if replace else _VECTORS,
+            write,
             (pks, [vectors[i].tobytes() for i in keep]),
         )
         await tx.execute("DELETE FROM messages_unembedded WHERE id = ANY(?)", (pks,))
